@@ -1,0 +1,196 @@
+//! Backends: where change events come from and where the checkpoint and outbox live.
+//!
+//! A run needs two capabilities, each behind its own trait so that any source pairs with any
+//! store: a [`ChangeSource`] (the deployment's identity and its change stream) and a
+//! [`CheckpointStore`] (the checkpoint compare-and-set and the outbox insert, atomically).
+//!
+//! - `replay`: a recorded change stream served with a real server's resume semantics;
+//! - `redb_store`: checkpoint and outbox in an embedded ACID store on disk;
+//! - `memory`: an in-memory store for tests and benchmarks.
+
+pub mod memory;
+pub mod redb_store;
+pub mod replay;
+
+use bson::Document;
+
+/// How a saved token resumes a stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    ResumeAfter,
+    StartAfter,
+}
+
+impl Mode {
+    /// The name stored in the checkpoint document, as the baseline writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::ResumeAfter => "resumeAfter",
+            Mode::StartAfter => "startAfter",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<Mode> {
+        match name {
+            "resumeAfter" => Some(Mode::ResumeAfter),
+            "startAfter" => Some(Mode::StartAfter),
+            _ => None,
+        }
+    }
+}
+
+/// The replica set the source belongs to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Deployment {
+    pub set_name: String,
+    pub replica_set_id: String,
+}
+
+/// Where a stream opens.
+#[derive(Clone, Debug, PartialEq)]
+pub enum StreamStart {
+    Now,
+    ResumeAfter(Document),
+    StartAfter(Document),
+}
+
+/// A server error as the source reported it. `message` is the server's text, never a token.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServerError {
+    pub code: Option<i32>,
+    pub code_name: String,
+    pub message: String,
+}
+
+impl std::fmt::Display for ServerError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let code = self
+            .code
+            .map_or_else(|| "n/a".to_string(), |c| c.to_string());
+        let message: String = self.message.chars().take(180).collect();
+        write!(f, "{} (code {code}): {message}", self.code_name)
+    }
+}
+
+/// Why a stream could not open or continue.
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum StreamError {
+    #[error("{0}")]
+    HistoryLost(ServerError),
+    #[error("{0}")]
+    InvalidToken(ServerError),
+    #[error("{0}")]
+    Fatal(ServerError),
+    #[error("{0}")]
+    Unavailable(ServerError),
+}
+
+impl StreamError {
+    /// Classifies a server error code the way drivers and operators do.
+    pub fn from_server(error: ServerError) -> StreamError {
+        match error.code {
+            Some(286) => StreamError::HistoryLost(error),
+            Some(260) => StreamError::InvalidToken(error),
+            Some(280) => StreamError::Fatal(error),
+            _ => StreamError::Unavailable(error),
+        }
+    }
+
+    pub fn server_error(&self) -> &ServerError {
+        match self {
+            StreamError::HistoryLost(e)
+            | StreamError::InvalidToken(e)
+            | StreamError::Fatal(e)
+            | StreamError::Unavailable(e) => e,
+        }
+    }
+}
+
+/// A deployment's change stream.
+pub trait ChangeSource: Send {
+    /// The replica set's identity (`hello.setName`, `replSetGetConfig.settings.replicaSetId`).
+    fn deployment(&mut self) -> crate::error::Result<Deployment>;
+    /// Opens the stream on the watched collection with `fullDocument: updateLookup`.
+    fn open(&mut self, start: StreamStart) -> Result<(), StreamError>;
+    /// The next event, waiting at most the await bound; `None` when none arrived.
+    fn next(&mut self) -> Result<Option<Document>, StreamError>;
+    /// The stream's resume position as last reported by the server.
+    fn watermark(&self) -> Option<Document>;
+    /// Milliseconds on the source's monotonic clock (virtual for a replay).
+    fn now_ms(&self) -> u64;
+}
+
+/// Identifies a consumer's checkpoint.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Consumer {
+    pub consumer: String,
+    pub source: String,
+}
+
+/// One atomic step: move the checkpoint from `expected` to `next` and insert `outbox` if any.
+#[derive(Clone, Debug)]
+pub struct Commit<'a> {
+    pub consumer: &'a Consumer,
+    pub expected: Option<&'a Document>,
+    pub next: &'a Document,
+    pub mode: Mode,
+    pub outbox: Option<Document>,
+}
+
+/// Why a write did not apply. Nothing was written.
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum CommitError {
+    /// The checkpoint is not at the expected token (or source) any more.
+    #[error("checkpoint compare-and-set missed")]
+    Conflict,
+    /// The outbox already holds a record with this `_id`.
+    #[error("outbox already holds {0}")]
+    Duplicate(String),
+    /// The store failed; the transaction did not commit.
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+/// The checkpoint and the outbox.
+pub trait CheckpointStore: Send + Sync {
+    /// Creates the checkpoint with `initial` if it is missing (`$setOnInsert`), then returns it.
+    fn ensure_checkpoint(&self, consumer: &str, initial: Document)
+    -> Result<Document, CommitError>;
+    /// Compare-and-set on `{_id, token: expected, source}` plus the outbox insert, atomically.
+    fn commit(&self, commit: &Commit<'_>) -> Result<(), CommitError>;
+    /// The checkpoint document and the outbox records of `consumer`, in commit order.
+    fn dump(&self, consumer: &str) -> Result<(Option<Document>, Vec<Document>), CommitError>;
+}
+
+/// The compare-and-set both embedded stores apply: the filter `{_id, token: expected, source}`
+/// with MongoDB's equality (`token: null` also matches a missing token), then
+/// `$set: {token: next, mode}`. Returns the updated checkpoint.
+pub(crate) fn compare_and_set(
+    stored: &Document,
+    commit: &Commit<'_>,
+) -> Result<Document, CommitError> {
+    let token_matches = match (stored.get("token"), commit.expected) {
+        (None | Some(bson::Bson::Null), None) => true,
+        (Some(bson::Bson::Document(saved)), Some(expected)) => saved == expected,
+        _ => false,
+    };
+    let source_matches = stored.get_str("source").ok() == Some(commit.consumer.source.as_str());
+    if !token_matches || !source_matches {
+        return Err(CommitError::Conflict);
+    }
+    let mut updated = stored.clone();
+    updated.insert("token", commit.next.clone());
+    updated.insert("mode", commit.mode.as_str());
+    Ok(updated)
+}
+
+/// The outbox record's `_id`, if the commit carries one.
+pub(crate) fn outbox_id(commit: &Commit<'_>) -> Result<Option<String>, CommitError> {
+    match &commit.outbox {
+        None => Ok(None),
+        Some(record) => record
+            .get_str("_id")
+            .map(|id| Some(id.to_string()))
+            .map_err(|_| CommitError::Unavailable("outbox record without a string _id".into())),
+    }
+}

@@ -1,0 +1,70 @@
+//! `handoff inspect --state PATH`: the checkpoint, then every outbox record in commit order, as
+//! relaxed Extended JSON, one object per line.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use bson::Bson;
+use clap::Args;
+
+use crate::backend::CheckpointStore;
+use crate::backend::redb_store::RedbStore;
+use crate::error::{HandoffError, Result};
+use crate::inputs::valid_name;
+
+#[derive(Args)]
+pub struct InspectArgs {
+    /// The embedded state store.
+    #[arg(long)]
+    pub state: PathBuf,
+    #[arg(long, env = "CONSUMER_ID", default_value = "orders-to-outbox")]
+    pub consumer_id: String,
+    #[arg(
+        long,
+        env = "CHECKPOINT_COLLECTION",
+        default_value = "kestra_change_checkpoints"
+    )]
+    pub checkpoint_collection: String,
+    #[arg(
+        long,
+        env = "OUTBOX_COLLECTION",
+        default_value = "kestra_change_outbox"
+    )]
+    pub outbox_collection: String,
+}
+
+pub fn run(args: InspectArgs) -> Result<()> {
+    for (key, value) in [
+        ("CONSUMER_ID", &args.consumer_id),
+        ("CHECKPOINT_COLLECTION", &args.checkpoint_collection),
+        ("OUTBOX_COLLECTION", &args.outbox_collection),
+    ] {
+        if !valid_name(value) {
+            return Err(HandoffError::BadInput(format!(
+                "{key} must contain 1-63 letters, digits, underscores or hyphens and start with a letter"
+            )));
+        }
+    }
+    if !args.state.exists() {
+        return Err(HandoffError::BadInput(format!(
+            "no state store at {}",
+            args.state.display()
+        )));
+    }
+    let store = RedbStore::open(
+        &args.state,
+        &args.checkpoint_collection,
+        &args.outbox_collection,
+        Duration::from_secs(10),
+    )?;
+    let (checkpoint, outbox) = store
+        .dump(&args.consumer_id)
+        .map_err(|e| HandoffError::Unavailable(e.to_string()))?;
+    let mut out = std::io::stdout().lock();
+    for doc in checkpoint.into_iter().chain(outbox) {
+        let line = Bson::Document(doc).into_relaxed_extjson();
+        writeln!(out, "{line}").map_err(|e| HandoffError::Internal(e.into()))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,79 @@
+//! `handoff replay FIXTURE --state PATH`: one bounded run over a recorded change stream.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use serde_json::json;
+
+use super::args::{InputArgs, PolicyArgs};
+use crate::backend::redb_store::RedbStore;
+use crate::backend::replay::ReplaySource;
+use crate::error::{HandoffError, Result};
+use crate::fixture::Fixture;
+use crate::output::kestra;
+use crate::run::Job;
+
+#[derive(Args)]
+pub struct ReplayArgs {
+    /// The recorded change stream (JSON Lines of Extended JSON).
+    pub fixture: PathBuf,
+    /// The embedded state store holding the checkpoint and outbox (created if missing).
+    #[arg(long)]
+    pub state: PathBuf,
+    /// How long to wait for another run holding the state store, in milliseconds.
+    #[arg(long, default_value_t = 10_000)]
+    pub state_lock_timeout_ms: u64,
+    #[command(flatten)]
+    pub inputs: InputArgs,
+    #[command(flatten)]
+    pub policy: PolicyArgs,
+}
+
+pub fn run(args: ReplayArgs) -> Result<()> {
+    let started = Instant::now();
+    let inputs = args.inputs.validate()?;
+    let params = args.policy.params()?;
+    let fixture = Fixture::read(&args.fixture)?;
+    if let Some(recorded) = &fixture.deployment
+        && recorded.source != inputs.source()
+    {
+        return Err(HandoffError::BadInput(format!(
+            "the fixture was recorded from {} but the inputs watch {}",
+            recorded.source,
+            inputs.source()
+        )));
+    }
+    let (runtime, policy) = args.policy.load()?;
+    let store = RedbStore::open(
+        &args.state,
+        &inputs.checkpoint_collection,
+        &inputs.outbox_collection,
+        Duration::from_millis(args.state_lock_timeout_ms),
+    )?;
+    let job = Job {
+        runtime: &runtime,
+        policy: &policy,
+        inputs: &inputs,
+        params,
+        limits: args.policy.limits(),
+    };
+    let summary = job.execute(
+        Box::new(ReplaySource::new(Arc::new(fixture))),
+        Arc::new(store),
+    )?;
+    println!(
+        "{}",
+        kestra::outputs_line(&summary, &[("policy_sha256", json!(policy.sha256))])
+    );
+    println!(
+        "{}",
+        kestra::metrics_line(
+            &summary,
+            started.elapsed(),
+            &[("consumer", &inputs.consumer_id)]
+        )
+    );
+    Ok(())
+}

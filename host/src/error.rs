@@ -1,0 +1,89 @@
+//! The failure classes of a run and their exit codes.
+//!
+//! Callers (the CLI, the engine's `retry` and `errors` branches, operators) branch on the kind, so
+//! every class has its own exit code. The message always says what to do next.
+
+use std::process::ExitCode;
+
+/// Guidance appended to failures that happen once a token exists (the baseline's wording).
+pub const RECONCILE_GUIDANCE: &str = "Change-stream read or atomic handoff failed. Check MongoDB and the oplog window; \
+     if the token cannot resume, reconcile from a verified snapshot before resetting this consumer.";
+
+#[derive(Debug, thiserror::Error)]
+pub enum HandoffError {
+    /// An input outside the accepted rules (names, limits, URI, fixture, policy file). Nothing was written.
+    #[error("{0}")]
+    BadInput(String),
+    /// The checkpoint moved under this run (another run on the same consumer), or the state is in use.
+    #[error("{0}")]
+    Conflict(String),
+    /// The checkpoint belongs to another source or replica set.
+    #[error("{0}")]
+    Mismatch(String),
+    /// The checkpoint document is not one this tool or the baseline task writes.
+    #[error("{0}")]
+    MalformedCheckpoint(String),
+    /// The saved token fell off the retained history (MongoDB code 286).
+    #[error("{0}")]
+    HistoryLost(String),
+    /// The saved token cannot be used with its mode (MongoDB code 260).
+    #[error("{0}")]
+    InvalidToken(String),
+    /// The server ended the stream for good (MongoDB code 280 and other non-resumable errors).
+    #[error("{0}")]
+    StreamFatal(String),
+    /// The policy failed: trap, deadline, memory cap, rejected decision, error result, bad component.
+    #[error("{0}")]
+    Policy(String),
+    /// The backend is unreachable or failed (network, server selection, storage).
+    #[error("{0}")]
+    Unavailable(String),
+    /// The server refused the credentials.
+    #[error("{0}")]
+    Authentication(String),
+    /// Anything else: a defect of this tool.
+    #[error(transparent)]
+    Internal(#[from] anyhow::Error),
+}
+
+impl HandoffError {
+    /// The process exit code of this class (documented in the README).
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            HandoffError::Internal(_) => 1,
+            HandoffError::BadInput(_) => 2,
+            HandoffError::Conflict(_) => 3,
+            HandoffError::Mismatch(_) => 4,
+            HandoffError::MalformedCheckpoint(_) => 5,
+            HandoffError::HistoryLost(_) => 6,
+            HandoffError::InvalidToken(_) => 7,
+            HandoffError::StreamFatal(_) => 8,
+            HandoffError::Policy(_) => 9,
+            HandoffError::Unavailable(_) => 10,
+            HandoffError::Authentication(_) => 11,
+        }
+    }
+
+    /// A short machine-readable name of the class, used in logs and outputs.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            HandoffError::Internal(_) => "internal",
+            HandoffError::BadInput(_) => "bad_input",
+            HandoffError::Conflict(_) => "conflict",
+            HandoffError::Mismatch(_) => "mismatch",
+            HandoffError::MalformedCheckpoint(_) => "malformed_checkpoint",
+            HandoffError::HistoryLost(_) => "history_lost",
+            HandoffError::InvalidToken(_) => "invalid_token",
+            HandoffError::StreamFatal(_) => "stream_fatal",
+            HandoffError::Policy(_) => "policy",
+            HandoffError::Unavailable(_) => "unavailable",
+            HandoffError::Authentication(_) => "authentication",
+        }
+    }
+
+    pub fn to_exit_code(&self) -> ExitCode {
+        ExitCode::from(self.exit_code())
+    }
+}
+
+pub type Result<T, E = HandoffError> = std::result::Result<T, E>;

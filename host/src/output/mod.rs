@@ -1,0 +1,3 @@
+//! What a run prints for the workflow engine.
+
+pub mod kestra;

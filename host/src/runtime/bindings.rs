@@ -1,0 +1,221 @@
+//! The WIT contract bound to the host: generated types plus the import implementations, each a
+//! thin translation onto [`Session`](super::session::Session).
+
+use std::time::Instant;
+
+use wasmtime::component::{Resource, ResourceTable};
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+
+use super::limits::Limiter;
+use super::session::{self, Session};
+use crate::backend::Mode;
+
+wasmtime::component::bindgen!({
+    path: "../wit",
+    world: "handoff-policy",
+    with: {
+        "handoff:policy/host.change-stream": StreamHandle,
+    },
+});
+
+pub use exports::handoff::policy::policy as export;
+pub use handoff::policy::types;
+
+/// The host side of the `change-stream` resource. A run has at most one stream, owned by the
+/// session; the handle only names it.
+pub struct StreamHandle;
+
+/// Everything a store holds for one run.
+pub struct RunState {
+    pub session: Session,
+    pub wasi: WasiCtx,
+    pub table: ResourceTable,
+    pub limiter: Limiter,
+    /// When the guest last got control back from the host (start of its current compute slice).
+    pub slice_started: Instant,
+    /// Why the host interrupted the guest, when it did.
+    pub interrupted: Option<String>,
+}
+
+impl WasiView for RunState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+fn mode_from(mode: types::ResumeMode) -> Mode {
+    match mode {
+        types::ResumeMode::ResumeAfter => Mode::ResumeAfter,
+        types::ResumeMode::StartAfter => Mode::StartAfter,
+    }
+}
+
+fn stream_error(failure: session::StreamFailure) -> types::StreamError {
+    match failure {
+        session::StreamFailure::HistoryLost(m) => types::StreamError::HistoryLost(m),
+        session::StreamFailure::InvalidToken(m) => types::StreamError::InvalidToken(m),
+        session::StreamFailure::Fatal(m) => types::StreamError::Fatal(m),
+        session::StreamFailure::Unavailable(m) => types::StreamError::Unavailable(m),
+        session::StreamFailure::Rejected(m) => types::StreamError::Rejected(m),
+    }
+}
+
+fn commit_error(failure: session::CommitFailure) -> types::CommitError {
+    match failure {
+        session::CommitFailure::Conflict(m) => types::CommitError::Conflict(m),
+        session::CommitFailure::Rejected(m) => types::CommitError::Rejected(m),
+        session::CommitFailure::Unavailable(m) => types::CommitError::Unavailable(m),
+    }
+}
+
+impl RunState {
+    /// Every import ends here: the guest's next compute slice starts now.
+    fn back_to_guest<R>(&mut self, result: R) -> R {
+        self.slice_started = Instant::now();
+        result
+    }
+}
+
+impl handoff::policy::types::Host for RunState {}
+
+impl handoff::policy::host::Host for RunState {
+    fn deployment_identity(&mut self) -> types::Deployment {
+        let identity = types::Deployment {
+            consumer: self.session.consumer().consumer.clone(),
+            source: self.session.consumer().source.clone(),
+            replica_set_id: self.session.deployment().replica_set_id.clone(),
+        };
+        self.back_to_guest(identity)
+    }
+
+    fn load_checkpoint(&mut self) -> types::Checkpoint {
+        let (token, mode) = self.session.checkpoint();
+        let checkpoint = types::Checkpoint {
+            token,
+            mode: match mode {
+                Mode::ResumeAfter => types::ResumeMode::ResumeAfter,
+                Mode::StartAfter => types::ResumeMode::StartAfter,
+            },
+        };
+        self.back_to_guest(checkpoint)
+    }
+
+    fn open_stream(
+        &mut self,
+        start: types::StreamStart,
+    ) -> Result<Resource<StreamHandle>, types::StreamError> {
+        let start = match start {
+            types::StreamStart::Now => session::Start::Now,
+            types::StreamStart::ResumeAfter(t) => session::Start::ResumeAfter(t),
+            types::StreamStart::StartAfter(t) => session::Start::StartAfter(t),
+        };
+        let result = self
+            .session
+            .open_stream(start)
+            .map_err(stream_error)
+            .and_then(|()| {
+                self.table.push(StreamHandle).map_err(|e| {
+                    types::StreamError::Rejected(format!("cannot open the stream: {e}"))
+                })
+            });
+        self.back_to_guest(result)
+    }
+
+    fn commit(&mut self, request: types::CommitRequest) -> Result<(), types::CommitError> {
+        let result = self
+            .session
+            .commit(
+                request.expected.as_deref(),
+                &request.next,
+                mode_from(request.mode),
+                request.outbox_id.as_deref(),
+            )
+            .map_err(commit_error);
+        self.back_to_guest(result)
+    }
+
+    fn advance_watermark(
+        &mut self,
+        expected: Option<String>,
+        next: String,
+    ) -> Result<(), types::CommitError> {
+        let result = self
+            .session
+            .advance_watermark(expected.as_deref(), &next)
+            .map_err(commit_error);
+        self.back_to_guest(result)
+    }
+
+    fn monotonic_ms(&mut self) -> u64 {
+        let now = self.session.now_ms();
+        self.back_to_guest(now)
+    }
+
+    fn log(&mut self, level: types::LogLevel, message: String, fields: Vec<(String, String)>) {
+        let message: String = message.chars().take(1024).collect();
+        let fields: Vec<String> = fields
+            .into_iter()
+            .take(16)
+            .map(|(k, v)| {
+                format!(
+                    "{}={}",
+                    k.chars().take(64).collect::<String>(),
+                    v.chars().take(256).collect::<String>()
+                )
+            })
+            .collect();
+        let fields = fields.join(" ");
+        match level {
+            types::LogLevel::Trace => tracing::trace!(target: "policy", %fields, "{message}"),
+            types::LogLevel::Debug => tracing::debug!(target: "policy", %fields, "{message}"),
+            types::LogLevel::Info => tracing::info!(target: "policy", %fields, "{message}"),
+            types::LogLevel::Warn => tracing::warn!(target: "policy", %fields, "{message}"),
+            types::LogLevel::Error => tracing::error!(target: "policy", %fields, "{message}"),
+        }
+        self.back_to_guest(())
+    }
+}
+
+impl handoff::policy::host::HostChangeStream for RunState {
+    fn next(
+        &mut self,
+        _stream: Resource<StreamHandle>,
+    ) -> Result<Option<types::ChangeEvent>, types::StreamError> {
+        let result = self
+            .session
+            .next()
+            .map(|event| {
+                event.map(|e| types::ChangeEvent {
+                    token: e.token,
+                    operation_type: e.operation_type,
+                    namespace: e.namespace,
+                    cluster_time: e.cluster_time,
+                })
+            })
+            .map_err(stream_error);
+        self.back_to_guest(result)
+    }
+
+    fn watermark(&mut self, _stream: Resource<StreamHandle>) -> Option<String> {
+        let mark = self.session.watermark();
+        self.back_to_guest(mark)
+    }
+
+    fn field(
+        &mut self,
+        _stream: Resource<StreamHandle>,
+        event: String,
+        path: String,
+    ) -> Option<String> {
+        let value = self.session.field(&event, &path);
+        self.back_to_guest(value)
+    }
+
+    fn drop(&mut self, stream: Resource<StreamHandle>) -> wasmtime::Result<()> {
+        self.table.delete(stream)?;
+        Ok(())
+    }
+}

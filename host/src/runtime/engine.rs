@@ -1,0 +1,215 @@
+//! The wasmtime engine: one per process, shared by every run.
+//!
+//! Configuration: no component-model concurrency, epoch interruption driven by a ticker thread,
+//! a bounded guest stack. Compiled policies come from the artifact cache when possible.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use wasmtime::component::{HasSelf, Linker, ResourceTable};
+use wasmtime::{Config, Engine, Store, UpdateDeadline};
+use wasmtime_wasi::WasiCtx;
+
+use super::bindings::{HandoffPolicy, RunState, export, types};
+use super::cache::ArtifactCache;
+use super::limits::{Limiter, Limits};
+use super::policy::{Policy, PolicySource, check_contract};
+use super::session::{Report, Session, Status, Summary};
+use crate::error::{HandoffError, Result};
+
+/// How often the epoch advances; the granularity of the compute slice and run deadline.
+const TICK: Duration = Duration::from_millis(10);
+/// The guest's stack.
+const MAX_WASM_STACK: usize = 512 << 10;
+
+/// The run's settings as the policy receives them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Settings {
+    pub max_events: u32,
+    pub max_wait_ms: u64,
+    pub params: Vec<(String, String)>,
+}
+
+pub struct Runtime {
+    engine: Engine,
+    linker: Linker<RunState>,
+    cache: Option<ArtifactCache>,
+}
+
+impl Runtime {
+    /// Builds the engine. `cache_dir: None` disables the artifact cache.
+    pub fn new(cache_dir: Option<PathBuf>) -> Result<Runtime> {
+        let mut config = Config::new();
+        config
+            .wasm_component_model(true)
+            .concurrency_support(false)
+            .epoch_interruption(true)
+            .max_wasm_stack(MAX_WASM_STACK);
+        let engine = Engine::new(&config).map_err(|e| HandoffError::Internal(e.into()))?;
+        let mut linker = Linker::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
+            .map_err(|e| HandoffError::Internal(e.into()))?;
+        HandoffPolicy::add_to_linker::<_, HasSelf<_>>(&mut linker, |state| state)
+            .map_err(|e| HandoffError::Internal(e.into()))?;
+        let weak = engine.weak();
+        std::thread::Builder::new()
+            .name("epoch-ticker".into())
+            .spawn(move || {
+                while let Some(engine) = weak.upgrade() {
+                    engine.increment_epoch();
+                    drop(engine);
+                    std::thread::sleep(TICK);
+                }
+            })
+            .map_err(|e| HandoffError::Internal(e.into()))?;
+        let cache = cache_dir.map(|dir| ArtifactCache::new(&engine, dir));
+        Ok(Runtime {
+            engine,
+            linker,
+            cache,
+        })
+    }
+
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// Compiles (or loads from the cache) and checks a policy.
+    pub fn load(&self, source: &PolicySource) -> Result<Policy> {
+        source.check_format()?;
+        let cached = self
+            .cache
+            .as_ref()
+            .and_then(|c| c.load(&self.engine, &source.sha256));
+        let component = match cached {
+            Some(component) => component,
+            None => {
+                let component = wasmtime::component::Component::new(&self.engine, &source.bytes)
+                    .map_err(|e| {
+                        HandoffError::Policy(format!(
+                            "the policy {} does not compile: {e:#}",
+                            source.origin
+                        ))
+                    })?;
+                if let Some(cache) = &self.cache {
+                    cache.store(&source.sha256, &component);
+                }
+                component
+            }
+        };
+        let contract = check_contract(&self.engine, &component, &source.origin)?;
+        Ok(Policy {
+            component,
+            sha256: source.sha256.clone(),
+            origin: source.origin.clone(),
+            contract,
+        })
+    }
+
+    /// Runs a policy over a session within the limits, then verifies its report.
+    pub fn run(
+        &self,
+        policy: &Policy,
+        session: Session,
+        settings: &Settings,
+        limits: &Limits,
+    ) -> Result<Summary> {
+        let state = RunState {
+            session,
+            // Nothing is granted: no preopens, environment, arguments, network or stdio.
+            wasi: WasiCtx::builder().build(),
+            table: ResourceTable::new(),
+            limiter: Limiter::new(limits),
+            slice_started: Instant::now(),
+            interrupted: None,
+        };
+        let mut store = Store::new(&self.engine, state);
+        store.limiter(|state| &mut state.limiter);
+        let slice = limits.slice;
+        let run_timeout = limits.run_timeout;
+        let run_deadline = Instant::now() + run_timeout;
+        store.set_epoch_deadline(1);
+        store.epoch_deadline_callback(move |mut hook| {
+            let state = hook.data_mut();
+            let reason = if Instant::now() >= run_deadline {
+                Some(format!(
+                    "the policy exceeded the run deadline of {} s",
+                    run_timeout.as_secs_f64()
+                ))
+            } else if state.slice_started.elapsed() > slice {
+                Some(format!(
+                    "the policy computed for more than {} ms without calling the host (an endless loop?)",
+                    slice.as_millis()
+                ))
+            } else {
+                None
+            };
+            match reason {
+                Some(reason) => {
+                    state.interrupted = Some(reason.clone());
+                    Err(wasmtime::Error::msg(reason))
+                }
+                None => Ok(UpdateDeadline::Continue(1)),
+            }
+        });
+
+        let wit_settings = types::Settings {
+            max_events: settings.max_events,
+            max_wait_ms: settings.max_wait_ms,
+            params: settings.params.clone(),
+        };
+        let outcome = HandoffPolicy::instantiate(&mut store, &policy.component, &self.linker)
+            .map_err(|e| {
+                HandoffError::Policy(format!("the policy {} cannot start: {e:#}", policy.origin))
+            })
+            .and_then(|instance| {
+                store.data_mut().slice_started = Instant::now();
+                instance
+                    .handoff_policy_policy()
+                    .call_run(&mut store, &wit_settings)
+                    .map_err(|trap| classify_trap(store.data(), trap))
+            });
+        let mut state = store.into_data();
+        match outcome {
+            Ok(result) => state.session.finish(result.map(report_from)),
+            Err(error) => match state.session.failure() {
+                // A host-reported failure explains the trap better than the trap itself.
+                Some(_) => state.session.finish(Err(String::new())),
+                None => Err(error),
+            },
+        }
+    }
+}
+
+fn report_from(report: export::Report) -> Report {
+    Report {
+        status: match report.status {
+            types::RunStatus::Idle => Status::Idle,
+            types::RunStatus::HandedOff => Status::HandedOff,
+            types::RunStatus::Invalidated => Status::Invalidated,
+        },
+        events_handed_off: report.events_handed_off,
+        last_event_id: report.last_event_id,
+    }
+}
+
+fn classify_trap(state: &RunState, error: wasmtime::Error) -> HandoffError {
+    let suffix = "; nothing after the last commit was written";
+    if let Some(reason) = &state.interrupted {
+        return HandoffError::Policy(format!("{reason}{suffix}"));
+    }
+    if state.limiter.memory_refused {
+        return HandoffError::Policy(format!("the policy exceeded its memory cap{suffix}"));
+    }
+    match error.downcast_ref::<wasmtime::Trap>() {
+        Some(wasmtime::Trap::StackOverflow) => {
+            HandoffError::Policy(format!("the policy overflowed its stack{suffix}"))
+        }
+        Some(trap) => HandoffError::Policy(format!("the policy trapped: {trap}{suffix}")),
+        None => HandoffError::Policy(format!("the policy failed: {error:#}{suffix}")),
+    }
+}
+
+/// Shared so that benchmarks and tests can hold one engine for many runs.
+pub type SharedRuntime = Arc<Runtime>;
