@@ -10,16 +10,22 @@ use super::limits::Limiter;
 use super::session::{self, Session};
 use crate::backend::Mode;
 
-wasmtime::component::bindgen!({
-    path: "../wit",
-    world: "handoff-policy",
-    with: {
-        "handoff:policy/host.change-stream": StreamHandle,
-    },
-});
+/// The generated bindings, kept in their own module: the WIT package's `handoff` namespace would
+/// otherwise shadow this crate's name.
+mod generated {
+    wasmtime::component::bindgen!({
+        path: "../wit",
+        world: "handoff-policy",
+        with: {
+            "handoff:policy/host.change-stream": super::StreamHandle,
+        },
+    });
+}
 
-pub use exports::handoff::policy::policy as export;
-pub use handoff::policy::types;
+pub use generated::HandoffPolicy;
+pub use generated::exports::handoff::policy::policy as export;
+use generated::handoff::policy::host as wit_host;
+pub use generated::handoff::policy::types;
 
 /// The host side of the `change-stream` resource. A run has at most one stream, owned by the
 /// session; the handle only names it.
@@ -79,9 +85,9 @@ impl RunState {
     }
 }
 
-impl handoff::policy::types::Host for RunState {}
+impl types::Host for RunState {}
 
-impl handoff::policy::host::Host for RunState {
+impl wit_host::Host for RunState {
     fn deployment_identity(&mut self) -> types::Deployment {
         let identity = types::Deployment {
             consumer: self.session.consumer().consumer.clone(),
@@ -179,7 +185,7 @@ impl handoff::policy::host::Host for RunState {
     }
 }
 
-impl handoff::policy::host::HostChangeStream for RunState {
+impl wit_host::HostChangeStream for RunState {
     fn next(
         &mut self,
         _stream: Resource<StreamHandle>,

@@ -1,0 +1,166 @@
+//! Two runs racing on one consumer: one compare-and-set loses, nothing is duplicated or lost.
+
+mod support;
+
+use std::sync::{Arc, Barrier};
+
+use bson::Document;
+use handoff::backend::memory::MemoryStore;
+use handoff::backend::replay::ReplaySource;
+use handoff::backend::{CheckpointStore, Commit, CommitError};
+use handoff::error::HandoffError;
+use handoff::fixture::Fixture;
+use handoff::inputs::RawInputs;
+use handoff::run::Job;
+use handoff::runtime::{Limits, PolicySource, Runtime};
+use support::*;
+
+/// A store that makes both runs load the checkpoint before either commits.
+struct Gate {
+    inner: MemoryStore,
+    loaded: Barrier,
+}
+
+impl CheckpointStore for Gate {
+    fn ensure_checkpoint(
+        &self,
+        consumer: &str,
+        initial: Document,
+    ) -> Result<Document, CommitError> {
+        let doc = self.inner.ensure_checkpoint(consumer, initial);
+        self.loaded.wait();
+        doc
+    }
+    fn commit(&self, commit: &Commit<'_>) -> Result<(), CommitError> {
+        self.inner.commit(commit)
+    }
+    fn dump(&self, consumer: &str) -> Result<(Option<Document>, Vec<Document>), CommitError> {
+        self.inner.dump(consumer)
+    }
+}
+
+fn fixture_text(events: u32) -> String {
+    let mut lines = vec![deployment(REPLICA_SET_ID)];
+    lines.extend((1..=events).map(|i| event(i, "insert")));
+    lines.push(batch_end(events));
+    lines.iter().map(|l| format!("{l}\n")).collect()
+}
+
+#[test]
+fn two_runs_on_one_store_one_cas_loses_and_no_event_is_duplicated() {
+    let runtime = Arc::new(Runtime::new(None).unwrap());
+    let policy = Arc::new(runtime.load(&PolicySource::embedded_default()).unwrap());
+    let fixture = Arc::new(Fixture::parse(&fixture_text(20)).unwrap());
+    let inputs = RawInputs {
+        database: "change_demo".into(),
+        collection: "orders".into(),
+        consumer_id: "orders-to-outbox".into(),
+        checkpoint_collection: "cp".into(),
+        outbox_collection: "ob".into(),
+        max_events: "500".into(),
+        max_wait_seconds: "2".into(),
+    }
+    .validate()
+    .unwrap();
+    let store = Arc::new(Gate {
+        inner: MemoryStore::new(),
+        loaded: Barrier::new(2),
+    });
+
+    let results: Vec<_> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..2)
+            .map(|_| {
+                let (runtime, policy, fixture, inputs, store) = (
+                    runtime.clone(),
+                    policy.clone(),
+                    fixture.clone(),
+                    inputs.clone(),
+                    store.clone(),
+                );
+                scope.spawn(move || {
+                    let job = Job {
+                        runtime: &runtime,
+                        policy: &policy,
+                        inputs: &inputs,
+                        params: vec![],
+                        limits: Limits::default(),
+                    };
+                    job.execute(Box::new(ReplaySource::new(fixture)), store)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+
+    let conflicts = results
+        .iter()
+        .filter(|r| matches!(r, Err(HandoffError::Conflict(_))))
+        .count();
+    let wins: Vec<_> = results.iter().filter_map(|r| r.as_ref().ok()).collect();
+    assert_eq!(conflicts, 1, "{results:?}");
+    assert_eq!(wins.len(), 1, "{results:?}");
+    let loser = results.iter().find_map(|r| r.as_ref().err()).unwrap();
+    assert!(
+        loser
+            .to_string()
+            .contains("Checkpoint changed during this run; retry from the current token")
+    );
+    assert_eq!(loser.exit_code(), 3);
+
+    // Every event exactly once, in stream order, and the checkpoint at the end of the stream.
+    let (checkpoint, outbox) = store.dump("orders-to-outbox").unwrap();
+    let ids: Vec<String> = outbox
+        .iter()
+        .map(|r| r.get_str("_id").unwrap().to_string())
+        .collect();
+    let expected: Vec<String> = (1..=20)
+        .map(|i| format!("orders-to-outbox/{}", seed_event_id(&token(i))))
+        .collect();
+    // The winner committed a prefix or all of them; whatever it committed appears once.
+    assert!(!ids.is_empty());
+    assert_eq!(ids, expected[..ids.len()].to_vec());
+    assert_eq!(wins[0].committed.handed_off as usize, ids.len());
+    assert!(checkpoint.is_some());
+}
+
+#[test]
+fn two_processes_on_one_state_file_never_duplicate() {
+    let s = Scratch::new();
+    let fixture = s.path("twenty.jsonl");
+    std::fs::write(&fixture, fixture_text(20)).unwrap();
+    let spawn = || {
+        handoff()
+            .arg("replay")
+            .arg(&fixture)
+            .arg("--state")
+            .arg(s.state())
+            .args(["--state-lock-timeout-ms", "0"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let (a, b) = (spawn(), spawn());
+    let outputs = [a.wait_with_output().unwrap(), b.wait_with_output().unwrap()];
+    let mut handed_off = 0;
+    for output in &outputs {
+        match output.status.code() {
+            Some(0) => handed_off += outputs_of(output),
+            // The loser is told the consumer is busy, and wrote nothing.
+            Some(3) => assert!(
+                stderr(output).contains("in use by another run"),
+                "{}",
+                stderr(output)
+            ),
+            other => panic!("unexpected exit {other:?}: {}", stderr(output)),
+        }
+    }
+    let (_, outbox) = inspect(&s.state());
+    let expected: Vec<String> = (1..=20).map(|i| seed_event_id(&token(i))).collect();
+    assert_eq!(outbox_ids(&outbox), expected);
+    assert_eq!(handed_off, 20);
+}
+
+fn outputs_of(output: &std::process::Output) -> u64 {
+    outputs(output)["events_handed_off"].as_u64().unwrap()
+}

@@ -1,0 +1,22 @@
+//! Test policy: tries to open a network connection.
+#![cfg_attr(not(target_arch = "wasm32"), allow(dead_code))]
+
+#[cfg(target_arch = "wasm32")]
+mod policy {
+    wit_bindgen::generate!({ path: "../../wit", world: "handoff-policy" });
+
+    use exports::handoff::policy::policy::Guest;
+    use handoff::policy::{host, types};
+
+    struct Policy;
+
+    impl Guest for Policy {
+        fn run(_: types::Settings) -> Result<types::Report, String> {
+            let _ = host::load_checkpoint();
+            let connected = std::net::TcpStream::connect("127.0.0.1:9").is_ok();
+            Err(format!("connected: {connected}"))
+        }
+    }
+
+    export!(Policy);
+}

@@ -1,0 +1,21 @@
+//! Test policy: panics mid-run.
+#![cfg_attr(not(target_arch = "wasm32"), allow(dead_code))]
+
+#[cfg(target_arch = "wasm32")]
+mod policy {
+    wit_bindgen::generate!({ path: "../../wit", world: "handoff-policy" });
+
+    use exports::handoff::policy::policy::Guest;
+    use handoff::policy::{host, types};
+
+    struct Policy;
+
+    impl Guest for Policy {
+        fn run(_: types::Settings) -> Result<types::Report, String> {
+            let _ = host::load_checkpoint();
+            panic!("policy bug")
+        }
+    }
+
+    export!(Policy);
+}
