@@ -169,8 +169,10 @@ fn invalidate_saves_start_after_without_outbox_and_stops() {
 
 #[test]
 fn idle_run_saves_the_watermark() {
-    let mut host = FakeHost::default();
-    host.watermark = Some("W".into());
+    let mut host = FakeHost {
+        watermark: Some("W".into()),
+        ..Default::default()
+    };
     let checkpoint = Checkpoint {
         token: Some("T".into()),
         mode: Mode::StartAfter,
@@ -186,8 +188,10 @@ fn idle_run_saves_the_watermark() {
 
 #[test]
 fn watermark_equal_to_the_token_writes_nothing() {
-    let mut host = FakeHost::default();
-    host.watermark = Some("T".into());
+    let mut host = FakeHost {
+        watermark: Some("T".into()),
+        ..Default::default()
+    };
     let checkpoint = Checkpoint {
         token: Some("T".into()),
         mode: Mode::ResumeAfter,

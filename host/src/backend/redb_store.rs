@@ -92,6 +92,13 @@ impl CheckpointStore for RedbStore {
         consumer: &str,
         initial: Document,
     ) -> Result<Document, CommitError> {
+        // The common case, an existing consumer, needs no write (and no fsync).
+        if let Ok(txn) = self.db.begin_read()
+            && let Ok(table) = txn.open_table(self.checkpoint_table())
+            && let Ok(Some(guard)) = table.get(consumer)
+        {
+            return decode(guard.value());
+        }
         let txn = self.db.begin_write().map_err(unavailable)?;
         let doc = {
             let mut table = txn

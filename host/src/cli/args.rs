@@ -121,7 +121,9 @@ impl PolicyArgs {
             ArtifactCache::default_dir()
         };
         let runtime = Runtime::new(cache)?;
+        tracing::debug!(target: "handoff::startup", "engine ready");
         let policy = runtime.load(&source)?;
+        tracing::debug!(target: "handoff::startup", contract = %policy.contract, "policy loaded");
         Ok((runtime, policy))
     }
 }

@@ -56,6 +56,7 @@ fn init_logging(format: LogFormat) {
 }
 
 pub fn main() -> ExitCode {
+    let _ = crate::runtime::PROCESS_START.set(std::time::Instant::now());
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(error) => {
@@ -69,6 +70,7 @@ pub fn main() -> ExitCode {
         }
     };
     init_logging(cli.log_format);
+    tracing::debug!(target: "handoff::startup", "arguments parsed");
     let result = match cli.command {
         Command::Replay(args) => replay::run(args),
         Command::Inspect(args) => inspect::run(args),

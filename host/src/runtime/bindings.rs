@@ -85,6 +85,9 @@ impl RunState {
     }
 }
 
+/// When the process started (set by the CLI's first line), for the start-up figure.
+pub static PROCESS_START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+
 impl types::Host for RunState {}
 
 impl wit_host::Host for RunState {
@@ -98,6 +101,17 @@ impl wit_host::Host for RunState {
     }
 
     fn load_checkpoint(&mut self) -> types::Checkpoint {
+        if let Some(start) = PROCESS_START.get() {
+            let unix_us = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_micros() as u64);
+            tracing::debug!(
+                target: "handoff::startup",
+                first_policy_call_us = start.elapsed().as_micros() as u64,
+                first_policy_call_unix_us = unix_us,
+                "policy called the host"
+            );
+        }
         let (token, mode) = self.session.checkpoint();
         let checkpoint = types::Checkpoint {
             token,
@@ -192,7 +206,7 @@ impl wit_host::HostChangeStream for RunState {
     ) -> Result<Option<types::ChangeEvent>, types::StreamError> {
         let result = self
             .session
-            .next()
+            .next_event()
             .map(|event| {
                 event.map(|e| types::ChangeEvent {
                     token: e.token,

@@ -47,6 +47,7 @@ impl Runtime {
             .epoch_interruption(true)
             .max_wasm_stack(MAX_WASM_STACK);
         let engine = Engine::new(&config).map_err(|e| HandoffError::Internal(e.into()))?;
+        tracing::debug!(target: "handoff::startup", "engine built");
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
             .map_err(|e| HandoffError::Internal(e.into()))?;

@@ -14,6 +14,7 @@ pub mod limits;
 pub mod policy;
 pub mod session;
 
+pub use bindings::PROCESS_START;
 pub use engine::{Runtime, Settings};
 pub use limits::Limits;
 pub use policy::{Policy, PolicySource};

@@ -290,7 +290,7 @@ impl Session {
         }
     }
 
-    pub fn next(&mut self) -> Result<Option<EventView>, StreamFailure> {
+    pub fn next_event(&mut self) -> Result<Option<EventView>, StreamFailure> {
         self.gate().map_err(StreamFailure::Rejected)?;
         if !self.stream_open {
             let m = self.fail(HandoffError::Policy(rejected(

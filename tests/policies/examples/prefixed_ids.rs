@@ -67,13 +67,12 @@ mod policy {
                 last = id;
                 deadline = host::monotonic_ms() + settings.max_wait_ms;
             }
-            if !invalidated && count < settings.max_events {
-                if let Some(mark) = stream.watermark() {
-                    if Some(&mark) != token.as_ref() {
-                        host::advance_watermark(token.as_deref(), &mark)
-                            .map_err(|e| format!("{e:?}"))?;
-                    }
-                }
+            if !invalidated
+                && count < settings.max_events
+                && let Some(mark) = stream.watermark()
+                && Some(&mark) != token.as_ref()
+            {
+                host::advance_watermark(token.as_deref(), &mark).map_err(|e| format!("{e:?}"))?;
             }
             let status = if invalidated {
                 types::RunStatus::Invalidated

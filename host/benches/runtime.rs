@@ -1,0 +1,342 @@
+//! `cargo bench -p handoff --bench runtime`
+//!
+//! Prints, measured in one run:
+//! - cold start: process start to the policy's first host call, with and without the artifact cache;
+//! - per-event cost of the default policy through the component boundary vs the same decision logic
+//!   called natively, over the same session and in-memory store (the ratio is the boundary's cost);
+//! - replay throughput in events/s, in process (memory and embedded store) and through the binary.
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use handoff::backend::memory::MemoryStore;
+use handoff::backend::redb_store::RedbStore;
+use handoff::backend::replay::ReplaySource;
+use handoff::backend::{CheckpointStore, Consumer, Deployment, Mode};
+use handoff::fixture::Fixture;
+use handoff::runtime::session::{self, Checkpoint, Session};
+use handoff::runtime::{Limits, PolicySource, Runtime, Settings};
+use handoff_default_policy as native;
+
+const EVENTS: u32 = 20_000;
+
+fn fixture_text(events: u32) -> String {
+    let mut text = String::from(
+        "{\"$deployment\": {\"setName\": \"rs0\", \"replicaSetId\": \"6740a1b2c3d4e5f601234567\", \"source\": \"change_demo.orders\"}}\n",
+    );
+    for seq in 1..=events {
+        text.push_str(&format!(
+            "{{\"_id\": {{\"_data\": \"82{:08X}{seq:08X}2B042C0100296E5A1004AB1154ACACD849A48C61756D70D3B21F4604000004\"}}, \
+             \"operationType\": \"insert\", \"clusterTime\": {{\"$timestamp\": {{\"t\": 1793527200, \"i\": {seq}}}}}, \
+             \"ns\": {{\"db\": \"change_demo\", \"coll\": \"orders\"}}, \"documentKey\": {{\"_id\": {seq}}}, \
+             \"fullDocument\": {{\"_id\": {seq}, \"sku\": \"SKU-{seq}\", \"qty\": 3, \"price\": {{\"$numberDecimal\": \"19.90\"}}}}}}\n",
+            1_793_527_200u32 + seq / 1000
+        ));
+    }
+    text
+}
+
+fn session(fixture: &Arc<Fixture>, store: Arc<dyn CheckpointStore>) -> Session {
+    let consumer = Consumer {
+        consumer: "bench".into(),
+        source: "change_demo.orders".into(),
+    };
+    store
+        .ensure_checkpoint(
+            "bench",
+            handoff::checkpoint::initial("bench", "change_demo.orders", "6740a1b2c3d4e5f601234567"),
+        )
+        .expect("checkpoint");
+    Session::new(
+        consumer,
+        Deployment {
+            set_name: "rs0".into(),
+            replica_set_id: "6740a1b2c3d4e5f601234567".into(),
+        },
+        Checkpoint {
+            token: None,
+            mode: Mode::ResumeAfter,
+        },
+        Box::new(ReplaySource::new(fixture.clone())),
+        store,
+        None,
+    )
+}
+
+/// The guest's decision logic driven natively over the same session.
+struct NativeHost<'a>(&'a mut Session);
+
+impl native::Host for NativeHost<'_> {
+    fn open(&mut self, start: native::Start) -> Result<(), String> {
+        let start = match start {
+            native::Start::Now => session::Start::Now,
+            native::Start::ResumeAfter(t) => session::Start::ResumeAfter(t),
+            native::Start::StartAfter(t) => session::Start::StartAfter(t),
+        };
+        self.0.open_stream(start).map_err(|e| format!("{e:?}"))
+    }
+    fn next(&mut self) -> Result<Option<native::Event>, String> {
+        self.0
+            .next_event()
+            .map(|e| {
+                e.map(|e| native::Event {
+                    token: e.token,
+                    operation_type: e.operation_type,
+                })
+            })
+            .map_err(|e| format!("{e:?}"))
+    }
+    fn watermark(&mut self) -> Option<String> {
+        self.0.watermark()
+    }
+    fn commit(
+        &mut self,
+        expected: Option<&str>,
+        next: &str,
+        mode: native::Mode,
+        id: Option<&str>,
+    ) -> Result<(), String> {
+        let mode = match mode {
+            native::Mode::ResumeAfter => Mode::ResumeAfter,
+            native::Mode::StartAfter => Mode::StartAfter,
+        };
+        self.0
+            .commit(expected, next, mode, id)
+            .map_err(|e| format!("{e:?}"))
+    }
+    fn advance_watermark(&mut self, expected: Option<&str>, next: &str) -> Result<(), String> {
+        self.0
+            .advance_watermark(expected, next)
+            .map_err(|e| format!("{e:?}"))
+    }
+    fn now_ms(&mut self) -> u64 {
+        self.0.now_ms()
+    }
+}
+
+fn per_event(elapsed: Duration, events: u32) -> f64 {
+    elapsed.as_secs_f64() * 1e6 / f64::from(events)
+}
+
+/// Median of `runs` measurements.
+fn median(mut samples: Vec<f64>) -> f64 {
+    samples.sort_by(|a, b| a.total_cmp(b));
+    samples[samples.len() / 2]
+}
+
+/// (process start to first policy call, whole run), in microseconds. The start is taken by this
+/// process just before it spawns the child, so exec and loading are included.
+fn startup_us(bin: &str, args: &[&str], cache: &Path, use_cache: bool) -> (f64, f64) {
+    let spawned_unix_us = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_micros() as f64;
+    let started = Instant::now();
+    let mut command = Command::new(bin);
+    command
+        .args(args)
+        .env("HANDOFF_CACHE_DIR", cache)
+        .env("HANDOFF_LOG", "handoff::startup=debug")
+        .env("HANDOFF_LOG_FORMAT", "json");
+    if !use_cache {
+        command.arg("--no-cache");
+    }
+    let output = command.output().expect("run handoff");
+    let wall = started.elapsed().as_secs_f64() * 1e6;
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let first_call = stderr
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find_map(|v| v["fields"]["first_policy_call_unix_us"].as_f64())
+        .expect("startup figure in the log")
+        - spawned_unix_us;
+    (first_call, wall)
+}
+
+fn main() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let bin = env!("CARGO_BIN_EXE_handoff");
+
+    // Cold start.
+    let small = dir.path().join("small.jsonl");
+    std::fs::write(&small, fixture_text(1)).expect("fixture");
+    let cache = dir.path().join("cache");
+    let exec_us = median(
+        (0..10)
+            .map(|_| {
+                let t = Instant::now();
+                Command::new(bin)
+                    .arg("--version")
+                    .output()
+                    .expect("version");
+                t.elapsed().as_secs_f64() * 1e6
+            })
+            .collect(),
+    );
+    let cold = |use_cache: bool, reuse_state: bool| {
+        let samples: Vec<(f64, f64)> = (0..7)
+            .map(|i| {
+                let name = if reuse_state {
+                    "start-shared.redb".to_string()
+                } else {
+                    format!("start-{use_cache}-{i}.redb")
+                };
+                let state = dir.path().join(name);
+                startup_us(
+                    bin,
+                    &[
+                        "replay",
+                        small.to_str().unwrap(),
+                        "--state",
+                        state.to_str().unwrap(),
+                        "--max-wait-seconds",
+                        "1",
+                    ],
+                    &cache,
+                    use_cache,
+                )
+            })
+            .collect();
+        (
+            median(samples.iter().map(|s| s.0).collect()),
+            median(samples.iter().map(|s| s.1).collect()),
+        )
+    };
+    let (uncached, uncached_wall) = cold(false, false);
+    let _prime = cold(true, false);
+    let (cached_new, cached_new_wall) = cold(true, false);
+    let (cached, cached_wall) = cold(true, true);
+    println!("cold start (process start to first policy call, median of 7):");
+    println!(
+        "  the binary alone (--version, whole run):  {:>9.0} us",
+        exec_us
+    );
+    println!(
+        "  without artifact cache (Cranelift runs):  {:>9.0} us to first call, {:>9.0} us whole run",
+        uncached, uncached_wall
+    );
+    println!(
+        "  with cache, new consumer (state created): {:>9.0} us to first call, {:>9.0} us whole run",
+        cached_new, cached_new_wall
+    );
+    println!(
+        "  with cache, existing consumer (warm):     {:>9.0} us to first call, {:>9.0} us whole run",
+        cached, cached_wall
+    );
+    println!(
+        "  warm start (goal < 5000 us):              {:>9.0} us",
+        cached
+    );
+    println!(
+        "  cache speed-up:                           {:>9.1}x",
+        uncached / cached
+    );
+
+    // Boundary vs native over the same session and store.
+    let fixture = Arc::new(Fixture::parse(&fixture_text(EVENTS)).expect("fixture"));
+    let runtime = Runtime::new(None).expect("runtime");
+    let policy = runtime
+        .load(&PolicySource::embedded_default())
+        .expect("policy");
+    let settings = Settings {
+        max_events: EVENTS,
+        max_wait_ms: 1000,
+        params: vec![],
+    };
+    let mut component_us = Vec::new();
+    let mut native_us = Vec::new();
+    for _ in 0..5 {
+        // Each store outlives its timed run, so freeing 20,000 records is timed in neither path.
+        let store = Arc::new(MemoryStore::new());
+        let s = session(&fixture, store.clone());
+        let t = Instant::now();
+        let summary = runtime
+            .run(&policy, s, &settings, &Limits::default())
+            .expect("component run");
+        component_us.push(per_event(t.elapsed(), EVENTS));
+        assert_eq!(summary.committed.handed_off, EVENTS);
+        assert_eq!(store.dump("bench").expect("dump").1.len(), EVENTS as usize);
+
+        let store = Arc::new(MemoryStore::new());
+        let mut s = session(&fixture, store.clone());
+        let t = Instant::now();
+        let report = native::run(
+            &mut NativeHost(&mut s),
+            native::Checkpoint {
+                token: None,
+                mode: native::Mode::ResumeAfter,
+            },
+            &native::Settings {
+                max_events: EVENTS,
+                max_wait_ms: 1000,
+            },
+        )
+        .expect("native run");
+        native_us.push(per_event(t.elapsed(), EVENTS));
+        assert_eq!(report.events_handed_off, EVENTS);
+        drop(s);
+        assert_eq!(store.dump("bench").expect("dump").1.len(), EVENTS as usize);
+    }
+    let (component, natively) = (median(component_us), median(native_us));
+    println!("per-event cost, {EVENTS} events, in-memory store (median of 5):");
+    println!("  through the component boundary:           {component:>9.2} us/event");
+    println!("  same decision logic called natively:      {natively:>9.2} us/event");
+    println!(
+        "  ratio component / native:                 {:>9.2}x  (goal < 2x)",
+        component / natively
+    );
+
+    // Replay throughput.
+    let redb_events = 2_000;
+    let redb_fixture = Arc::new(Fixture::parse(&fixture_text(redb_events)).expect("fixture"));
+    let state = dir.path().join("throughput.redb");
+    let store = RedbStore::open(&state, "cp", "ob", Duration::from_secs(1)).expect("store");
+    let s = session(&redb_fixture, Arc::new(store));
+    let t = Instant::now();
+    runtime
+        .run(
+            &policy,
+            s,
+            &Settings {
+                max_events: redb_events,
+                max_wait_ms: 1000,
+                params: vec![],
+            },
+            &Limits::default(),
+        )
+        .expect("redb run");
+    let redb_rate = f64::from(redb_events) / t.elapsed().as_secs_f64();
+    let big = dir.path().join("big.jsonl");
+    std::fs::write(&big, fixture_text(500)).expect("fixture");
+    let t = Instant::now();
+    let out = Command::new(bin)
+        .args([
+            "replay",
+            big.to_str().unwrap(),
+            "--state",
+            dir.path().join("cli.redb").to_str().unwrap(),
+            "--max-events",
+            "500",
+        ])
+        .env("HANDOFF_CACHE_DIR", &cache)
+        .output()
+        .expect("replay");
+    assert!(out.status.success());
+    let cli_rate = 500.0 / t.elapsed().as_secs_f64();
+    println!("replay throughput:");
+    println!(
+        "  in process, in-memory store:              {:>9.0} events/s",
+        1e6 / component
+    );
+    println!("  in process, embedded store (fsync each):  {redb_rate:>9.0} events/s");
+    println!(
+        "  `handoff replay`, 500 events per run:     {cli_rate:>9.0} events/s (whole process)"
+    );
+}
