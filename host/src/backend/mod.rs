@@ -6,9 +6,11 @@
 //!
 //! - `replay`: a recorded change stream served with a real server's resume semantics;
 //! - `redb_store`: checkpoint and outbox in an embedded ACID store on disk;
+//! - `mongo`: a MongoDB replica set through the official driver (stream, checkpoint and outbox);
 //! - `memory`: an in-memory store for tests and benchmarks.
 
 pub mod memory;
+pub mod mongo;
 pub mod redb_store;
 pub mod replay;
 

@@ -1,5 +1,6 @@
 //! The `handoff` command line.
 //!
+//! - `run`: one bounded run against a MongoDB replica set (the main job);
 //! - `replay`: one bounded run over a recorded change stream, state in an embedded store;
 //! - `inspect`: the checkpoint and outbox of a state store, as Extended JSON lines.
 //!
@@ -8,12 +9,36 @@
 mod args;
 mod inspect;
 mod replay;
+mod run;
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
 use crate::error::HandoffError;
+use crate::inputs::Inputs;
+use crate::output::kestra;
+use crate::runtime::Policy;
+use crate::runtime::session::Summary;
+
+/// Prints the task protocol lines of a successful run.
+fn emit(summary: &Summary, policy: &Policy, inputs: &Inputs, started: std::time::Instant) {
+    println!(
+        "{}",
+        kestra::outputs_line(
+            summary,
+            &[("policy_sha256", serde_json::json!(policy.sha256))]
+        )
+    );
+    println!(
+        "{}",
+        kestra::metrics_line(
+            summary,
+            started.elapsed(),
+            &[("consumer", &inputs.consumer_id)]
+        )
+    );
+}
 
 #[derive(Parser)]
 #[command(
@@ -37,6 +62,8 @@ enum LogFormat {
 
 #[derive(Subcommand)]
 enum Command {
+    /// One bounded run against a MongoDB replica set (`MONGODB_URI`): the main job.
+    Run(run::RunArgs),
     /// One bounded run over a recorded change stream (JSON Lines fixture).
     Replay(replay::ReplayArgs),
     /// Prints the checkpoint and every outbox record of a state store, one JSON object per line.
@@ -72,6 +99,7 @@ pub fn main() -> ExitCode {
     init_logging(cli.log_format);
     tracing::debug!(target: "handoff::startup", "arguments parsed");
     let result = match cli.command {
+        Command::Run(args) => run::run(args),
         Command::Replay(args) => replay::run(args),
         Command::Inspect(args) => inspect::run(args),
     };

@@ -5,14 +5,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use serde_json::json;
 
 use super::args::{InputArgs, PolicyArgs};
 use crate::backend::redb_store::RedbStore;
 use crate::backend::replay::ReplaySource;
 use crate::error::{HandoffError, Result};
 use crate::fixture::Fixture;
-use crate::output::kestra;
 use crate::run::Job;
 
 #[derive(Args)]
@@ -63,17 +61,6 @@ pub fn run(args: ReplayArgs) -> Result<()> {
         Box::new(ReplaySource::new(Arc::new(fixture))),
         Arc::new(store),
     )?;
-    println!(
-        "{}",
-        kestra::outputs_line(&summary, &[("policy_sha256", json!(policy.sha256))])
-    );
-    println!(
-        "{}",
-        kestra::metrics_line(
-            &summary,
-            started.elapsed(),
-            &[("consumer", &inputs.consumer_id)]
-        )
-    );
+    super::emit(&summary, &policy, &inputs, started);
     Ok(())
 }

@@ -1,0 +1,47 @@
+//! `handoff run`: the main job against a MongoDB replica set.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use clap::Args;
+
+use super::args::{InputArgs, PolicyArgs};
+use crate::backend::mongo::{Connection, MongoSource, MongoStore};
+use crate::error::Result;
+use crate::run::Job;
+
+#[derive(Args)]
+pub struct RunArgs {
+    /// The replica set's connection string (never printed or logged).
+    #[arg(long, env = "MONGODB_URI", hide_env_values = true)]
+    pub uri: String,
+    #[command(flatten)]
+    pub inputs: InputArgs,
+    #[command(flatten)]
+    pub policy: PolicyArgs,
+}
+
+pub fn run(args: RunArgs) -> Result<()> {
+    let started = Instant::now();
+    let inputs = args.inputs.validate()?;
+    let params = args.policy.params()?;
+    let (runtime, policy) = args.policy.load()?;
+    let connection = Connection::connect(&args.uri)?;
+    let source = MongoSource::new(connection.clone(), &inputs.database, &inputs.collection);
+    let store = MongoStore::new(
+        connection,
+        &inputs.database,
+        &inputs.checkpoint_collection,
+        &inputs.outbox_collection,
+    );
+    let job = Job {
+        runtime: &runtime,
+        policy: &policy,
+        inputs: &inputs,
+        params,
+        limits: args.policy.limits(),
+    };
+    let summary = job.execute(Box::new(source), Arc::new(store))?;
+    super::emit(&summary, &policy, &inputs, started);
+    Ok(())
+}
