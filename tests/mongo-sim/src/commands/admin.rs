@@ -1,0 +1,435 @@
+//! Handshake and administrative commands.
+
+use std::sync::atomic::Ordering;
+
+use bson::{Bson, DateTime, Document, doc};
+use tracing::info;
+
+use super::{Ctx, validate_collection_name};
+use crate::error::{CmdResult, CommandError};
+use crate::matcher;
+use crate::oplog::{EventKind, PendingEvent};
+use crate::storage::Namespace;
+
+pub fn hello(ctx: &Ctx<'_>, legacy: bool) -> CmdResult<Document> {
+    let shared = ctx.shared;
+    let cfg = &shared.config;
+    let mut d = Document::new();
+    d.insert(
+        if legacy {
+            "ismaster"
+        } else {
+            "isWritablePrimary"
+        },
+        true,
+    );
+    d.insert("helloOk", true);
+    if !cfg.standalone {
+        let ts = shared.lock().oplog.cluster_time();
+        let now = DateTime::now();
+        d.insert("hosts", vec![Bson::String(shared.me.clone())]);
+        d.insert("setName", cfg.set_name.clone());
+        d.insert("setVersion", 1);
+        d.insert("secondary", false);
+        d.insert("primary", shared.me.clone());
+        d.insert("me", shared.me.clone());
+        d.insert("electionId", shared.election_id);
+        d.insert(
+            "lastWrite",
+            doc! {
+                "opTime": {"ts": Bson::Timestamp(ts), "t": 1i64},
+                "lastWriteDate": now,
+                "majorityOpTime": {"ts": Bson::Timestamp(ts), "t": 1i64},
+                "majorityWriteDate": now,
+            },
+        );
+    }
+    d.insert("maxBsonObjectSize", 16_777_216);
+    d.insert("maxMessageSizeBytes", 48_000_000);
+    d.insert("maxWriteBatchSize", 100_000);
+    d.insert("localTime", DateTime::now());
+    d.insert("logicalSessionTimeoutMinutes", 30);
+    d.insert("connectionId", ctx.conn.id);
+    d.insert("minWireVersion", 0);
+    d.insert("maxWireVersion", cfg.max_wire_version);
+    d.insert("readOnly", false);
+    Ok(d)
+}
+
+pub fn build_info() -> Document {
+    doc! {
+        "version": "7.0.0",
+        "gitVersion": "0000000000000000000000000000000000000000",
+        "versionArray": [7, 0, 0, 0],
+        "bits": 64,
+        "debug": false,
+        "maxBsonObjectSize": 16_777_216,
+        "storageEngines": ["devnull", "wiredTiger"],
+        "javascriptEngine": "none",
+        "modules": [],
+    }
+}
+
+fn require_admin(ctx: &Ctx<'_>) -> CmdResult<()> {
+    if ctx.db != "admin" {
+        return Err(CommandError::new(
+            13,
+            format!("{} may only be run against the admin database.", ctx.name),
+        ));
+    }
+    Ok(())
+}
+
+fn require_replica_set(ctx: &Ctx<'_>) -> CmdResult<()> {
+    if ctx.shared.config.standalone {
+        return Err(CommandError::new(76, "not running with --replSet"));
+    }
+    Ok(())
+}
+
+pub fn repl_set_get_config(ctx: &Ctx<'_>) -> CmdResult<Document> {
+    require_admin(ctx)?;
+    require_replica_set(ctx)?;
+    let s = ctx.shared;
+    Ok(doc! {
+        "config": {
+            "_id": s.config.set_name.clone(),
+            "version": 1,
+            "term": 1,
+            "members": [{
+                "_id": 0,
+                "host": s.me.clone(),
+                "arbiterOnly": false,
+                "buildIndexes": true,
+                "hidden": false,
+                "priority": 1.0,
+                "tags": {},
+                "secondaryDelaySecs": 0i64,
+                "votes": 1,
+            }],
+            "protocolVersion": 1i64,
+            "writeConcernMajorityJournalDefault": true,
+            "settings": {
+                "chainingAllowed": true,
+                "heartbeatIntervalMillis": 2000,
+                "heartbeatTimeoutSecs": 10,
+                "electionTimeoutMillis": 10000,
+                "catchUpTimeoutMillis": -1,
+                "catchUpTakeoverDelayMillis": 30000,
+                "getLastErrorModes": {},
+                "getLastErrorDefaults": {"w": 1, "wtimeout": 0},
+                "replicaSetId": s.replica_set_id,
+            },
+        }
+    })
+}
+
+pub fn repl_set_get_status(ctx: &Ctx<'_>) -> CmdResult<Document> {
+    require_admin(ctx)?;
+    require_replica_set(ctx)?;
+    let s = ctx.shared;
+    let ts = s.lock().oplog.cluster_time();
+    Ok(doc! {
+        "set": s.config.set_name.clone(),
+        "date": DateTime::now(),
+        "myState": 1,
+        "term": 1i64,
+        "members": [{
+            "_id": 0, "name": s.me.clone(), "health": 1.0, "state": 1, "stateStr": "PRIMARY",
+            "optime": {"ts": Bson::Timestamp(ts), "t": 1i64}, "self": true,
+        }],
+    })
+}
+
+pub fn server_status(ctx: &Ctx<'_>) -> Document {
+    let st = ctx.shared.lock();
+    doc! {
+        "host": ctx.shared.me.clone(),
+        "version": "7.0.0",
+        "process": "mongod",
+        "localTime": DateTime::now(),
+        "connections": {"totalCreated": ctx.shared.next_connection_id.load(Ordering::Relaxed) - 1},
+        "opcounters": {"command": ctx.shared.commands_served.load(Ordering::Relaxed) as i64},
+        "transactions": {"currentOpen": st.active.len() as i64},
+        "changeHistory": {"retained": st.oplog.len() as i64},
+    }
+}
+
+pub fn list_databases(ctx: &Ctx<'_>) -> CmdResult<Document> {
+    require_admin(ctx)?;
+    let st = ctx.shared.lock();
+    let name_only = ctx.bool_field("nameOnly", false);
+    let dbs: Vec<Bson> = st
+        .store
+        .database_names()
+        .into_iter()
+        .map(|n| {
+            if name_only {
+                Bson::Document(doc! {"name": n})
+            } else {
+                Bson::Document(doc! {"name": n, "sizeOnDisk": 4096i64, "empty": false})
+            }
+        })
+        .collect();
+    let total = dbs.len() as i64 * 4096;
+    Ok(doc! {"databases": dbs, "totalSize": total, "totalSizeMb": 0i64})
+}
+
+fn cursor_reply(ns: String, batch: Vec<Bson>) -> Document {
+    doc! {"cursor": {"id": 0i64, "ns": ns, "firstBatch": batch}}
+}
+
+pub fn list_collections(ctx: &Ctx<'_>) -> CmdResult<Document> {
+    let filter = match ctx.cmd.get("filter") {
+        Some(Bson::Document(d)) => d.clone(),
+        None | Some(Bson::Null) => Document::new(),
+        Some(_) => return Err(CommandError::type_mismatch("filter must be an object")),
+    };
+    let name_only = ctx.bool_field("nameOnly", false);
+    let st = ctx.shared.lock();
+    let mut batch = Vec::new();
+    for (ns, coll) in st.store.collections.iter().filter(|(n, _)| n.db == ctx.db) {
+        let full = if name_only {
+            doc! {"name": ns.coll.clone(), "type": "collection"}
+        } else {
+            doc! {
+                "name": ns.coll.clone(),
+                "type": "collection",
+                "options": coll.options.clone(),
+                "info": {"readOnly": false, "uuid": Bson::Binary(coll.uuid.clone())},
+                "idIndex": {"v": 2, "key": {"_id": 1}, "name": "_id_"},
+            }
+        };
+        if matcher::matches(&full, &filter)? {
+            batch.push(Bson::Document(full));
+        }
+    }
+    Ok(cursor_reply(
+        format!("{}.$cmd.listCollections", ctx.db),
+        batch,
+    ))
+}
+
+pub fn create(ctx: &Ctx<'_>) -> CmdResult<Document> {
+    let ns = ctx.ns()?;
+    let mut options = ctx.cmd.clone();
+    for k in [
+        "create",
+        "$db",
+        "lsid",
+        "$clusterTime",
+        "txnNumber",
+        "autocommit",
+        "startTransaction",
+        "writeConcern",
+        "$readPreference",
+        "comment",
+    ] {
+        options.remove(k);
+    }
+    let created = ctx.shared.lock().store.create_collection(&ns, options);
+    if !created {
+        return Err(CommandError::new(
+            48,
+            format!("Collection {ns} already exists."),
+        ));
+    }
+    info!(namespace = %ns, "collection created");
+    Ok(Document::new())
+}
+
+/// Removes a collection and records a `drop` event. False if it did not exist.
+fn drop_collection(ctx: &Ctx<'_>, ns: &Namespace) -> bool {
+    let mut st = ctx.shared.lock();
+    if st.store.collections.remove(ns).is_none() {
+        return false;
+    }
+    st.forget_find_cursors(ns);
+    st.oplog.append(
+        vec![PendingEvent {
+            ns: ns.clone(),
+            kind: EventKind::Drop,
+        }],
+        None,
+    );
+    true
+}
+
+pub fn drop(ctx: &Ctx<'_>) -> CmdResult<Document> {
+    let ns = ctx.ns()?;
+    if !drop_collection(ctx, &ns) {
+        return Err(CommandError::namespace_not_found("ns not found"));
+    }
+    ctx.shared.history_grew.notify_waiters();
+    info!(namespace = %ns, "collection dropped");
+    Ok(doc! {"nIndexesWas": 1, "ns": ns.to_string()})
+}
+
+pub fn rename_collection(ctx: &Ctx<'_>) -> CmdResult<Document> {
+    require_admin(ctx)?;
+    let parse = |key: &str| -> CmdResult<Namespace> {
+        let s = ctx
+            .cmd
+            .get_str(key)
+            .map_err(|_| CommandError::type_mismatch(format!("'{key}' must be a string")))?;
+        let ns = Namespace::parse(s)
+            .ok_or_else(|| CommandError::new(73, format!("Invalid namespace specified '{s}'")))?;
+        validate_collection_name(&ns.coll)?;
+        Ok(ns)
+    };
+    let from = parse("renameCollection")?;
+    let to = parse("to")?;
+    let drop_target = ctx.bool_field("dropTarget", false);
+    if from == to {
+        return Err(CommandError::new(20, "Can't rename a collection to itself"));
+    }
+    let mut st = ctx.shared.lock();
+    if !st.store.collections.contains_key(&from) {
+        return Err(CommandError::namespace_not_found(
+            "Source collection does not exist",
+        ));
+    }
+    let mut events = Vec::new();
+    if st.store.collections.contains_key(&to) {
+        if !drop_target {
+            return Err(CommandError::new(48, "target namespace exists"));
+        }
+        st.store.collections.remove(&to);
+        st.forget_find_cursors(&to);
+        events.push(PendingEvent {
+            ns: to.clone(),
+            kind: EventKind::Drop,
+        });
+    }
+    if let Some(coll) = st.store.collections.remove(&from) {
+        st.store.collections.insert(to.clone(), coll);
+    }
+    st.forget_find_cursors(&from);
+    for e in events {
+        st.oplog.append(vec![e], None);
+    }
+    st.oplog.append(
+        vec![PendingEvent {
+            ns: from.clone(),
+            kind: EventKind::Rename { to: to.clone() },
+        }],
+        None,
+    );
+    std::mem::drop(st);
+    ctx.shared.history_grew.notify_waiters();
+    info!(from = %from, to = %to, "collection renamed");
+    Ok(Document::new())
+}
+
+pub fn drop_database(ctx: &Ctx<'_>) -> CmdResult<Document> {
+    let names = ctx.shared.lock().store.collection_names(&ctx.db);
+    if names.is_empty() {
+        return Ok(Document::new());
+    }
+    for n in &names {
+        drop_collection(ctx, &Namespace::new(ctx.db.clone(), n.clone()));
+    }
+    ctx.shared.lock().oplog.append(
+        vec![PendingEvent {
+            ns: Namespace::new(ctx.db.clone(), ""),
+            kind: EventKind::DropDatabase,
+        }],
+        None,
+    );
+    ctx.shared.history_grew.notify_waiters();
+    info!(database = %ctx.db, collections = names.len(), "database dropped");
+    Ok(doc! {"dropped": ctx.db.clone()})
+}
+
+pub fn list_indexes(ctx: &Ctx<'_>) -> CmdResult<Document> {
+    let ns = ctx.ns()?;
+    let st = ctx.shared.lock();
+    let Some(coll) = st.store.collection(&ns) else {
+        return Err(CommandError::namespace_not_found(format!(
+            "ns does not exist: {ns}"
+        )));
+    };
+    let mut batch = vec![Bson::Document(
+        doc! {"v": 2, "key": {"_id": 1}, "name": "_id_"},
+    )];
+    batch.extend(coll.indexes.iter().cloned().map(Bson::Document));
+    Ok(cursor_reply(ns.to_string(), batch))
+}
+
+pub fn create_indexes(ctx: &Ctx<'_>) -> CmdResult<Document> {
+    let ns = ctx.ns()?;
+    let specs: Vec<Document> = match ctx.cmd.get("indexes") {
+        Some(Bson::Array(a)) => a
+            .iter()
+            .map(|b| match b {
+                Bson::Document(d) if d.get_document("key").is_ok() && d.get_str("name").is_ok() => {
+                    Ok(d.clone())
+                }
+                _ => Err(CommandError::failed_to_parse(
+                    "each index needs a 'key' document and a 'name'",
+                )),
+            })
+            .collect::<CmdResult<_>>()?,
+        _ => return Err(CommandError::type_mismatch("indexes must be an array")),
+    };
+    let mut st = ctx.shared.lock();
+    let created = st.store.create_collection(&ns, Document::new());
+    let coll = st.store.ensure_collection(&ns);
+    let before = 1 + coll.indexes.len() as i32;
+    for spec in specs {
+        let name = spec.get_str("name").unwrap_or_default().to_string();
+        if name == "_id_"
+            || coll
+                .indexes
+                .iter()
+                .any(|i| i.get_str("name").is_ok_and(|n| n == name))
+        {
+            continue;
+        }
+        let mut stored = doc! {"v": 2};
+        stored.extend(spec);
+        coll.indexes.push(stored);
+    }
+    Ok(doc! {
+        "numIndexesBefore": before,
+        "numIndexesAfter": 1 + coll.indexes.len() as i32,
+        "createdCollectionAutomatically": created,
+    })
+}
+
+pub fn drop_indexes(ctx: &Ctx<'_>) -> CmdResult<Document> {
+    let ns = ctx.ns()?;
+    let mut st = ctx.shared.lock();
+    let Some(coll) = st.store.collections.get_mut(&ns) else {
+        return Err(CommandError::namespace_not_found(format!(
+            "ns not found {ns}"
+        )));
+    };
+    let was = 1 + coll.indexes.len() as i32;
+    match ctx.cmd.get("index") {
+        Some(Bson::String(s)) if s == "*" => coll.indexes.clear(),
+        Some(Bson::String(name)) => {
+            let before = coll.indexes.len();
+            coll.indexes
+                .retain(|i| i.get_str("name").ok() != Some(name.as_str()));
+            if before == coll.indexes.len() {
+                return Err(CommandError::new(
+                    27,
+                    format!("index not found with name [{name}]"),
+                ));
+            }
+        }
+        Some(Bson::Document(key)) => coll
+            .indexes
+            .retain(|i| i.get_document("key").ok() != Some(key)),
+        Some(Bson::Array(names)) => coll
+            .indexes
+            .retain(|i| !names.iter().any(|n| n.as_str() == i.get_str("name").ok())),
+        _ => {
+            return Err(CommandError::failed_to_parse(
+                "'index' must be a name, a key pattern or '*'",
+            ));
+        }
+    }
+    Ok(doc! {"nIndexesWas": was})
+}

@@ -1,0 +1,487 @@
+//! Change streams: `aggregate` with `$changeStream`, `getMore` with await, resume tokens,
+//! post-batch tokens, invalidation and history loss.
+
+use std::pin::pin;
+use std::time::{Duration, Instant};
+
+use bson::{Bson, Document, Timestamp, doc};
+use tracing::debug;
+
+use super::Ctx;
+use super::crud::cursor_id;
+use crate::error::{CmdResult, CommandError};
+use crate::matcher;
+use crate::oplog::{EventKind, KIND_EVENT, KIND_INVALIDATE, OplogEntry, TokenKey};
+use crate::state::{Cursor, State};
+use crate::storage::Namespace;
+use crate::values::doc_key;
+
+const DEFAULT_BATCH: usize = 101;
+const DEFAULT_AWAIT: Duration = Duration::from_millis(1000);
+/// Longest a getMore waits, whatever maxTimeMS says.
+const MAX_AWAIT_MS: f64 = 3_600_000.0;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Scope {
+    Collection(Namespace),
+    Database(String),
+    Cluster,
+}
+
+#[derive(Debug)]
+pub struct ChangeCursor {
+    pub scope: Scope,
+    /// Everything at or before this position has been delivered or skipped.
+    pub after: TokenKey,
+    pub lookup: bool,
+    pub filters: Vec<Document>,
+    pub ns: String,
+}
+
+pub fn is_change_stream(cmd: &Document) -> bool {
+    matches!(cmd.get("pipeline"), Some(Bson::Array(p))
+        if matches!(p.first(), Some(Bson::Document(s)) if s.contains_key("$changeStream")))
+}
+
+pub fn is_change_cursor(ctx: &Ctx<'_>) -> CmdResult<bool> {
+    let id = cursor_id(&ctx.cmd)?;
+    Ok(matches!(
+        ctx.shared.lock().cursors.get(&id),
+        Some(Cursor::Change(_))
+    ))
+}
+
+fn history_lost() -> CommandError {
+    CommandError::new(
+        286,
+        "Resume of change stream was not possible, as the resume point may no longer be in the oplog.",
+    )
+}
+
+fn token_arg(v: &Bson, which: &str) -> CmdResult<TokenKey> {
+    let Bson::Document(d) = v else {
+        return Err(CommandError::type_mismatch(format!(
+            "'{which}' must be a resume token document"
+        )));
+    };
+    TokenKey::from_document(d)
+        .ok_or_else(|| CommandError::new(260, "Invalid resume token: unrecognised _data"))
+}
+
+/// The position just before `ts`, so that events at `ts` are included.
+fn before(ts: Timestamp) -> TokenKey {
+    if ts.increment > 0 {
+        TokenKey::new(
+            Timestamp {
+                time: ts.time,
+                increment: ts.increment - 1,
+            },
+            u32::MAX,
+            2,
+        )
+    } else {
+        TokenKey::new(
+            Timestamp {
+                time: ts.time.saturating_sub(1),
+                increment: u32::MAX,
+            },
+            u32::MAX,
+            2,
+        )
+    }
+}
+
+pub fn aggregate(ctx: &Ctx<'_>) -> CmdResult<Document> {
+    if ctx.shared.config.standalone {
+        return Err(CommandError::new(
+            40573,
+            "The $changeStream stage is only supported on replica sets",
+        ));
+    }
+    if ctx.in_txn() {
+        return Err(CommandError::new(
+            263,
+            "$changeStream may not be opened in a transaction",
+        ));
+    }
+    let Some(Bson::Array(pipeline)) = ctx.cmd.get("pipeline") else {
+        return Err(CommandError::failed_to_parse("pipeline must be an array"));
+    };
+    let Some(Bson::Document(first)) = pipeline.first() else {
+        return Err(CommandError::failed_to_parse("empty pipeline"));
+    };
+    let spec = match first.get("$changeStream") {
+        Some(Bson::Document(d)) => d.clone(),
+        _ => {
+            return Err(CommandError::failed_to_parse(
+                "$changeStream must be an object",
+            ));
+        }
+    };
+    let mut filters = Vec::new();
+    for stage in pipeline.iter().skip(1) {
+        match stage {
+            Bson::Document(s) => match s.iter().next() {
+                Some((name, Bson::Document(f))) if name == "$match" => {
+                    matcher::validate(f)?;
+                    filters.push(f.clone());
+                }
+                Some((name, _)) => {
+                    return Err(CommandError::new(
+                        40324,
+                        format!("Unrecognized or unsupported change stream stage: '{name}'"),
+                    ));
+                }
+                None => return Err(CommandError::failed_to_parse("empty pipeline stage")),
+            },
+            _ => {
+                return Err(CommandError::failed_to_parse(
+                    "pipeline stages must be objects",
+                ));
+            }
+        }
+    }
+    let all_for_cluster = matches!(spec.get("allChangesForCluster"), Some(Bson::Boolean(true)));
+    let (scope, ns) = match ctx.cmd.get("aggregate") {
+        Some(Bson::String(c)) => {
+            super::validate_collection_name(c)?;
+            let ns = Namespace::new(ctx.db.clone(), c.clone());
+            (Scope::Collection(ns.clone()), ns.to_string())
+        }
+        Some(v) if crate::values::as_f64(v) == Some(1.0) => {
+            if all_for_cluster {
+                if ctx.db != "admin" {
+                    return Err(CommandError::new(
+                        ErrorCodes::CLUSTER_ON_ADMIN,
+                        "$changeStream with allChangesForCluster must be run against the admin database",
+                    ));
+                }
+                (Scope::Cluster, "admin.$cmd.aggregate".to_string())
+            } else {
+                (
+                    Scope::Database(ctx.db.clone()),
+                    format!("{}.$cmd.aggregate", ctx.db),
+                )
+            }
+        }
+        _ => {
+            return Err(CommandError::failed_to_parse(
+                "aggregate needs a collection name or 1",
+            ));
+        }
+    };
+    let lookup = match spec.get("fullDocument") {
+        None => false,
+        Some(Bson::String(s)) => match s.as_str() {
+            "default" => false,
+            "updateLookup" | "whenAvailable" | "required" => true,
+            other => {
+                return Err(CommandError::bad_value(format!(
+                    "unknown fullDocument mode '{other}'"
+                )));
+            }
+        },
+        Some(_) => return Err(CommandError::type_mismatch("fullDocument must be a string")),
+    };
+    let resume_after = spec.get("resumeAfter");
+    let start_after = spec.get("startAfter");
+    let start_at = spec.get("startAtOperationTime");
+    if resume_after.is_some() && start_after.is_some() {
+        return Err(CommandError::new(
+            50865,
+            "Do not specify both 'resumeAfter' and 'startAfter' in a $changeStream stage",
+        ));
+    }
+    if start_at.is_some() && (resume_after.is_some() || start_after.is_some()) {
+        return Err(CommandError::new(
+            40674,
+            "Only one type of resume option is allowed, but multiple were found.",
+        ));
+    }
+    let batch = match ctx.cmd.get("cursor") {
+        Some(Bson::Document(c)) => c
+            .get("batchSize")
+            .and_then(crate::values::as_f64)
+            .map(|n| n.max(0.0) as usize)
+            .unwrap_or(DEFAULT_BATCH),
+        _ => DEFAULT_BATCH,
+    };
+
+    let mut st = ctx.shared.lock();
+    let after = if let Some(t) = resume_after {
+        let key = token_arg(t, "resumeAfter")?;
+        if key.kind == KIND_INVALIDATE {
+            return Err(CommandError::new(
+                260,
+                "Attempting to resume a change stream using 'resumeAfter' is not allowed from an invalidate notification.",
+            ));
+        }
+        if st.oplog.lost_after(key) {
+            return Err(history_lost());
+        }
+        key
+    } else if let Some(t) = start_after {
+        let key = token_arg(t, "startAfter")?;
+        if st.oplog.lost_after(key) {
+            return Err(history_lost());
+        }
+        key
+    } else if let Some(t) = start_at {
+        let Bson::Timestamp(ts) = t else {
+            return Err(CommandError::type_mismatch(
+                "startAtOperationTime must be a timestamp",
+            ));
+        };
+        if st.oplog.lost_from(*ts) {
+            return Err(history_lost());
+        }
+        before(*ts)
+    } else {
+        TokenKey::high_water(st.oplog.cluster_time())
+    };
+    let mut cursor = ChangeCursor {
+        scope,
+        after,
+        lookup,
+        filters,
+        ns: ns.clone(),
+    };
+    let (events, closed) = scan(&st, &mut cursor, batch)?;
+    let token = cursor.after.to_document();
+    let id = if closed || batch == usize::MAX {
+        0
+    } else {
+        let id = st.new_cursor_id();
+        st.put_cursor(id, Cursor::Change(Box::new(cursor)));
+        id
+    };
+    drop(st);
+    debug!(cursor_id = id, namespace = %ns, events = events.len(), "change stream opened");
+    Ok(doc! {"cursor": {"firstBatch": events, "postBatchResumeToken": token, "id": id, "ns": ns}})
+}
+
+struct ErrorCodes;
+impl ErrorCodes {
+    const CLUSTER_ON_ADMIN: i32 = 73;
+}
+
+pub async fn get_more(ctx: &Ctx<'_>) -> CmdResult<Document> {
+    let id = cursor_id(&ctx.cmd)?;
+    let batch = ctx
+        .cmd
+        .get("batchSize")
+        .and_then(crate::values::as_f64)
+        .filter(|n| *n > 0.0)
+        .map(|n| n as usize)
+        .unwrap_or(DEFAULT_BATCH);
+    let wait = ctx
+        .cmd
+        .get("maxTimeMS")
+        .and_then(crate::values::as_f64)
+        .map(|n| Duration::from_millis(n.clamp(0.0, MAX_AWAIT_MS) as u64))
+        .unwrap_or(DEFAULT_AWAIT);
+    let mut cursor = {
+        let mut st = ctx.shared.lock();
+        match st.cursors.remove(&id) {
+            Some(Cursor::Change(c)) => c,
+            Some(other) => {
+                st.cursors.insert(id, other);
+                return Err(CommandError::new(
+                    43,
+                    format!("cursor id {id} is not a change stream"),
+                ));
+            }
+            None => return Err(CommandError::new(43, format!("cursor id {id} not found"))),
+        }
+    };
+    if let Some(Bson::String(coll)) = ctx.cmd.get("collection") {
+        let expected = cursor.ns.split_once('.').map(|(_, c)| c).unwrap_or("");
+        if coll != expected && !cursor.ns.ends_with(".$cmd.aggregate") {
+            ctx.shared.lock().put_cursor(id, Cursor::Change(cursor));
+            return Err(CommandError::new(
+                13,
+                "Requested getMore on a namespace that the cursor does not belong to",
+            ));
+        }
+    }
+    let deadline = Instant::now() + wait;
+    let (events, closed) = loop {
+        let mut woken = pin!(ctx.shared.history_grew.notified());
+        woken.as_mut().enable();
+        let (events, closed) = {
+            let st = ctx.shared.lock();
+            scan(&st, &mut cursor, batch)?
+        };
+        let now = Instant::now();
+        if !events.is_empty() || closed || now >= deadline {
+            break (events, closed);
+        }
+        let _ = tokio::time::timeout(deadline - now, woken).await;
+    };
+    let token = cursor.after.to_document();
+    let ns = cursor.ns.clone();
+    let reply_id = if closed {
+        0
+    } else {
+        ctx.shared.lock().put_cursor(id, Cursor::Change(cursor));
+        id
+    };
+    Ok(
+        doc! {"cursor": {"nextBatch": events, "postBatchResumeToken": token, "id": reply_id, "ns": ns}},
+    )
+}
+
+/// Does this entry end the stream (after being reported)?
+fn invalidates(scope: &Scope, e: &OplogEntry) -> bool {
+    match scope {
+        Scope::Collection(ns) => {
+            matches!(e.kind, EventKind::Drop | EventKind::Rename { .. }) && e.ns == *ns
+        }
+        Scope::Database(db) => matches!(e.kind, EventKind::DropDatabase) && e.ns.db == *db,
+        Scope::Cluster => false,
+    }
+}
+
+fn visible(scope: &Scope, e: &OplogEntry) -> bool {
+    if e.ns.coll.starts_with("system.") {
+        return false;
+    }
+    match scope {
+        Scope::Collection(ns) => e.ns == *ns,
+        Scope::Database(db) => e.ns.db == *db,
+        Scope::Cluster => true,
+    }
+}
+
+/// Collects up to `limit` events after the cursor's position, advancing it. Returns the
+/// events and whether the stream was invalidated (the cursor is then finished).
+fn scan(st: &State, cursor: &mut ChangeCursor, limit: usize) -> CmdResult<(Vec<Bson>, bool)> {
+    if st.oplog.lost_after(cursor.after) {
+        return Err(history_lost());
+    }
+    let mut out = Vec::new();
+    let mut i = st.oplog.index_after(cursor.after);
+    // A stream positioned exactly on an invalidating event still owes its invalidate.
+    if cursor.after.kind == KIND_EVENT
+        && i > 0
+        && let Some(prev) = st.oplog.get(i - 1)
+        && prev.key() == cursor.after
+        && invalidates(&cursor.scope, prev)
+    {
+        if limit == 0 {
+            return Ok((out, false));
+        }
+        let key = TokenKey::new(prev.ts, prev.op_index, KIND_INVALIDATE);
+        out.push(Bson::Document(invalidate_doc(prev, key)));
+        cursor.after = key;
+        return Ok((out, true));
+    }
+    while out.len() < limit {
+        let Some(e) = st.oplog.get(i) else {
+            // Scanned everything: the position covers the whole history up to now.
+            let hw = TokenKey::high_water(st.oplog.cluster_time());
+            if hw > cursor.after {
+                cursor.after = hw;
+            }
+            return Ok((out, false));
+        };
+        i += 1;
+        let key = e.key();
+        cursor.after = key;
+        if !visible(&cursor.scope, e) {
+            continue;
+        }
+        let ev = event_doc(st, e, key, cursor.lookup);
+        if cursor
+            .filters
+            .iter()
+            .all(|f| matcher::matches(&ev, f).unwrap_or(false))
+        {
+            out.push(Bson::Document(ev));
+        }
+        if invalidates(&cursor.scope, e) {
+            if out.len() < limit {
+                let inv = TokenKey::new(e.ts, e.op_index, KIND_INVALIDATE);
+                out.push(Bson::Document(invalidate_doc(e, inv)));
+                cursor.after = inv;
+                return Ok((out, true));
+            }
+            return Ok((out, false));
+        }
+    }
+    Ok((out, false))
+}
+
+fn ns_doc(ns: &Namespace) -> Document {
+    if ns.coll.is_empty() {
+        doc! {"db": ns.db.clone()}
+    } else {
+        doc! {"db": ns.db.clone(), "coll": ns.coll.clone()}
+    }
+}
+
+fn invalidate_doc(e: &OplogEntry, key: TokenKey) -> Document {
+    doc! {
+        "_id": key.to_document(),
+        "operationType": "invalidate",
+        "clusterTime": Bson::Timestamp(e.ts),
+        "wallTime": e.wall,
+    }
+}
+
+/// The change event as a client receives it.
+fn event_doc(st: &State, e: &OplogEntry, key: TokenKey, lookup: bool) -> Document {
+    let mut d = doc! {
+        "_id": key.to_document(),
+        "operationType": e.kind.operation_type(),
+        "clusterTime": Bson::Timestamp(e.ts),
+        "wallTime": e.wall,
+    };
+    match &e.kind {
+        EventKind::Insert { id, doc } | EventKind::Replace { id, doc } => {
+            d.insert("fullDocument", Bson::Document((**doc).clone()));
+            d.insert("ns", ns_doc(&e.ns));
+            d.insert("documentKey", doc! {"_id": id.clone()});
+        }
+        EventKind::Update {
+            id,
+            updated,
+            removed,
+        } => {
+            if lookup {
+                let current = st
+                    .store
+                    .get(&e.ns, &doc_key(id), None)
+                    .map(|d| Bson::Document((*d).clone()))
+                    .unwrap_or(Bson::Null);
+                d.insert("fullDocument", current);
+            }
+            d.insert("ns", ns_doc(&e.ns));
+            d.insert("documentKey", doc! {"_id": id.clone()});
+            d.insert(
+                "updateDescription",
+                doc! {
+                    "updatedFields": updated.clone(),
+                    "removedFields": removed.iter().cloned().map(Bson::String).collect::<Vec<_>>(),
+                    "truncatedArrays": [],
+                },
+            );
+        }
+        EventKind::Delete { id } => {
+            d.insert("ns", ns_doc(&e.ns));
+            d.insert("documentKey", doc! {"_id": id.clone()});
+        }
+        EventKind::Drop | EventKind::DropDatabase => {
+            d.insert("ns", ns_doc(&e.ns));
+        }
+        EventKind::Rename { to } => {
+            d.insert("ns", ns_doc(&e.ns));
+            d.insert("to", ns_doc(to));
+        }
+    }
+    if let Some(t) = &e.txn {
+        d.insert("lsid", t.lsid.clone());
+        d.insert("txnNumber", t.txn_number);
+    }
+    d
+}

@@ -1,0 +1,27 @@
+//! In-memory, single-node MongoDB test server.
+//!
+//! It speaks the wire protocol (OP_MSG, and OP_QUERY for the legacy handshake) well enough for
+//! the official drivers to treat it as a replica-set primary with sessions, snapshot-isolated
+//! transactions, change streams (resume tokens, post-batch tokens, invalidation, bounded
+//! history) and `failCommand` fault injection.
+//!
+//! ```no_run
+//! # async fn demo() -> anyhow::Result<()> {
+//! let server = mongo_sim::Server::start(mongo_sim::Config::default()).await?;
+//! println!("{}", server.uri()); // mongodb://127.0.0.1:PORT/?replicaSet=rs0
+//! server.shutdown().await;
+//! # Ok(()) }
+//! ```
+
+pub mod commands;
+pub mod error;
+pub mod matcher;
+pub mod oplog;
+pub mod server;
+pub mod state;
+pub mod storage;
+pub mod update;
+pub mod values;
+pub mod wire;
+
+pub use server::{Config, Server, ServerHandle};

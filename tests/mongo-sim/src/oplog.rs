@@ -1,0 +1,379 @@
+//! The bounded change history and resume-token encoding.
+//!
+//! A token's `_data` is uppercase hex of: `82`, the 8-byte big-endian cluster timestamp
+//! (seconds, increment), `01` (format version), the 4-byte big-endian index of the operation
+//! inside its transaction, and a kind byte (`00` event, `01` invalidate, `02` high-water mark).
+//! Hex order therefore equals stream order.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use bson::{Bson, DateTime, Document, Timestamp, doc};
+
+use crate::storage::Namespace;
+
+pub const KIND_EVENT: u8 = 0;
+pub const KIND_INVALIDATE: u8 = 1;
+pub const KIND_HIGH_WATER: u8 = 2;
+
+/// A position in the change history; ordered like the stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct TokenKey {
+    pub time: u32,
+    pub increment: u32,
+    pub op_index: u32,
+    pub kind: u8,
+}
+
+impl TokenKey {
+    pub fn new(ts: Timestamp, op_index: u32, kind: u8) -> Self {
+        TokenKey {
+            time: ts.time,
+            increment: ts.increment,
+            op_index,
+            kind,
+        }
+    }
+
+    /// The high-water mark covering everything up to and including `ts`.
+    pub fn high_water(ts: Timestamp) -> Self {
+        TokenKey::new(ts, u32::MAX, KIND_HIGH_WATER)
+    }
+
+    pub fn timestamp(&self) -> Timestamp {
+        Timestamp {
+            time: self.time,
+            increment: self.increment,
+        }
+    }
+
+    pub fn encode(&self) -> String {
+        let mut bytes = Vec::with_capacity(15);
+        bytes.push(0x82);
+        bytes.extend_from_slice(&self.time.to_be_bytes());
+        bytes.extend_from_slice(&self.increment.to_be_bytes());
+        bytes.push(0x01);
+        bytes.extend_from_slice(&self.op_index.to_be_bytes());
+        bytes.push(self.kind);
+        bytes.iter().map(|b| format!("{b:02X}")).collect()
+    }
+
+    /// Parses a token's `_data`. Besides this server's own format, any KeyString token with the
+    /// `82` + timestamp prefix (as a real server writes) is read as "everything at that time".
+    pub fn decode(hex: &str) -> Option<TokenKey> {
+        if !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return None;
+        }
+        Self::decode_own(hex).or_else(|| Self::decode_foreign(hex))
+    }
+
+    fn decode_own(hex: &str) -> Option<TokenKey> {
+        if hex.len() != 30 {
+            return None;
+        }
+        let mut bytes = [0u8; 15];
+        for (i, b) in bytes.iter_mut().enumerate() {
+            *b = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
+        }
+        if bytes[0] != 0x82 || bytes[9] != 0x01 || bytes[14] > KIND_HIGH_WATER {
+            return None;
+        }
+        let u = |i: usize| u32::from_be_bytes([bytes[i], bytes[i + 1], bytes[i + 2], bytes[i + 3]]);
+        Some(TokenKey {
+            time: u(1),
+            increment: u(5),
+            op_index: u(10),
+            kind: bytes[14],
+        })
+    }
+
+    fn decode_foreign(hex: &str) -> Option<TokenKey> {
+        if hex.len() < 18 || !hex.len().is_multiple_of(2) {
+            return None;
+        }
+        if !hex.starts_with("82") {
+            return None;
+        }
+        let time = u32::from_str_radix(hex.get(2..10)?, 16).ok()?;
+        let increment = u32::from_str_radix(hex.get(10..18)?, 16).ok()?;
+        Some(TokenKey::high_water(Timestamp { time, increment }))
+    }
+
+    pub fn to_document(&self) -> Document {
+        doc! { "_data": self.encode() }
+    }
+
+    /// Parses a resume token document `{_data: "..."}`.
+    pub fn from_document(d: &Document) -> Option<TokenKey> {
+        match d.get("_data") {
+            Some(Bson::String(s)) => TokenKey::decode(s),
+            _ => None,
+        }
+    }
+}
+
+/// What happened, as recorded in the history.
+#[derive(Debug, Clone)]
+pub enum EventKind {
+    Insert {
+        id: Bson,
+        doc: Arc<Document>,
+    },
+    Update {
+        id: Bson,
+        updated: Document,
+        removed: Vec<String>,
+    },
+    Replace {
+        id: Bson,
+        doc: Arc<Document>,
+    },
+    Delete {
+        id: Bson,
+    },
+    Drop,
+    Rename {
+        to: Namespace,
+    },
+    DropDatabase,
+}
+
+impl EventKind {
+    pub fn operation_type(&self) -> &'static str {
+        match self {
+            EventKind::Insert { .. } => "insert",
+            EventKind::Update { .. } => "update",
+            EventKind::Replace { .. } => "replace",
+            EventKind::Delete { .. } => "delete",
+            EventKind::Drop => "drop",
+            EventKind::Rename { .. } => "rename",
+            EventKind::DropDatabase => "dropDatabase",
+        }
+    }
+}
+
+/// The session and transaction a write belonged to.
+#[derive(Debug, Clone)]
+pub struct TxnInfo {
+    pub lsid: Document,
+    pub txn_number: i64,
+}
+
+#[derive(Debug, Clone)]
+pub struct OplogEntry {
+    pub ts: Timestamp,
+    pub op_index: u32,
+    pub wall: DateTime,
+    pub ns: Namespace,
+    pub kind: EventKind,
+    pub txn: Option<Arc<TxnInfo>>,
+}
+
+impl OplogEntry {
+    pub fn key(&self) -> TokenKey {
+        TokenKey::new(self.ts, self.op_index, KIND_EVENT)
+    }
+}
+
+/// A write waiting to be appended (the timestamp is assigned at append).
+#[derive(Debug, Clone)]
+pub struct PendingEvent {
+    pub ns: Namespace,
+    pub kind: EventKind,
+}
+
+/// The bounded, ordered change history plus the cluster clock.
+#[derive(Debug)]
+pub struct Oplog {
+    entries: VecDeque<OplogEntry>,
+    limit: usize,
+    /// Key of the newest entry dropped for space; resuming before it is history loss.
+    evicted_upto: Option<TokenKey>,
+    cluster_time: Timestamp,
+}
+
+impl Oplog {
+    pub fn new(limit: usize) -> Self {
+        Oplog {
+            entries: VecDeque::new(),
+            limit: limit.max(1),
+            evicted_upto: None,
+            cluster_time: Timestamp {
+                time: now_secs(),
+                increment: 0,
+            },
+        }
+    }
+
+    /// The latest cluster time handed out.
+    pub fn cluster_time(&self) -> Timestamp {
+        self.cluster_time
+    }
+
+    /// Advances the cluster clock and returns the new time.
+    pub fn tick(&mut self) -> Timestamp {
+        let now = now_secs();
+        self.cluster_time = if now > self.cluster_time.time {
+            Timestamp {
+                time: now,
+                increment: 1,
+            }
+        } else {
+            Timestamp {
+                time: self.cluster_time.time,
+                increment: self.cluster_time.increment.saturating_add(1),
+            }
+        };
+        self.cluster_time
+    }
+
+    /// Appends the events of one write (or one transaction) under one new cluster time.
+    pub fn append(&mut self, events: Vec<PendingEvent>, txn: Option<TxnInfo>) -> Timestamp {
+        let ts = self.tick();
+        let wall = DateTime::now();
+        let txn = txn.map(Arc::new);
+        for (i, ev) in events.into_iter().enumerate() {
+            self.entries.push_back(OplogEntry {
+                ts,
+                op_index: i as u32,
+                wall,
+                ns: ev.ns,
+                kind: ev.kind,
+                txn: txn.clone(),
+            });
+        }
+        while self.entries.len() > self.limit {
+            if let Some(e) = self.entries.pop_front() {
+                self.evicted_upto = Some(e.key());
+            }
+        }
+        ts
+    }
+
+    /// True when events after `after` may already have been dropped.
+    pub fn lost_after(&self, after: TokenKey) -> bool {
+        self.evicted_upto.is_some_and(|ev| after < ev)
+    }
+
+    /// True when events at or after `ts` may already have been dropped.
+    pub fn lost_from(&self, ts: Timestamp) -> bool {
+        self.evicted_upto
+            .is_some_and(|ev| (ts.time, ts.increment) <= (ev.time, ev.increment))
+    }
+
+    /// Index of the first entry whose key is greater than `after`.
+    pub fn index_after(&self, after: TokenKey) -> usize {
+        self.entries.partition_point(|e| e.key() <= after)
+    }
+
+    pub fn get(&self, index: usize) -> Option<&OplogEntry> {
+        self.entries.get(index)
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    pub fn set_limit(&mut self, limit: usize) {
+        self.limit = limit.max(1);
+    }
+}
+
+fn now_secs() -> u32 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as u32)
+        .unwrap_or(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_round_trip_and_order() {
+        let a = TokenKey::new(
+            Timestamp {
+                time: 100,
+                increment: 2,
+            },
+            0,
+            KIND_EVENT,
+        );
+        let b = TokenKey::new(
+            Timestamp {
+                time: 100,
+                increment: 2,
+            },
+            0,
+            KIND_INVALIDATE,
+        );
+        let c = TokenKey::new(
+            Timestamp {
+                time: 100,
+                increment: 3,
+            },
+            0,
+            KIND_EVENT,
+        );
+        let h = TokenKey::high_water(Timestamp {
+            time: 100,
+            increment: 2,
+        });
+        for k in [a, b, c, h] {
+            assert_eq!(TokenKey::decode(&k.encode()), Some(k));
+            assert!(k.encode().starts_with("82"));
+        }
+        let mut keys = [c, h, b, a];
+        keys.sort();
+        let mut hex: Vec<String> = [c, h, b, a].iter().map(|k| k.encode()).collect();
+        hex.sort();
+        assert_eq!(hex, keys.iter().map(|k| k.encode()).collect::<Vec<_>>());
+        assert_eq!(keys, [a, b, h, c]);
+    }
+
+    #[test]
+    fn foreign_tokens_keep_their_time() {
+        let real = "82635019A0000000012B042C0100296E5A1004AB1154ACACD849A48C61756D70D3B21F463C6F7065726174696F6E54797065003C696E736572740046646F63756D656E744B65790046645F69640064635019A078BE67426D7CF4D2000004";
+        let k = TokenKey::decode(real).unwrap();
+        assert_eq!(
+            k.timestamp(),
+            Timestamp {
+                time: 0x635019A0,
+                increment: 1
+            }
+        );
+        assert_eq!(
+            TokenKey::decode("8263515EAC000000022B0429296E1404")
+                .unwrap()
+                .increment,
+            2
+        );
+        assert!(TokenKey::decode("zz").is_none());
+        assert!(TokenKey::decode("01635019A000000001").is_none());
+    }
+
+    #[test]
+    fn eviction_marks_history_lost() {
+        let ns = Namespace::new("d", "c");
+        let mut log = Oplog::new(2);
+        let start = TokenKey::high_water(log.cluster_time());
+        for i in 0..3 {
+            log.append(
+                vec![PendingEvent {
+                    ns: ns.clone(),
+                    kind: EventKind::Delete { id: Bson::Int32(i) },
+                }],
+                None,
+            );
+        }
+        assert_eq!(log.len(), 2);
+        assert!(log.lost_after(start));
+        let last = log.get(1).map(|e| e.key()).unwrap();
+        assert!(!log.lost_after(last));
+    }
+}

@@ -1,0 +1,307 @@
+//! Configuration, the accept loop and per-connection request handling.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context;
+use bson::oid::ObjectId;
+use tokio::io::{AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tracing::{debug, info, warn};
+
+use crate::commands::failpoint::FailPoints;
+use crate::commands::{self, ConnInfo, Outcome};
+use crate::state::{Shared, State};
+use crate::wire;
+
+/// How the server presents itself and its limits.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Address to bind.
+    pub host: String,
+    /// Port to bind; 0 picks an ephemeral one.
+    pub port: u16,
+    /// Answer as a standalone server (no replica set, no transactions, no change streams).
+    pub standalone: bool,
+    pub set_name: String,
+    /// `settings.replicaSetId`; a new one per server when `None`.
+    pub replica_set_id: Option<ObjectId>,
+    /// How many change events the history retains.
+    pub history_limit: usize,
+    /// `host:port` to advertise in `hello`; `127.0.0.1:<port>` when `None`.
+    pub advertised_host: Option<String>,
+    /// Larger messages close the connection.
+    pub max_message_bytes: usize,
+    pub max_wire_version: i32,
+    /// Open transactions older than this are aborted when they block other writes.
+    pub transaction_lifetime: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            host: "127.0.0.1".to_string(),
+            port: 0,
+            standalone: false,
+            set_name: "rs0".to_string(),
+            replica_set_id: None,
+            history_limit: 100_000,
+            advertised_host: None,
+            max_message_bytes: 48_000_000,
+            max_wire_version: 21,
+            transaction_lifetime: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Entry point: `Server::start(config)`.
+pub struct Server;
+
+impl Server {
+    /// Binds and starts serving on the current tokio runtime.
+    pub async fn start(config: Config) -> anyhow::Result<ServerHandle> {
+        let listener = TcpListener::bind((config.host.as_str(), config.port))
+            .await
+            .with_context(|| format!("binding {}:{}", config.host, config.port))?;
+        let addr = listener.local_addr()?;
+        let me = config
+            .advertised_host
+            .clone()
+            .unwrap_or_else(|| format!("127.0.0.1:{}", addr.port()));
+        let replica_set_id = config.replica_set_id.unwrap_or_default();
+        let shared = Arc::new(Shared {
+            port: addr.port(),
+            me,
+            replica_set_id,
+            election_id: ObjectId::from_bytes([0x7f, 0xff, 0xff, 0xff, 0, 0, 0, 0, 0, 0, 0, 1]),
+            state: Mutex::new(State::new(config.history_limit)),
+            history_grew: Default::default(),
+            txn_ended: Default::default(),
+            failpoints: Mutex::new(FailPoints::default()),
+            next_connection_id: AtomicI64::new(1),
+            commands_served: AtomicU64::new(0),
+            config,
+        });
+        let (stop_tx, stop_rx) = watch::channel(false);
+        info!(address = %addr, set_name = %shared.config.set_name, standalone = shared.config.standalone, "mongo-sim listening");
+        let task = tokio::spawn(accept_loop(listener, shared.clone(), stop_rx));
+        Ok(ServerHandle {
+            addr,
+            shared,
+            stop: Some(stop_tx),
+            task: Some(task),
+            thread: None,
+        })
+    }
+}
+
+async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => {
+                    let shared = shared.clone();
+                    let stop = stop.clone();
+                    tokio::spawn(async move { serve_connection(shared, stream, peer, stop).await });
+                }
+                Err(e) => {
+                    warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            },
+            _ = stop.changed() => break,
+        }
+    }
+    debug!("accept loop stopped");
+}
+
+async fn serve_connection(
+    shared: Arc<Shared>,
+    stream: TcpStream,
+    peer: SocketAddr,
+    mut stop: watch::Receiver<bool>,
+) {
+    let _ = stream.set_nodelay(true);
+    let conn = ConnInfo {
+        id: shared.next_connection_id.fetch_add(1, Ordering::Relaxed),
+        peer: peer.to_string(),
+    };
+    debug!(connection_id = conn.id, peer = %conn.peer, "connection accepted");
+    let (rd, mut wr) = stream.into_split();
+    let mut rd = BufReader::with_capacity(64 * 1024, rd);
+    let max = shared.config.max_message_bytes;
+    loop {
+        let read = tokio::select! {
+            r = wire::read_message(&mut rd, max) => r,
+            _ = stop.changed() => break,
+        };
+        let msg = match read {
+            Ok(Some(m)) => m,
+            Ok(None) => break,
+            Err(wire::WireError::Io(e)) => {
+                debug!(connection_id = conn.id, error = %e, "connection read ended");
+                break;
+            }
+            Err(e) => {
+                warn!(connection_id = conn.id, peer = %conn.peer, error = %e, "closing connection after a bad message");
+                break;
+            }
+        };
+        shared.commands_served.fetch_add(1, Ordering::Relaxed);
+        match commands::handle_message(&shared, &conn, msg).await {
+            Outcome::Reply(bytes) => {
+                if let Err(e) = wr.write_all(&bytes).await {
+                    debug!(connection_id = conn.id, error = %e, "write failed");
+                    break;
+                }
+            }
+            Outcome::NoReply => {}
+            Outcome::Close => {
+                debug!(connection_id = conn.id, "closing connection on request");
+                break;
+            }
+        }
+    }
+    debug!(connection_id = conn.id, "connection closed");
+}
+
+/// A running server. Dropping it stops the server.
+pub struct ServerHandle {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    stop: Option<watch::Sender<bool>>,
+    task: Option<JoinHandle<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for ServerHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerHandle")
+            .field("addr", &self.addr)
+            .finish()
+    }
+}
+
+impl ServerHandle {
+    /// Starts a server on its own runtime thread, for tests without an async runtime.
+    pub fn start_blocking(config: Config) -> anyhow::Result<ServerHandle> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("mongo-sim".into())
+            .spawn(move || {
+                let rt = match tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(2)
+                    .enable_all()
+                    .build()
+                {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        let _ = tx.send(Err(anyhow::Error::from(e)));
+                        return;
+                    }
+                };
+                rt.block_on(async move {
+                    match Server::start(config).await {
+                        Ok(mut handle) => {
+                            let task = handle.task.take();
+                            let (addr, shared, stop) =
+                                (handle.addr, handle.shared.clone(), handle.stop.take());
+                            let mut stopped = stop.as_ref().map(|s| s.subscribe());
+                            let _ = tx.send(Ok((addr, shared, stop)));
+                            if let Some(rx) = stopped.as_mut() {
+                                let _ = rx.wait_for(|v| *v).await;
+                            }
+                            if let Some(t) = task {
+                                let _ = t.await;
+                            }
+                        }
+                        Err(e) => {
+                            let _ = tx.send(Err(e));
+                        }
+                    }
+                });
+                rt.shutdown_timeout(Duration::from_millis(200));
+            })?;
+        let (addr, shared, stop) = rx.recv().context("server thread exited")??;
+        Ok(ServerHandle {
+            addr,
+            shared,
+            stop,
+            task: None,
+            thread: Some(thread),
+        })
+    }
+
+    pub fn port(&self) -> u16 {
+        self.addr.port()
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The `host:port` the server advertises.
+    pub fn host_port(&self) -> String {
+        self.shared.me.clone()
+    }
+
+    /// A connection string for drivers.
+    pub fn uri(&self) -> String {
+        if self.shared.config.standalone {
+            format!("mongodb://{}/?directConnection=true", self.shared.me)
+        } else {
+            format!(
+                "mongodb://{}/?replicaSet={}",
+                self.shared.me, self.shared.config.set_name
+            )
+        }
+    }
+
+    /// A connection string that bypasses replica-set discovery.
+    pub fn direct_uri(&self) -> String {
+        format!("mongodb://{}/?directConnection=true", self.shared.me)
+    }
+
+    pub fn replica_set_id(&self) -> ObjectId {
+        self.shared.replica_set_id
+    }
+
+    pub fn set_name(&self) -> &str {
+        &self.shared.config.set_name
+    }
+
+    /// Number of change events currently retained.
+    pub fn history_len(&self) -> usize {
+        self.shared.lock().oplog.len()
+    }
+
+    fn signal_stop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(true);
+        }
+    }
+
+    /// Stops accepting, closes connections and waits for the accept loop to end.
+    pub async fn shutdown(mut self) {
+        self.signal_stop();
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+        }
+    }
+}
+
+impl Drop for ServerHandle {
+    fn drop(&mut self) {
+        self.signal_stop();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}

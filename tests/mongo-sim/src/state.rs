@@ -1,0 +1,254 @@
+//! Server-wide state shared by all connections.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicI64, AtomicU64};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use bson::{Document, oid::ObjectId};
+use tokio::sync::Notify;
+
+use crate::commands::change_stream::ChangeCursor;
+use crate::commands::failpoint::FailPoints;
+use crate::oplog::Oplog;
+use crate::server::Config;
+use crate::storage::{Namespace, Store, Txn};
+
+/// Idle cursors older than this are discarded.
+pub const CURSOR_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// Where a session's transaction stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TxnStatus {
+    None,
+    InProgress,
+    Committed,
+    Aborted,
+}
+
+#[derive(Debug)]
+pub struct Session {
+    pub lsid: Document,
+    /// Highest txnNumber seen on this session.
+    pub txn_number: i64,
+    pub status: TxnStatus,
+    pub txn: Option<Txn>,
+    pub txn_started: Instant,
+    /// The reply of the last retryable write, by txnNumber.
+    pub retry: Option<(i64, Document)>,
+}
+
+impl Session {
+    fn new(lsid: Document) -> Self {
+        Session {
+            lsid,
+            txn_number: -1,
+            status: TxnStatus::None,
+            txn: None,
+            txn_started: Instant::now(),
+            retry: None,
+        }
+    }
+}
+
+/// A find or aggregate cursor's remaining documents.
+#[derive(Debug)]
+pub struct FindCursor {
+    pub ns: String,
+    pub docs: std::collections::VecDeque<Document>,
+}
+
+#[derive(Debug)]
+pub enum Cursor {
+    Find(FindCursor),
+    Change(Box<ChangeCursor>),
+}
+
+/// Everything guarded by the state lock.
+#[derive(Debug)]
+pub struct State {
+    pub store: Store,
+    pub oplog: Oplog,
+    pub sessions: HashMap<Vec<u8>, Session>,
+    /// Open transactions: id → snapshot.
+    pub active: BTreeMap<u64, u64>,
+    pub cursors: HashMap<i64, Cursor>,
+    /// When each cursor was last handed back; idle ones are dropped like a real server does.
+    cursor_used: HashMap<i64, Instant>,
+    next_txn_id: u64,
+    next_cursor_id: i64,
+}
+
+/// A borrowed view for executing one statement.
+pub struct Parts<'a> {
+    pub store: &'a mut Store,
+    pub oplog: &'a mut Oplog,
+    pub txn: Option<&'a mut Txn>,
+    pub min_snapshot: u64,
+}
+
+impl State {
+    pub fn new(history_limit: usize) -> Self {
+        State {
+            store: Store::default(),
+            oplog: Oplog::new(history_limit),
+            sessions: HashMap::new(),
+            active: BTreeMap::new(),
+            cursors: HashMap::new(),
+            cursor_used: HashMap::new(),
+            next_txn_id: 1,
+            next_cursor_id: 0x1F00_0000_0000,
+        }
+    }
+
+    pub fn min_snapshot(&self) -> u64 {
+        self.active.values().copied().min().unwrap_or(u64::MAX)
+    }
+
+    pub fn session(&mut self, key: &[u8], lsid: &Document) -> &mut Session {
+        self.sessions
+            .entry(key.to_vec())
+            .or_insert_with(|| Session::new(lsid.clone()))
+    }
+
+    /// The store, history and (if `txn_key` names a session with an open transaction) its
+    /// transaction.
+    pub fn parts(&mut self, txn_key: Option<&[u8]>) -> Parts<'_> {
+        let min_snapshot = self.min_snapshot();
+        let txn = match txn_key {
+            Some(k) => self.sessions.get_mut(k).and_then(|s| s.txn.as_mut()),
+            None => None,
+        };
+        Parts {
+            store: &mut self.store,
+            oplog: &mut self.oplog,
+            txn,
+            min_snapshot,
+        }
+    }
+
+    /// Starts a transaction on the session, aborting any older one still open (and any
+    /// transaction of another session open longer than `lifetime`).
+    pub fn begin_txn(&mut self, key: &[u8], lsid: &Document, txn_number: i64, lifetime: Duration) {
+        self.end_open_txn(key);
+        self.reap_expired(lifetime);
+        let id = self.next_txn_id;
+        self.next_txn_id += 1;
+        let snapshot = self.store.seq;
+        self.active.insert(id, snapshot);
+        let s = self.session(key, lsid);
+        s.txn_number = txn_number;
+        s.status = TxnStatus::InProgress;
+        s.txn_started = Instant::now();
+        s.txn = Some(Txn {
+            id,
+            txn_number,
+            snapshot,
+            writes: HashMap::new(),
+            events: Vec::new(),
+        });
+    }
+
+    /// Aborts the session's open transaction, if any. Returns true if one was open.
+    pub fn end_open_txn(&mut self, key: &[u8]) -> bool {
+        let Some(s) = self.sessions.get_mut(key) else {
+            return false;
+        };
+        let Some(txn) = s.txn.take() else {
+            return false;
+        };
+        if s.status == TxnStatus::InProgress {
+            s.status = TxnStatus::Aborted;
+        }
+        self.active.remove(&txn.id);
+        let min = self.min_snapshot();
+        self.store.abort(txn, min);
+        true
+    }
+
+    /// Aborts transactions open longer than `lifetime`. Returns how many.
+    pub fn reap_expired(&mut self, lifetime: Duration) -> usize {
+        let expired: Vec<Vec<u8>> = self
+            .sessions
+            .iter()
+            .filter(|(_, s)| s.txn.is_some() && s.txn_started.elapsed() > lifetime)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in &expired {
+            self.end_open_txn(k);
+        }
+        expired.len()
+    }
+
+    pub fn new_cursor_id(&mut self) -> i64 {
+        self.next_cursor_id += 1;
+        self.next_cursor_id
+    }
+
+    /// Stores (or puts back) a cursor, dropping cursors idle for longer than `CURSOR_TIMEOUT`.
+    pub fn put_cursor(&mut self, id: i64, cursor: Cursor) {
+        self.cursors.insert(id, cursor);
+        let now = Instant::now();
+        self.cursor_used.insert(id, now);
+        if self.cursor_used.len() > 64 && id % 64 == 0 {
+            let expired: Vec<i64> = self
+                .cursor_used
+                .iter()
+                .filter(|(_, t)| now.duration_since(**t) > CURSOR_TIMEOUT)
+                .map(|(id, _)| *id)
+                .collect();
+            for id in expired {
+                self.cursor_used.remove(&id);
+                self.cursors.remove(&id);
+            }
+            let cursors = &self.cursors;
+            self.cursor_used.retain(|id, _| cursors.contains_key(id));
+        }
+    }
+
+    pub fn touch_cursor(&mut self, id: i64) {
+        self.cursor_used.insert(id, Instant::now());
+    }
+
+    /// Drops cursors on a namespace that no longer exists.
+    pub fn forget_find_cursors(&mut self, ns: &Namespace) {
+        let full = ns.to_string();
+        self.cursors
+            .retain(|_, c| !matches!(c, Cursor::Find(f) if f.ns == full));
+    }
+}
+
+/// Immutable server facts plus the locked state and wake-ups.
+#[derive(Debug)]
+pub struct Shared {
+    pub config: Config,
+    pub port: u16,
+    /// `host:port` advertised in `hello`.
+    pub me: String,
+    pub replica_set_id: ObjectId,
+    pub election_id: ObjectId,
+    pub state: Mutex<State>,
+    /// Woken whenever history grows.
+    pub history_grew: Notify,
+    /// Woken whenever a transaction ends.
+    pub txn_ended: Notify,
+    pub failpoints: Mutex<FailPoints>,
+    pub next_connection_id: AtomicI64,
+    pub commands_served: AtomicU64,
+}
+
+impl Shared {
+    pub fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn failpoints(&self) -> MutexGuard<'_, FailPoints> {
+        self.failpoints.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn is_replica_set(&self) -> bool {
+        !self.config.standalone
+    }
+}
+
+pub type SharedRef = Arc<Shared>;

@@ -1,0 +1,439 @@
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use bson::{Bson, Document, doc};
+use futures_util::FutureExt;
+use mongodb::error::{ErrorKind, TRANSIENT_TRANSACTION_ERROR};
+
+fn code_of(e: &mongodb::error::Error) -> Option<i32> {
+    match &*e.kind {
+        ErrorKind::Command(c) => Some(c.code),
+        _ => None,
+    }
+}
+
+#[tokio::test]
+async fn commit_makes_writes_visible_at_once() {
+    let (server, client) = common::start().await;
+    let coll = client.database("tx").collection::<Document>("c");
+    coll.insert_one(doc! {"_id": "cp", "token": null})
+        .await
+        .unwrap();
+    let mut s = client.start_session().await.unwrap();
+    s.start_transaction().await.unwrap();
+    let r = coll
+        .update_one(
+            doc! {"_id": "cp", "token": null},
+            doc! {"$set": {"token": {"_data": "82"}}},
+        )
+        .session(&mut s)
+        .await
+        .unwrap();
+    assert_eq!(r.matched_count, 1);
+    coll.insert_one(doc! {"_id": "out-1"})
+        .session(&mut s)
+        .await
+        .unwrap();
+    // Inside: own writes visible. Outside: nothing yet.
+    assert!(
+        coll.find_one(doc! {"_id": "out-1"})
+            .session(&mut s)
+            .await
+            .unwrap()
+            .is_some()
+    );
+    assert!(
+        coll.find_one(doc! {"_id": "out-1"})
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert_eq!(
+        coll.find_one(doc! {"_id": "cp"})
+            .await
+            .unwrap()
+            .unwrap()
+            .get("token"),
+        Some(&Bson::Null)
+    );
+    s.commit_transaction().await.unwrap();
+    assert!(
+        coll.find_one(doc! {"_id": "out-1"})
+            .await
+            .unwrap()
+            .is_some()
+    );
+    assert_eq!(
+        coll.find_one(doc! {"_id": "cp"})
+            .await
+            .unwrap()
+            .unwrap()
+            .get_document("token")
+            .unwrap(),
+        &doc! {"_data": "82"}
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn abort_discards_writes() {
+    let (server, client) = common::start().await;
+    let coll = client.database("tx").collection::<Document>("c");
+    let mut s = client.start_session().await.unwrap();
+    s.start_transaction().await.unwrap();
+    coll.insert_one(doc! {"_id": 1})
+        .session(&mut s)
+        .await
+        .unwrap();
+    s.abort_transaction().await.unwrap();
+    assert!(coll.find_one(doc! {"_id": 1}).await.unwrap().is_none());
+    // The id is free again.
+    coll.insert_one(doc! {"_id": 1}).await.unwrap();
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn reads_see_the_snapshot_at_transaction_start() {
+    let (server, client) = common::start().await;
+    let coll = client.database("tx").collection::<Document>("snap");
+    coll.insert_one(doc! {"_id": 1, "v": 1}).await.unwrap();
+    let mut s = client.start_session().await.unwrap();
+    s.start_transaction().await.unwrap();
+    assert_eq!(
+        coll.find_one(doc! {"_id": 1})
+            .session(&mut s)
+            .await
+            .unwrap()
+            .unwrap()
+            .get_i32("v")
+            .unwrap(),
+        1
+    );
+    coll.update_one(doc! {"_id": 1}, doc! {"$set": {"v": 2}})
+        .await
+        .unwrap();
+    coll.insert_one(doc! {"_id": 2}).await.unwrap();
+    assert_eq!(
+        coll.find_one(doc! {"_id": 1})
+            .session(&mut s)
+            .await
+            .unwrap()
+            .unwrap()
+            .get_i32("v")
+            .unwrap(),
+        1
+    );
+    assert!(
+        coll.find_one(doc! {"_id": 2})
+            .session(&mut s)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    // Writing the document that changed after the snapshot conflicts.
+    let err = coll
+        .update_one(doc! {"_id": 1}, doc! {"$set": {"v": 3}})
+        .session(&mut s)
+        .await
+        .unwrap_err();
+    assert_eq!(code_of(&err), Some(112));
+    assert!(err.contains_label(TRANSIENT_TRANSACTION_ERROR));
+    // The transaction is gone: the next statement is NoSuchTransaction, also transient.
+    let err = coll
+        .find_one(doc! {"_id": 1})
+        .session(&mut s)
+        .await
+        .unwrap_err();
+    assert_eq!(code_of(&err), Some(251));
+    assert!(err.contains_label(TRANSIENT_TRANSACTION_ERROR));
+    let _ = s.abort_transaction().await;
+    assert_eq!(
+        coll.find_one(doc! {"_id": 1})
+            .await
+            .unwrap()
+            .unwrap()
+            .get_i32("v")
+            .unwrap(),
+        2
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn concurrent_transactions_conflict() {
+    let (server, client) = common::start().await;
+    let coll = client.database("tx").collection::<Document>("wc");
+    coll.insert_one(doc! {"_id": "cp", "n": 0}).await.unwrap();
+    let mut a = client.start_session().await.unwrap();
+    let mut b = client.start_session().await.unwrap();
+    a.start_transaction().await.unwrap();
+    b.start_transaction().await.unwrap();
+    coll.update_one(doc! {"_id": "cp"}, doc! {"$inc": {"n": 1}})
+        .session(&mut a)
+        .await
+        .unwrap();
+    let err = coll
+        .update_one(doc! {"_id": "cp"}, doc! {"$inc": {"n": 1}})
+        .session(&mut b)
+        .await
+        .unwrap_err();
+    assert_eq!(code_of(&err), Some(112));
+    assert!(err.contains_label(TRANSIENT_TRANSACTION_ERROR));
+    // Inserting the same new _id in two transactions conflicts too.
+    coll.insert_one(doc! {"_id": "new"})
+        .session(&mut a)
+        .await
+        .unwrap();
+    a.commit_transaction().await.unwrap();
+    let _ = b.abort_transaction().await;
+    assert_eq!(
+        coll.find_one(doc! {"_id": "cp"})
+            .await
+            .unwrap()
+            .unwrap()
+            .get_i32("n")
+            .unwrap(),
+        1
+    );
+    let mut c = client.start_session().await.unwrap();
+    c.start_transaction().await.unwrap();
+    let err = coll
+        .insert_one(doc! {"_id": "new"})
+        .session(&mut c)
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("11000") || matches!(&*err.kind, ErrorKind::Write(_)),
+        "{err}"
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn non_transactional_write_waits_for_the_holder() {
+    let (server, client) = common::start().await;
+    let coll = client.database("tx").collection::<Document>("wait");
+    coll.insert_one(doc! {"_id": 1, "n": 0}).await.unwrap();
+    let mut s = client.start_session().await.unwrap();
+    s.start_transaction().await.unwrap();
+    coll.update_one(doc! {"_id": 1}, doc! {"$inc": {"n": 10}})
+        .session(&mut s)
+        .await
+        .unwrap();
+    let outside = coll.clone();
+    let waiter = tokio::spawn(async move {
+        outside
+            .update_one(doc! {"_id": 1}, doc! {"$inc": {"n": 1}})
+            .await
+            .unwrap();
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        !waiter.is_finished(),
+        "the outside write must wait for the transaction"
+    );
+    s.commit_transaction().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        coll.find_one(doc! {"_id": 1})
+            .await
+            .unwrap()
+            .unwrap()
+            .get_i32("n")
+            .unwrap(),
+        11
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn unknown_transaction_is_no_such_transaction() {
+    let (server, client) = common::start().await;
+    let lsid = doc! {"id": Bson::Binary(bson::Binary { subtype: bson::spec::BinarySubtype::Uuid, bytes: vec![3; 16] })};
+    let err = client
+        .database("admin")
+        .run_command(doc! {"commitTransaction": 1, "lsid": lsid.clone(), "txnNumber": 9i64, "autocommit": false})
+        .await
+        .unwrap_err();
+    assert_eq!(code_of(&err), Some(251));
+    assert!(err.contains_label(TRANSIENT_TRANSACTION_ERROR));
+    let err = client
+        .database("tx")
+        .run_command(doc! {"find": "c", "lsid": lsid, "txnNumber": 9i64, "autocommit": false})
+        .await
+        .unwrap_err();
+    assert_eq!(code_of(&err), Some(251));
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn commit_is_idempotent_and_events_share_one_time() {
+    let (server, client) = common::start().await;
+    let coll = client.database("tx").collection::<Document>("idem");
+    let mut s = client.start_session().await.unwrap();
+    s.start_transaction().await.unwrap();
+    coll.insert_one(doc! {"_id": 1})
+        .session(&mut s)
+        .await
+        .unwrap();
+    coll.insert_one(doc! {"_id": 2})
+        .session(&mut s)
+        .await
+        .unwrap();
+    s.commit_transaction().await.unwrap();
+    // A second commit of the same transaction succeeds (the driver retries commits).
+    s.commit_transaction().await.unwrap();
+    assert_eq!(coll.count_documents(doc! {}).await.unwrap(), 2);
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn convenient_api_retries_an_injected_write_conflict_once() {
+    let (server, client) = common::start().await;
+    let db = client.database("tx");
+    let checkpoints = db.collection::<Document>("checkpoints");
+    let outbox = db.collection::<Document>("outbox");
+    checkpoints
+        .insert_one(doc! {"_id": "c1", "token": null, "source": "tx.src"})
+        .await
+        .unwrap();
+    client
+        .database("admin")
+        .run_command(doc! {
+            "configureFailPoint": "failCommand",
+            "mode": {"times": 1},
+            "data": {"failCommands": ["insert"], "errorCode": 112},
+        })
+        .await
+        .unwrap();
+    let attempts = Arc::new(AtomicUsize::new(0));
+    let mut session = client.start_session().await.unwrap();
+    session
+        .start_transaction()
+        .and_run(
+            (checkpoints.clone(), outbox.clone(), attempts.clone()),
+            |session, (checkpoints, outbox, attempts)| {
+                async move {
+                    attempts.fetch_add(1, Ordering::SeqCst);
+                    let r = checkpoints
+                        .update_one(
+                            doc! {"_id": "c1", "token": null, "source": "tx.src"},
+                            doc! {"$set": {"token": {"_data": "8201"}, "mode": "resumeAfter"}},
+                        )
+                        .session(&mut *session)
+                        .await?;
+                    assert_eq!(r.matched_count, 1);
+                    outbox
+                        .insert_one(doc! {"_id": "c1/e1", "event": {"k": 1}})
+                        .session(&mut *session)
+                        .await?;
+                    Ok(())
+                }
+                .boxed()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        attempts.load(Ordering::SeqCst),
+        2,
+        "one failed attempt, one retry"
+    );
+    assert_eq!(outbox.count_documents(doc! {}).await.unwrap(), 1);
+    assert_eq!(
+        checkpoints
+            .find_one(doc! {"_id": "c1"})
+            .await
+            .unwrap()
+            .unwrap()
+            .get_document("token")
+            .unwrap(),
+        &doc! {"_data": "8201"}
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn convenient_api_retries_a_real_conflict() {
+    let (server, client) = common::start().await;
+    let coll = client.database("tx").collection::<Document>("race");
+    coll.insert_one(doc! {"_id": "cp", "n": 0}).await.unwrap();
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let client = client.clone();
+        let coll = coll.clone();
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..10 {
+                let mut s = client.start_session().await.unwrap();
+                s.start_transaction()
+                    .and_run(coll.clone(), |s, coll| {
+                        async move {
+                            coll.update_one(doc! {"_id": "cp"}, doc! {"$inc": {"n": 1}})
+                                .session(&mut *s)
+                                .await?;
+                            Ok(())
+                        }
+                        .boxed()
+                    })
+                    .await
+                    .unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(
+        coll.find_one(doc! {"_id": "cp"})
+            .await
+            .unwrap()
+            .unwrap()
+            .get_i32("n")
+            .unwrap(),
+        40
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn abandoned_transactions_expire() {
+    let config = mongo_sim::Config {
+        transaction_lifetime: Duration::from_millis(300),
+        ..Default::default()
+    };
+    let (server, client) = common::start_with(config).await;
+    let coll = client.database("tx").collection::<Document>("abandoned");
+    coll.insert_one(doc! {"_id": 1, "n": 0}).await.unwrap();
+    let mut s = client.start_session().await.unwrap();
+    s.start_transaction().await.unwrap();
+    coll.update_one(doc! {"_id": 1}, doc! {"$inc": {"n": 10}})
+        .session(&mut s)
+        .await
+        .unwrap();
+    // The holder never commits; the outside write proceeds once the transaction expires.
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        coll.update_one(doc! {"_id": 1}, doc! {"$inc": {"n": 1}}),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(
+        coll.find_one(doc! {"_id": 1})
+            .await
+            .unwrap()
+            .unwrap()
+            .get_i32("n")
+            .unwrap(),
+        1
+    );
+    let err = s.commit_transaction().await.unwrap_err();
+    assert_eq!(code_of(&err), Some(251));
+    server.shutdown().await;
+}
