@@ -1,0 +1,25 @@
+"""Product-level PyMongo suites: the test server (tests/mongo-sim) and the `handoff` binary."""
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+WORKSPACE = Path(__file__).resolve().parents[2]
+SIM_PYTHON = WORKSPACE / "tests" / "mongo-sim" / "python"
+# The test server's own helpers: its server class and the baseline task used as an oracle.
+sys.path.insert(0, str(SIM_PYTHON))
+_spec = importlib.util.spec_from_file_location("mongo_sim_fixtures", SIM_PYTHON / "conftest.py")
+_fixtures = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_fixtures)
+SimServer = _fixtures.SimServer
+
+
+
+@pytest.fixture
+def sim():
+    server = SimServer()
+    yield server
+    server.stop()
