@@ -2,12 +2,14 @@
 //!
 //! - `run`: one bounded run against a MongoDB replica set (the main job);
 //! - `replay`: one bounded run over a recorded change stream, state in an embedded store;
-//! - `inspect`: the checkpoint and outbox of a state store, as Extended JSON lines.
+//! - `inspect`: the checkpoint and outbox of a state store, as Extended JSON lines;
+//! - `policy`: working with policy components.
 //!
 //! Exit codes are those of [`HandoffError::exit_code`](crate::error::HandoffError::exit_code).
 
 mod args;
 mod inspect;
+mod policy;
 mod replay;
 mod run;
 
@@ -44,7 +46,8 @@ fn emit(summary: &Summary, policy: &Policy, inputs: &Inputs, started: std::time:
 #[command(
     name = "handoff",
     version,
-    about = "Hands MongoDB change-stream events to a durable outbox under a sandboxed policy"
+    about = "Hands MongoDB change-stream events to a durable outbox under a sandboxed policy",
+    after_help = "Also reads [env: HANDOFF_LOG] (log filter, e.g. info) and [env: HANDOFF_CACHE_DIR] (compiled-policy cache)."
 )]
 struct Cli {
     /// Log format on stderr.
@@ -68,6 +71,9 @@ enum Command {
     Replay(replay::ReplayArgs),
     /// Prints the checkpoint and every outbox record of a state store, one JSON object per line.
     Inspect(inspect::InspectArgs),
+    /// Policy components: export the default.
+    #[command(subcommand)]
+    Policy(policy::PolicyCommand),
 }
 
 fn init_logging(format: LogFormat) {
@@ -102,6 +108,7 @@ pub fn main() -> ExitCode {
         Command::Run(args) => run::run(args),
         Command::Replay(args) => replay::run(args),
         Command::Inspect(args) => inspect::run(args),
+        Command::Policy(command) => policy::run(command),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

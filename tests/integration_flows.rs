@@ -1,0 +1,425 @@
+//! The Kestra flows in `flows/`, checked against the task contract the engine relies on.
+//!
+//! Kestra cannot run here, so each flow is verified the way the engine would use it: the YAML
+//! parses; it keeps the baseline flow's identity, triggers, inputs and concurrency; every
+//! `{{ inputs.x }}` is declared; every variable the capture task passes is one `handoff` reads; the
+//! capture task's commands, rendered with the inputs' defaults and a test-server URI in place of
+//! the secret, run in a working directory holding the namespace files; its stdout is parsed as
+//! Kestra parses it; and the values later tasks reference exist with the right types.
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use bson::doc;
+use mongo_sim::{Config, ServerHandle};
+use serde_json::Value;
+
+const BASELINE_INPUTS: &[(&str, &str, &str)] = &[
+    ("database", "STRING", "change_demo"),
+    ("collection", "STRING", "orders"),
+    ("consumer_id", "STRING", "orders-to-outbox"),
+    (
+        "checkpoint_collection",
+        "STRING",
+        "kestra_change_checkpoints",
+    ),
+    ("outbox_collection", "STRING", "kestra_change_outbox"),
+    ("docker_network", "STRING", "bridge"),
+    ("max_events", "INT", "50"),
+    ("max_wait_seconds", "INT", "10"),
+];
+
+fn flows() -> Vec<PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../flows");
+    let mut found = Vec::new();
+    for dir in std::fs::read_dir(&root).expect("flows/") {
+        let dir = dir.unwrap().path();
+        if dir.is_dir() {
+            for file in std::fs::read_dir(&dir).unwrap() {
+                let file = file.unwrap().path();
+                if matches!(
+                    file.extension().and_then(|e| e.to_str()),
+                    Some("yml" | "yaml")
+                ) {
+                    found.push(file);
+                }
+            }
+        }
+    }
+    found.sort();
+    assert!(
+        found.len() >= 2,
+        "a flow for the Process runner and one for the Docker runner: {found:?}"
+    );
+    found
+}
+
+fn load(path: &Path) -> (String, Value) {
+    let text = std::fs::read_to_string(path).unwrap();
+    let yaml: serde_yaml_ng::Value =
+        serde_yaml_ng::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    (text, serde_json::to_value(yaml).unwrap())
+}
+
+/// Every `{{ … }}` expression of a text.
+fn expressions(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = text;
+    while let Some(start) = rest.find("{{") {
+        let Some(end) = rest[start..].find("}}") else {
+            break;
+        };
+        out.push(rest[start + 2..start + end].trim().to_string());
+        rest = &rest[start + end + 2..];
+    }
+    out
+}
+
+/// The environment variables `handoff` reads, from its own help.
+fn variables_handoff_reads() -> BTreeSet<String> {
+    let mut vars = BTreeSet::new();
+    for args in [&["run", "--help"][..], &["--help"][..]] {
+        let help = support::handoff().args(args).output().unwrap();
+        let text = String::from_utf8_lossy(&help.stdout).into_owned();
+        for part in text.split("env: ").skip(1) {
+            let name: String = part
+                .chars()
+                .take_while(|c| c.is_ascii_uppercase() || *c == '_')
+                .collect();
+            vars.insert(name);
+        }
+    }
+    assert!(
+        vars.contains("MONGODB_URI") && vars.contains("HANDOFF_LOG"),
+        "{vars:?}"
+    );
+    vars
+}
+
+/// A minimal Pebble substitution: inputs (with overrides) and the secret.
+fn render(template: &str, inputs: &BTreeMap<String, String>, uri: &str) -> String {
+    let mut out = template.to_string();
+    for expr in expressions(template) {
+        let value = if let Some(name) = expr.strip_prefix("inputs.") {
+            inputs
+                .get(name)
+                .unwrap_or_else(|| panic!("undeclared input {name}"))
+                .clone()
+        } else if expr == "secret('MONGODB_URI')" {
+            uri.to_string()
+        } else {
+            panic!("the capture task uses an expression this check cannot render: {expr}");
+        };
+        out = out.replace(&format!("{{{{{}}}}}", expr_raw(template, &expr)), &value);
+    }
+    out
+}
+
+/// The exact text between the braces of the first occurrence of `expr` (spacing preserved).
+fn expr_raw(template: &str, expr: &str) -> String {
+    let mut rest = template;
+    while let Some(start) = rest.find("{{") {
+        let end = rest[start..].find("}}").unwrap();
+        let raw = &rest[start + 2..start + end];
+        if raw.trim() == expr {
+            return raw.to_string();
+        }
+        rest = &rest[start + end + 2..];
+    }
+    unreachable!()
+}
+
+/// What Kestra reads from a task's stdout: the merged outputs and the metrics.
+fn kestra_parse(stdout: &str) -> (serde_json::Map<String, Value>, Vec<Value>) {
+    let mut vars = serde_json::Map::new();
+    let mut metrics = Vec::new();
+    for line in stdout.lines() {
+        if let Some(inner) = line
+            .trim()
+            .strip_prefix("::")
+            .and_then(|l| l.strip_suffix("::"))
+        {
+            let value: Value = serde_json::from_str(inner).expect("a task protocol line is JSON");
+            if let Some(Value::Object(outputs)) = value.get("outputs") {
+                vars.extend(outputs.clone());
+            }
+            if let Some(Value::Array(m)) = value.get("metrics") {
+                metrics.extend(m.clone());
+            }
+        }
+    }
+    (vars, metrics)
+}
+
+struct Capture<'a> {
+    task: &'a Value,
+    inputs: BTreeMap<String, String>,
+}
+
+impl Capture<'_> {
+    /// Runs the capture task as its runner would: a working directory with the namespace files,
+    /// `handoff` on the PATH, the rendered env, each command through `sh -c`.
+    fn run(&self, uri: &str, workdir: &Path) -> (i32, String) {
+        let env = self.task["env"].as_object().expect("capture task env");
+        let bin_dir = Path::new(env!("CARGO_BIN_EXE_handoff")).parent().unwrap();
+        let path = format!(
+            "{}:{}",
+            bin_dir.display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        let mut stdout = String::new();
+        for command in self.task["commands"].as_array().expect("commands") {
+            let mut cmd = Command::new("sh");
+            cmd.arg("-c")
+                .arg(render(command.as_str().unwrap(), &self.inputs, uri))
+                .current_dir(workdir);
+            cmd.env_clear()
+                .env("PATH", &path)
+                .env("HANDOFF_CACHE_DIR", support::cache_dir());
+            for (key, value) in env {
+                let value = match value {
+                    Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                };
+                cmd.env(key, render(&value, &self.inputs, uri));
+            }
+            let output = cmd.output().unwrap();
+            stdout.push_str(&String::from_utf8_lossy(&output.stdout));
+            if !output.status.success() {
+                return (output.status.code().unwrap_or(-1), stdout);
+            }
+        }
+        (0, stdout)
+    }
+}
+
+#[test]
+fn every_flow_keeps_the_baseline_contract_and_runs_against_a_replica_set() {
+    let reads = variables_handoff_reads();
+    for path in flows() {
+        let (text, flow) = load(&path);
+        let name = path.display().to_string();
+        assert_eq!(
+            flow["id"], "mongodb-change-stream-resume-token-recovery",
+            "{name}"
+        );
+        assert_eq!(flow["namespace"], "company.team", "{name}");
+        assert_eq!(flow["concurrency"]["limit"], 1, "{name}");
+        assert_eq!(flow["concurrency"]["behavior"], "QUEUE", "{name}");
+        let triggers = flow["triggers"].as_array().unwrap();
+        assert_eq!(triggers[0]["type"], "io.kestra.plugin.core.trigger.Webhook");
+        assert_eq!(
+            triggers[1]["type"],
+            "io.kestra.plugin.core.trigger.Schedule"
+        );
+        assert_eq!(triggers[1]["disabled"], true);
+
+        // Inputs: the baseline's ids, types and defaults, each described.
+        let mut defaults = BTreeMap::new();
+        let inputs = flow["inputs"].as_array().unwrap();
+        assert_eq!(inputs.len(), BASELINE_INPUTS.len(), "{name}");
+        for (input, (id, ty, default)) in inputs.iter().zip(BASELINE_INPUTS) {
+            assert_eq!(
+                (
+                    input["id"].as_str().unwrap(),
+                    input["type"].as_str().unwrap()
+                ),
+                (*id, *ty),
+                "{name}"
+            );
+            let value = match &input["defaults"] {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            assert_eq!(value, *default, "{name}: {id}");
+            assert!(
+                input["description"].as_str().is_some_and(|d| d.len() > 10),
+                "{name}: {id}"
+            );
+            defaults.insert(id.to_string(), value);
+        }
+        for expr in expressions(&text) {
+            if let Some(input) = expr.strip_prefix("inputs.") {
+                let input = input.split([' ', '}', '.']).next().unwrap();
+                assert!(
+                    defaults.contains_key(input),
+                    "{name} uses undeclared input {input}"
+                );
+            }
+        }
+
+        // The capture task: handoff, fed only variables it reads, policy from the namespace files.
+        let tasks = flow["tasks"].as_array().unwrap();
+        let task = tasks
+            .iter()
+            .find(|t| t["id"] == "capture_and_checkpoint")
+            .expect("capture task");
+        assert!(
+            task["commands"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|c| c.as_str().unwrap().starts_with("handoff run"))
+        );
+        for key in task["env"].as_object().unwrap().keys() {
+            assert!(
+                reads.contains(key),
+                "{name} passes {key}, which handoff does not read"
+            );
+        }
+        assert_eq!(task["namespaceFiles"]["enabled"], true, "{name}");
+        let policy_file = task["env"]["HANDOFF_POLICY"]
+            .as_str()
+            .expect("policy from the namespace files");
+        assert!(
+            task["namespaceFiles"]["include"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|f| f == policy_file)
+        );
+        assert!(task["retry"].is_object(), "{name}");
+        assert!(
+            flow["errors"].as_array().is_some_and(|e| !e.is_empty()),
+            "{name}"
+        );
+        let runner = task["taskRunner"]["type"].as_str().unwrap();
+        if runner.ends_with("docker.Docker") {
+            assert!(
+                task["containerImage"]
+                    .as_str()
+                    .is_some_and(|i| i.starts_with("handoff")),
+                "{name}"
+            );
+            let dockerfile = path.parent().unwrap().join("Dockerfile");
+            let dockerfile = std::fs::read_to_string(&dockerfile)
+                .expect("the image's Dockerfile beside the flow");
+            assert!(dockerfile.contains("cargo build --release --locked -p handoff"));
+        } else {
+            assert_eq!(runner, "io.kestra.plugin.core.runner.Process", "{name}");
+        }
+
+        // The values later tasks read.
+        let referenced: BTreeSet<String> = expressions(&text)
+            .into_iter()
+            .filter_map(|e| {
+                let rest = e.split("outputs.capture_and_checkpoint.vars.").nth(1)?;
+                Some(
+                    rest.chars()
+                        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                        .collect(),
+                )
+            })
+            .collect();
+        assert!(
+            referenced.contains("status") && referenced.contains("events_handed_off"),
+            "{referenced:?}"
+        );
+
+        // Run it: idle, handed off, invalidated, failing.
+        let server = ServerHandle::start_blocking(Config::default()).unwrap();
+        let workdir = tempfile::tempdir().unwrap();
+        let policy_path = workdir.path().join(policy_file);
+        let export = support::handoff()
+            .args(["policy", "export-default"])
+            .arg(&policy_path)
+            .output()
+            .unwrap();
+        assert!(export.status.success());
+        let capture = Capture {
+            task,
+            inputs: defaults.clone(),
+        };
+        let check = |expected_status: &str, expected_events: Option<u64>| {
+            let (code, stdout) = capture.run(&server.uri(), workdir.path());
+            assert_eq!(code, 0, "{name}: {stdout}");
+            let (vars, metrics) = kestra_parse(&stdout);
+            for key in &referenced {
+                assert!(
+                    vars.contains_key(key),
+                    "{name}: later tasks read vars.{key}: {vars:?}"
+                );
+            }
+            assert_eq!(vars["status"], expected_status, "{name}");
+            assert!(vars["events_handed_off"].is_u64());
+            if let Some(n) = expected_events {
+                assert_eq!(vars["events_handed_off"], n);
+            }
+            assert_eq!(vars["consumer_id"], "orders-to-outbox");
+            assert!(vars["last_event_id"].is_string());
+            assert_eq!(vars["policy_sha256"].as_str().map(str::len), Some(64));
+            let counter = metrics
+                .iter()
+                .find(|m| m["name"] == "events_handed_off")
+                .expect("counter");
+            assert_eq!(counter["type"], "counter");
+            assert_eq!(
+                metrics
+                    .iter()
+                    .find(|m| m["name"] == "run_duration")
+                    .expect("timer")["type"],
+                "timer"
+            );
+        };
+        let writer = Writer::new(&server.uri());
+        check("IDLE", Some(0));
+        writer.run(|c| async move {
+            c.database("change_demo")
+                .collection("orders")
+                .insert_many(vec![doc! {"a": 1}, doc! {"a": 2}])
+                .await
+                .map(|_| ())
+        });
+        check("HANDED_OFF", Some(2));
+        writer.run(|c| async move {
+            c.database("change_demo")
+                .collection::<bson::Document>("orders")
+                .drop()
+                .await
+        });
+        check("INVALIDATED", None);
+
+        // A failing run exits non-zero, so the flow's retry and errors branch fire.
+        let mut bad = Capture {
+            task,
+            inputs: defaults.clone(),
+        };
+        bad.inputs.insert("max_events".into(), "0".into());
+        let (code, stdout) = bad.run(&server.uri(), workdir.path());
+        assert_ne!(code, 0, "{name}");
+        assert!(kestra_parse(&stdout).0.is_empty());
+        std::fs::remove_file(&policy_path).unwrap();
+        let (code, _) = capture.run(&server.uri(), workdir.path());
+        assert_ne!(code, 0, "{name}: a missing policy file must fail the task");
+    }
+}
+
+/// Writes to the source collection through the official driver.
+struct Writer {
+    rt: tokio::runtime::Runtime,
+    client: mongodb::Client,
+}
+
+impl Writer {
+    fn new(uri: &str) -> Writer {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let client = rt
+            .block_on(async { mongodb::Client::with_uri_str(uri).await })
+            .unwrap();
+        Writer { rt, client }
+    }
+
+    fn run<F, Fut>(&self, f: F)
+    where
+        F: FnOnce(mongodb::Client) -> Fut,
+        Fut: std::future::Future<Output = mongodb::error::Result<()>>,
+    {
+        self.rt.block_on(f(self.client.clone())).expect("write");
+    }
+}
