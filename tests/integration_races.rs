@@ -84,6 +84,7 @@ fn two_runs_on_one_store_one_cas_loses_and_no_event_is_duplicated() {
                         inputs: &inputs,
                         params: vec![],
                         limits: Limits::default(),
+                        stop: Default::default(),
                     };
                     job.execute(Box::new(ReplaySource::new(fixture)), store)
                 })

@@ -9,6 +9,9 @@ use std::process::ExitCode;
 pub const RECONCILE_GUIDANCE: &str = "Change-stream read or atomic handoff failed. Check MongoDB and the oplog window; \
      if the token cannot resume, reconcile from a verified snapshot before resetting this consumer.";
 
+/// The exit code of a run stopped by SIGTERM or SIGINT: what it reported as committed stands.
+pub const STOPPED_EXIT_CODE: u8 = 12;
+
 #[derive(Debug, thiserror::Error)]
 pub enum HandoffError {
     /// An input outside the accepted rules (names, limits, URI, fixture, policy file). Nothing was written.

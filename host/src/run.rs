@@ -9,7 +9,7 @@ use crate::checkpoint;
 use crate::error::{HandoffError, Result};
 use crate::inputs::Inputs;
 use crate::runtime::session::{Session, Summary};
-use crate::runtime::{Limits, Policy, Runtime, Settings};
+use crate::runtime::{Limits, Policy, Runtime, Settings, StopSignal};
 
 /// Everything a run needs besides its backends.
 pub struct Job<'a> {
@@ -18,6 +18,8 @@ pub struct Job<'a> {
     pub inputs: &'a Inputs,
     pub params: Vec<(String, String)>,
     pub limits: Limits,
+    /// Raised to end the run after its in-flight commit.
+    pub stop: StopSignal,
 }
 
 impl Job<'_> {
@@ -69,7 +71,8 @@ impl Job<'_> {
             source,
             store,
             Some(started + self.limits.run_timeout),
-        );
+        )
+        .with_stop(self.stop.clone());
         let summary = self
             .runtime
             .run(self.policy, session, &self.settings(), &self.limits)?;

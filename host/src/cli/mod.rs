@@ -23,15 +23,13 @@ use crate::output::kestra;
 use crate::runtime::Policy;
 use crate::runtime::session::Summary;
 
-/// Prints the task protocol lines of a successful run.
+/// Prints the task protocol lines of a finished run (also of a stopped one: its commits stand).
 fn emit(summary: &Summary, policy: &Policy, inputs: &Inputs, started: std::time::Instant) {
-    println!(
-        "{}",
-        kestra::outputs_line(
-            summary,
-            &[("policy_sha256", serde_json::json!(policy.sha256))]
-        )
-    );
+    let mut extra = vec![("policy_sha256", serde_json::json!(policy.sha256))];
+    if summary.stopped {
+        extra.push(("stopped", serde_json::json!(true)));
+    }
+    println!("{}", kestra::outputs_line(summary, &extra));
     println!(
         "{}",
         kestra::metrics_line(
@@ -40,6 +38,28 @@ fn emit(summary: &Summary, policy: &Policy, inputs: &Inputs, started: std::time:
             &[("consumer", &inputs.consumer_id)]
         )
     );
+}
+
+/// How a command ended when it did not fail.
+pub enum Outcome {
+    Done,
+    /// A run was stopped by a signal after its last commit.
+    Stopped,
+}
+
+impl Outcome {
+    fn of(summary: &Summary) -> Outcome {
+        if summary.stopped {
+            Outcome::Stopped
+        } else {
+            Outcome::Done
+        }
+    }
+}
+
+/// The stop flag raised by SIGTERM and SIGINT.
+fn stop_signal() -> crate::error::Result<crate::runtime::StopSignal> {
+    crate::runtime::StopSignal::on_signals().map_err(|e| HandoffError::Internal(e.into()))
 }
 
 #[derive(Parser)]
@@ -107,11 +127,17 @@ pub fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run(args) => run::run(args),
         Command::Replay(args) => replay::run(args),
-        Command::Inspect(args) => inspect::run(args),
-        Command::Policy(command) => policy::run(command),
+        Command::Inspect(args) => inspect::run(args).map(|()| Outcome::Done),
+        Command::Policy(command) => policy::run(command).map(|()| Outcome::Done),
     };
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(Outcome::Done) => ExitCode::SUCCESS,
+        Ok(Outcome::Stopped) => {
+            eprintln!(
+                "stopped: a signal ended the run after its last commit; the next run continues from it"
+            );
+            ExitCode::from(crate::error::STOPPED_EXIT_CODE)
+        }
         Err(error) => {
             eprintln!("error[{}]: {error}", error.kind());
             error.to_exit_code()

@@ -29,7 +29,7 @@ pub struct ReplayArgs {
     pub policy: PolicyArgs,
 }
 
-pub fn run(args: ReplayArgs) -> Result<()> {
+pub fn run(args: ReplayArgs) -> Result<super::Outcome> {
     let started = Instant::now();
     let inputs = args.inputs.validate()?;
     let params = args.policy.params()?;
@@ -56,11 +56,12 @@ pub fn run(args: ReplayArgs) -> Result<()> {
         inputs: &inputs,
         params,
         limits: args.policy.limits(),
+        stop: super::stop_signal()?,
     };
     let summary = job.execute(
         Box::new(ReplaySource::new(Arc::new(fixture))),
         Arc::new(store),
     )?;
     super::emit(&summary, &policy, &inputs, started);
-    Ok(())
+    Ok(super::Outcome::of(&summary))
 }

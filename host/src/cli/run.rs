@@ -21,7 +21,7 @@ pub struct RunArgs {
     pub policy: PolicyArgs,
 }
 
-pub fn run(args: RunArgs) -> Result<()> {
+pub fn run(args: RunArgs) -> Result<super::Outcome> {
     let started = Instant::now();
     let inputs = args.inputs.validate()?;
     let params = args.policy.params()?;
@@ -40,8 +40,9 @@ pub fn run(args: RunArgs) -> Result<()> {
         inputs: &inputs,
         params,
         limits: args.policy.limits(),
+        stop: super::stop_signal()?,
     };
     let summary = job.execute(Box::new(source), Arc::new(store))?;
     super::emit(&summary, &policy, &inputs, started);
-    Ok(())
+    Ok(super::Outcome::of(&summary))
 }

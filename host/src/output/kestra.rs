@@ -60,6 +60,7 @@ mod tests {
                 watermark_saved: true,
             },
             consumer_id: "c".into(),
+            stopped: false,
         };
         let line = outputs_line(&summary, &[("policy_sha256", json!("ff"))]);
         let inner: Value =

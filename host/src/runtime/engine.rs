@@ -133,7 +133,9 @@ impl Runtime {
         store.set_epoch_deadline(1);
         store.epoch_deadline_callback(move |mut hook| {
             let state = hook.data_mut();
-            let reason = if Instant::now() >= run_deadline {
+            let reason = if state.session.stop_requested() {
+                Some("the run was stopped by a signal".to_string())
+            } else if Instant::now() >= run_deadline {
                 Some(format!(
                     "the policy exceeded the run deadline of {} s",
                     run_timeout.as_secs_f64()
@@ -174,6 +176,10 @@ impl Runtime {
         let mut state = store.into_data();
         match outcome {
             Ok(result) => state.session.finish(result.map(report_from)),
+            // Stopped while computing: nothing was in flight, the commits stand.
+            Err(_) if state.session.stop_requested() && state.session.failure().is_none() => {
+                state.session.finish(Err(String::new()))
+            }
             Err(error) => match state.session.failure() {
                 // A host-reported failure explains the trap better than the trap itself.
                 Some(_) => state.session.finish(Err(String::new())),

@@ -19,6 +19,7 @@ use std::time::Instant;
 
 use bson::{Bson, Document, doc};
 
+use super::stop::StopSignal;
 use crate::backend::{
     ChangeSource, CheckpointStore, Commit, CommitError, Consumer, Deployment, Mode, StreamError,
     StreamStart,
@@ -117,6 +118,8 @@ pub struct Summary {
     pub status: Status,
     pub committed: Committed,
     pub consumer_id: String,
+    /// The run was stopped by a signal before the policy finished; `committed` stands.
+    pub stopped: bool,
 }
 
 struct Delivered {
@@ -139,6 +142,8 @@ pub struct Session {
     committed: Committed,
     failure: Option<HandoffError>,
     deadline: Option<Instant>,
+    stop: StopSignal,
+    stopped: bool,
 }
 
 fn rejected(what: impl std::fmt::Display) -> String {
@@ -176,7 +181,19 @@ impl Session {
             committed: Committed::default(),
             failure: None,
             deadline,
+            stop: StopSignal::default(),
+            stopped: false,
         }
+    }
+
+    /// Ends the run gracefully when `stop` is raised.
+    pub fn with_stop(mut self, stop: StopSignal) -> Self {
+        self.stop = stop;
+        self
+    }
+
+    pub fn stop_requested(&self) -> bool {
+        self.stop.requested()
     }
 
     pub fn consumer(&self) -> &Consumer {
@@ -214,6 +231,16 @@ impl Session {
     fn gate(&mut self) -> Result<(), String> {
         if let Some(failure) = &self.failure {
             return Err(format!("the run has already failed: {failure}"));
+        }
+        if self.stopped || self.stop.requested() {
+            if !self.stopped {
+                tracing::warn!(
+                    events = self.committed.events,
+                    "stop requested; ending the run after its last commit"
+                );
+            }
+            self.stopped = true;
+            return Err("the run is stopping (signal received); nothing more is read".into());
         }
         if self.deadline.is_some_and(|d| Instant::now() >= d) {
             return Err(self.fail(HandoffError::Policy(
@@ -556,15 +583,12 @@ impl Session {
         if let Some(failure) = self.failure.take() {
             return Err(failure);
         }
+        if self.stopped || self.stop.requested() {
+            return Ok(self.stopped_summary());
+        }
         let report = outcome.map_err(HandoffError::Policy)?;
         let c = &self.committed;
-        let expected_status = if c.invalidated {
-            Status::Invalidated
-        } else if c.handed_off > 0 {
-            Status::HandedOff
-        } else {
-            Status::Idle
-        };
+        let expected_status = self.stopped_summary().status;
         if report.status != expected_status
             || report.events_handed_off != c.handed_off
             || report.last_event_id != c.last_event_id
@@ -582,6 +606,24 @@ impl Session {
             status: report.status,
             committed: c.clone(),
             consumer_id: self.consumer.consumer.clone(),
+            stopped: false,
         })
+    }
+
+    /// The summary of a stopped run: its status follows from what was committed.
+    fn stopped_summary(&self) -> Summary {
+        let c = &self.committed;
+        Summary {
+            status: if c.invalidated {
+                Status::Invalidated
+            } else if c.handed_off > 0 {
+                Status::HandedOff
+            } else {
+                Status::Idle
+            },
+            committed: c.clone(),
+            consumer_id: self.consumer.consumer.clone(),
+            stopped: true,
+        }
     }
 }
