@@ -7,7 +7,7 @@ use std::sync::{Arc, Barrier};
 use bson::Document;
 use handoff::backend::memory::MemoryStore;
 use handoff::backend::replay::ReplaySource;
-use handoff::backend::{CheckpointStore, Commit, CommitError};
+use handoff::backend::{CheckpointStore, Commit, CommitError, Dump};
 use handoff::error::HandoffError;
 use handoff::fixture::Fixture;
 use handoff::inputs::RawInputs;
@@ -34,7 +34,7 @@ impl CheckpointStore for Gate {
     fn commit(&self, commit: &Commit<'_>) -> Result<(), CommitError> {
         self.inner.commit(commit)
     }
-    fn dump(&self, consumer: &str) -> Result<(Option<Document>, Vec<Document>), CommitError> {
+    fn dump(&self, consumer: &str) -> Result<Dump, CommitError> {
         self.inner.dump(consumer)
     }
 }
@@ -57,6 +57,7 @@ fn two_runs_on_one_store_one_cas_loses_and_no_event_is_duplicated() {
         consumer_id: "orders-to-outbox".into(),
         checkpoint_collection: "cp".into(),
         outbox_collection: "ob".into(),
+        quarantine_collection: "qb".into(),
         max_events: "500".into(),
         max_wait_seconds: "2".into(),
     }
@@ -109,7 +110,9 @@ fn two_runs_on_one_store_one_cas_loses_and_no_event_is_duplicated() {
     assert_eq!(loser.exit_code(), 3);
 
     // Every event exactly once, in stream order, and the checkpoint at the end of the stream.
-    let (checkpoint, outbox) = store.dump("orders-to-outbox").unwrap();
+    let Dump {
+        checkpoint, outbox, ..
+    } = store.dump("orders-to-outbox").unwrap();
     let ids: Vec<String> = outbox
         .iter()
         .map(|r| r.get_str("_id").unwrap().to_string())

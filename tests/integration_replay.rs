@@ -206,8 +206,11 @@ fn invalidate_saves_start_after_and_the_next_run_continues_on_the_new_collection
 fn store(s: &Scratch) -> handoff::backend::redb_store::RedbStore {
     handoff::backend::redb_store::RedbStore::open(
         &s.state(),
-        "kestra_change_checkpoints",
-        "kestra_change_outbox",
+        &handoff::backend::Collections {
+            checkpoints: "kestra_change_checkpoints".into(),
+            outbox: "kestra_change_outbox".into(),
+            quarantine: "kestra_change_quarantine".into(),
+        },
         std::time::Duration::from_secs(5),
     )
     .expect("open state")
@@ -247,7 +250,8 @@ fn resume_after_an_invalidate_token_fails_with_invalid_token() {
                 expected: Some(&saved),
                 next: &saved,
                 mode: Mode::ResumeAfter,
-                outbox: None,
+                outbox: vec![],
+                quarantine: vec![],
             })
             .expect("rewrite mode");
     }

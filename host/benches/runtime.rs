@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use handoff::backend::memory::MemoryStore;
 use handoff::backend::redb_store::RedbStore;
 use handoff::backend::replay::ReplaySource;
-use handoff::backend::{CheckpointStore, Consumer, Deployment, Mode};
+use handoff::backend::{CheckpointStore, Collections, Consumer, Deployment, Mode};
 use handoff::fixture::Fixture;
 use handoff::runtime::session::{self, Checkpoint, Session};
 use handoff::runtime::{Limits, PolicySource, Runtime, Settings};
@@ -262,7 +262,10 @@ fn main() {
             .expect("component run");
         component_us.push(per_event(t.elapsed(), EVENTS));
         assert_eq!(summary.committed.handed_off, EVENTS);
-        assert_eq!(store.dump("bench").expect("dump").1.len(), EVENTS as usize);
+        assert_eq!(
+            store.dump("bench").expect("dump").outbox.len(),
+            EVENTS as usize
+        );
 
         let store = Arc::new(MemoryStore::new());
         let mut s = session(&fixture, store.clone());
@@ -282,7 +285,10 @@ fn main() {
         native_us.push(per_event(t.elapsed(), EVENTS));
         assert_eq!(report.events_handed_off, EVENTS);
         drop(s);
-        assert_eq!(store.dump("bench").expect("dump").1.len(), EVENTS as usize);
+        assert_eq!(
+            store.dump("bench").expect("dump").outbox.len(),
+            EVENTS as usize
+        );
     }
     let (component, natively) = (median(component_us), median(native_us));
     println!("per-event cost, {EVENTS} events, in-memory store (median of 5):");
@@ -297,7 +303,12 @@ fn main() {
     let redb_events = 2_000;
     let redb_fixture = Arc::new(Fixture::parse(&fixture_text(redb_events)).expect("fixture"));
     let state = dir.path().join("throughput.redb");
-    let store = RedbStore::open(&state, "cp", "ob", Duration::from_secs(1)).expect("store");
+    let collections = Collections {
+        checkpoints: "cp".into(),
+        outbox: "ob".into(),
+        quarantine: "qb".into(),
+    };
+    let store = RedbStore::open(&state, &collections, Duration::from_secs(1)).expect("store");
     let s = session(&redb_fixture, Arc::new(store));
     let t = Instant::now();
     runtime

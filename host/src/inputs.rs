@@ -10,6 +10,7 @@ pub struct RawInputs {
     pub consumer_id: String,
     pub checkpoint_collection: String,
     pub outbox_collection: String,
+    pub quarantine_collection: String,
     pub max_events: String,
     pub max_wait_seconds: String,
 }
@@ -22,6 +23,7 @@ pub struct Inputs {
     pub consumer_id: String,
     pub checkpoint_collection: String,
     pub outbox_collection: String,
+    pub quarantine_collection: String,
     pub max_events: u32,
     pub max_wait_seconds: u32,
 }
@@ -30,6 +32,15 @@ impl Inputs {
     /// The watched namespace, `database.collection`, as the checkpoint records it.
     pub fn source(&self) -> String {
         format!("{}.{}", self.database, self.collection)
+    }
+
+    /// Where the consumer's checkpoint, outbox and quarantine records live.
+    pub fn collections(&self) -> crate::backend::Collections {
+        crate::backend::Collections {
+            checkpoints: self.checkpoint_collection.clone(),
+            outbox: self.outbox_collection.clone(),
+            quarantine: self.quarantine_collection.clone(),
+        }
     }
 }
 
@@ -71,12 +82,21 @@ impl RawInputs {
         let consumer_id = name("CONSUMER_ID", &self.consumer_id)?;
         let checkpoint_collection = name("CHECKPOINT_COLLECTION", &self.checkpoint_collection)?;
         let outbox_collection = name("OUTBOX_COLLECTION", &self.outbox_collection)?;
+        let quarantine_collection = name("QUARANTINE_COLLECTION", &self.quarantine_collection)?;
         if collection == checkpoint_collection
             || collection == outbox_collection
             || checkpoint_collection == outbox_collection
         {
             return Err(HandoffError::BadInput(
                 "The source, checkpoint and outbox collection names must be distinct".to_string(),
+            ));
+        }
+        if [&collection, &checkpoint_collection, &outbox_collection]
+            .contains(&&quarantine_collection)
+        {
+            return Err(HandoffError::BadInput(
+                "The quarantine collection must be distinct from the source, checkpoint and outbox collections"
+                    .to_string(),
             ));
         }
         let max_events = limit("MAX_EVENTS", &self.max_events, 1..=500)?;
@@ -87,6 +107,7 @@ impl RawInputs {
             consumer_id,
             checkpoint_collection,
             outbox_collection,
+            quarantine_collection,
             max_events,
             max_wait_seconds,
         })
@@ -104,6 +125,7 @@ mod tests {
             consumer_id: "orders-to-outbox".into(),
             checkpoint_collection: "kestra_change_checkpoints".into(),
             outbox_collection: "kestra_change_outbox".into(),
+            quarantine_collection: "kestra_change_quarantine".into(),
             max_events: "50".into(),
             max_wait_seconds: "10".into(),
         }
@@ -148,6 +170,14 @@ mod tests {
         let mut r = raw();
         r.collection = r.outbox_collection.clone();
         assert!(r.validate().is_err());
+        let mut r = raw();
+        r.quarantine_collection = r.checkpoint_collection.clone();
+        assert!(
+            r.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("quarantine collection must be distinct")
+        );
     }
 
     #[test]

@@ -1,21 +1,39 @@
 //! An in-memory checkpoint store for tests and benchmarks: the same semantics as the embedded
 //! store, without a disk.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::Mutex;
 
 use bson::Document;
 
-use super::{CheckpointStore, Commit, CommitError, compare_and_set, outbox_id};
+use super::{CheckpointStore, Commit, CommitError, Dump, compare_and_set, record_ids};
+
+/// Records of one kind, keyed by `_id`, remembering their commit order.
+#[derive(Default)]
+struct Records {
+    by_id: HashMap<String, Document>,
+    order: Vec<String>,
+}
+
+impl Records {
+    fn of(&self, consumer: &str) -> Vec<Document> {
+        self.order
+            .iter()
+            .filter_map(|id| self.by_id.get(id))
+            .filter(|record| record.get_str("consumer").ok() == Some(consumer))
+            .cloned()
+            .collect()
+    }
+}
 
 #[derive(Default)]
 struct State {
     checkpoints: HashMap<String, Document>,
-    outbox: HashMap<String, Document>,
-    order: BTreeMap<u64, String>,
+    outbox: Records,
+    quarantine: Records,
 }
 
-/// Checkpoints and outbox records held in memory behind one lock (one lock = one transaction).
+/// Checkpoints and records held in memory behind one lock (one lock = one transaction).
 #[derive(Default)]
 pub struct MemoryStore {
     state: Mutex<State>,
@@ -48,38 +66,44 @@ impl CheckpointStore for MemoryStore {
     }
 
     fn commit(&self, commit: &Commit<'_>) -> Result<(), CommitError> {
-        let mut state = self.lock()?;
+        let mut guard = self.lock()?;
+        let state = &mut *guard;
         let stored = state
             .checkpoints
             .get(&commit.consumer.consumer)
             .ok_or(CommitError::Conflict)?;
         let updated = compare_and_set(stored, commit)?;
-        let id = outbox_id(commit)?;
-        if let Some(id) = &id
-            && state.outbox.contains_key(id)
-        {
-            return Err(CommitError::Duplicate(id.clone()));
+        let outbox_ids = record_ids(&commit.outbox)?;
+        let quarantine_ids = record_ids(&commit.quarantine)?;
+        for (ids, records) in [
+            (&outbox_ids, &state.outbox),
+            (&quarantine_ids, &state.quarantine),
+        ] {
+            if let Some(id) = ids.iter().find(|id| records.by_id.contains_key(*id)) {
+                return Err(CommitError::Duplicate(id.clone()));
+            }
         }
         state
             .checkpoints
             .insert(commit.consumer.consumer.clone(), updated);
-        if let (Some(id), Some(record)) = (id, &commit.outbox) {
-            let next = state.order.len() as u64;
-            state.order.insert(next, id.clone());
-            state.outbox.insert(id, record.clone());
+        for (ids, docs, records) in [
+            (outbox_ids, &commit.outbox, &mut state.outbox),
+            (quarantine_ids, &commit.quarantine, &mut state.quarantine),
+        ] {
+            for (id, doc) in ids.into_iter().zip(docs) {
+                records.order.push(id.clone());
+                records.by_id.insert(id, doc.clone());
+            }
         }
         Ok(())
     }
 
-    fn dump(&self, consumer: &str) -> Result<(Option<Document>, Vec<Document>), CommitError> {
+    fn dump(&self, consumer: &str) -> Result<Dump, CommitError> {
         let state = self.lock()?;
-        let records = state
-            .order
-            .values()
-            .filter_map(|id| state.outbox.get(id))
-            .filter(|record| record.get_str("consumer").ok() == Some(consumer))
-            .cloned()
-            .collect();
-        Ok((state.checkpoints.get(consumer).cloned(), records))
+        Ok(Dump {
+            checkpoint: state.checkpoints.get(consumer).cloned(),
+            outbox: state.outbox.of(consumer),
+            quarantine: state.quarantine.of(consumer),
+        })
     }
 }

@@ -129,14 +129,24 @@ pub struct Consumer {
     pub source: String,
 }
 
-/// One atomic step: move the checkpoint from `expected` to `next` and insert `outbox` if any.
+/// The collections (tables) a consumer's state lives in.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Collections {
+    pub checkpoints: String,
+    pub outbox: String,
+    pub quarantine: String,
+}
+
+/// One atomic step: move the checkpoint from `expected` to `next`, insert the outbox and
+/// quarantine records.
 #[derive(Clone, Debug)]
 pub struct Commit<'a> {
     pub consumer: &'a Consumer,
     pub expected: Option<&'a Document>,
     pub next: &'a Document,
     pub mode: Mode,
-    pub outbox: Option<Document>,
+    pub outbox: Vec<Document>,
+    pub quarantine: Vec<Document>,
 }
 
 /// Why a write did not apply. Nothing was written.
@@ -145,23 +155,31 @@ pub enum CommitError {
     /// The checkpoint is not at the expected token (or source) any more.
     #[error("checkpoint compare-and-set missed")]
     Conflict,
-    /// The outbox already holds a record with this `_id`.
-    #[error("outbox already holds {0}")]
+    /// The outbox or the quarantine already holds a record with this `_id`.
+    #[error("a record {0} already exists")]
     Duplicate(String),
     /// The store failed; the transaction did not commit.
     #[error("{0}")]
     Unavailable(String),
 }
 
-/// The checkpoint and the outbox.
+/// A consumer's state, in commit order.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Dump {
+    pub checkpoint: Option<Document>,
+    pub outbox: Vec<Document>,
+    pub quarantine: Vec<Document>,
+}
+
+/// The checkpoint, the outbox and the quarantine.
 pub trait CheckpointStore: Send + Sync {
     /// Creates the checkpoint with `initial` if it is missing (`$setOnInsert`), then returns it.
     fn ensure_checkpoint(&self, consumer: &str, initial: Document)
     -> Result<Document, CommitError>;
-    /// Compare-and-set on `{_id, token: expected, source}` plus the outbox insert, atomically.
+    /// Compare-and-set on `{_id, token: expected, source}` plus the record inserts, atomically.
     fn commit(&self, commit: &Commit<'_>) -> Result<(), CommitError>;
-    /// The checkpoint document and the outbox records of `consumer`, in commit order.
-    fn dump(&self, consumer: &str) -> Result<(Option<Document>, Vec<Document>), CommitError>;
+    /// The checkpoint document and the records of `consumer`, in commit order.
+    fn dump(&self, consumer: &str) -> Result<Dump, CommitError>;
 }
 
 /// The compare-and-set both embedded stores apply: the filter `{_id, token: expected, source}`
@@ -186,13 +204,15 @@ pub(crate) fn compare_and_set(
     Ok(updated)
 }
 
-/// The outbox record's `_id`, if the commit carries one.
-pub(crate) fn outbox_id(commit: &Commit<'_>) -> Result<Option<String>, CommitError> {
-    match &commit.outbox {
-        None => Ok(None),
-        Some(record) => record
-            .get_str("_id")
-            .map(|id| Some(id.to_string()))
-            .map_err(|_| CommitError::Unavailable("outbox record without a string _id".into())),
-    }
+/// The `_id`s of records, which must be strings.
+pub(crate) fn record_ids(records: &[Document]) -> Result<Vec<String>, CommitError> {
+    records
+        .iter()
+        .map(|record| {
+            record
+                .get_str("_id")
+                .map(str::to_string)
+                .map_err(|_| CommitError::Unavailable("a record without a string _id".into()))
+        })
+        .collect()
 }

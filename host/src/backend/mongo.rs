@@ -25,8 +25,8 @@ use mongodb::options::{ClientOptions, FullDocumentType};
 use mongodb::{Client, Collection};
 
 use super::{
-    ChangeSource, CheckpointStore, Commit, CommitError, Deployment, ServerError, StreamError,
-    StreamStart,
+    ChangeSource, CheckpointStore, Collections, Commit, CommitError, Deployment, Dump, ServerError,
+    StreamError, StreamStart,
 };
 use crate::error::{HandoffError, Result};
 
@@ -334,24 +334,25 @@ impl ChangeSource for MongoSource {
     }
 }
 
-/// The checkpoint and outbox collections.
+/// The checkpoint, outbox and quarantine collections.
 pub struct MongoStore {
     connection: Arc<Connection>,
     checkpoints: Collection<Document>,
     outbox: Collection<Document>,
+    quarantine: Collection<Document>,
 }
 
 impl MongoStore {
     pub fn new(
         connection: Arc<Connection>,
         database: &str,
-        checkpoints: &str,
-        outbox: &str,
+        collections: &Collections,
     ) -> MongoStore {
         let db = connection.client.database(database);
         MongoStore {
-            checkpoints: db.collection(checkpoints),
-            outbox: db.collection(outbox),
+            checkpoints: db.collection(&collections.checkpoints),
+            outbox: db.collection(&collections.outbox),
+            quarantine: db.collection(&collections.quarantine),
             connection,
         }
     }
@@ -391,20 +392,25 @@ impl MongoStore {
             let _ = session.abort_transaction().await;
             return Err(Attempt::Final(CommitError::Conflict));
         }
-        if let Some(record) = &commit.outbox
-            && let Err(e) = self.outbox.insert_one(record).session(&mut session).await
-        {
-            let _ = session.abort_transaction().await;
-            if e.contains_label(TRANSIENT_TRANSACTION_ERROR) {
-                return Err(Attempt::Transient(e));
+        for (collection, records) in [
+            (&self.outbox, &commit.outbox),
+            (&self.quarantine, &commit.quarantine),
+        ] {
+            for record in records {
+                if let Err(e) = collection.insert_one(record).session(&mut session).await {
+                    let _ = session.abort_transaction().await;
+                    if e.contains_label(TRANSIENT_TRANSACTION_ERROR) {
+                        return Err(Attempt::Transient(e));
+                    }
+                    if matches!(e.kind.as_ref(), ErrorKind::Write(WriteFailure::WriteError(w)) if w.code == 11000)
+                        || matches!(e.kind.as_ref(), ErrorKind::Command(c) if c.code == 11000)
+                    {
+                        let id = record.get_str("_id").unwrap_or("").to_string();
+                        return Err(Attempt::Final(CommitError::Duplicate(id)));
+                    }
+                    return Err(Attempt::Driver(e));
+                }
             }
-            if matches!(e.kind.as_ref(), ErrorKind::Write(WriteFailure::WriteError(w)) if w.code == 11000)
-                || matches!(e.kind.as_ref(), ErrorKind::Command(c) if c.code == 11000)
-            {
-                let id = record.get_str("_id").unwrap_or("").to_string();
-                return Err(Attempt::Final(CommitError::Duplicate(id)));
-            }
-            return Err(Attempt::Driver(e));
         }
         let mut commits = 0;
         loop {
@@ -484,10 +490,7 @@ impl CheckpointStore for MongoStore {
         })
     }
 
-    fn dump(
-        &self,
-        consumer: &str,
-    ) -> std::result::Result<(Option<Document>, Vec<Document>), CommitError> {
+    fn dump(&self, consumer: &str) -> std::result::Result<Dump, CommitError> {
         use futures_util::TryStreamExt;
         self.connection.block_on(async {
             let checkpoint = self
@@ -495,15 +498,24 @@ impl CheckpointStore for MongoStore {
                 .find_one(doc! { "_id": consumer })
                 .await
                 .map_err(|e| self.unavailable(&e))?;
-            let records: Vec<Document> = self
-                .outbox
-                .find(doc! { "consumer": consumer })
-                .await
-                .map_err(|e| self.unavailable(&e))?
-                .try_collect()
-                .await
-                .map_err(|e| self.unavailable(&e))?;
-            Ok((checkpoint, records))
+            let mut records = Vec::new();
+            for collection in [&self.outbox, &self.quarantine] {
+                let found: Vec<Document> = collection
+                    .find(doc! { "consumer": consumer })
+                    .await
+                    .map_err(|e| self.unavailable(&e))?
+                    .try_collect()
+                    .await
+                    .map_err(|e| self.unavailable(&e))?;
+                records.push(found);
+            }
+            let quarantine = records.pop().unwrap_or_default();
+            let outbox = records.pop().unwrap_or_default();
+            Ok(Dump {
+                checkpoint,
+                outbox,
+                quarantine,
+            })
         })
     }
 }

@@ -1,24 +1,29 @@
-//! Checkpoint and outbox in an embedded ACID store on disk (redb).
+//! Checkpoint, outbox and quarantine in an embedded ACID store on disk (redb).
 //!
 //! The file mirrors the MongoDB layout: a table per collection, named like it, holding each
-//! document as BSON under its `_id`; a companion table keeps the outbox's commit order. Every
-//! commit is one redb write transaction with immediate durability, so a crash at any point
-//! leaves either the whole step or none of it.
+//! document as BSON under its `_id`; a companion table per record collection keeps the commit
+//! order. Every commit is one redb write transaction with immediate durability, so a crash at any
+//! point leaves either the whole step or none of it.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use bson::Document;
-use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{
+    Database, ReadTransaction, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction,
+};
 
-use super::{CheckpointStore, Commit, CommitError, compare_and_set, outbox_id};
+use super::{CheckpointStore, Collections, Commit, CommitError, Dump, compare_and_set, record_ids};
 use crate::error::HandoffError;
+
+type DocTable<'a> = TableDefinition<'a, &'static str, &'static [u8]>;
+type OrderTable<'a> = TableDefinition<'a, u64, &'static str>;
 
 pub struct RedbStore {
     db: Database,
     checkpoints: String,
-    outbox: String,
-    order: String,
+    outbox: (String, String),
+    quarantine: (String, String),
 }
 
 fn unavailable(error: impl std::fmt::Display) -> CommitError {
@@ -33,13 +38,75 @@ fn encode(doc: &Document) -> Result<Vec<u8>, CommitError> {
     doc.to_vec().map_err(unavailable)
 }
 
+/// Inserts records in commit order; a record whose `_id` exists aborts the whole transaction.
+fn insert_ordered(
+    txn: &WriteTransaction,
+    (records, order): (&str, &str),
+    docs: &[Document],
+) -> Result<(), CommitError> {
+    if docs.is_empty() {
+        return Ok(());
+    }
+    let ids = record_ids(docs)?;
+    let mut table = txn
+        .open_table(DocTable::new(records))
+        .map_err(unavailable)?;
+    let mut order = txn
+        .open_table(OrderTable::new(order))
+        .map_err(unavailable)?;
+    let mut next = order
+        .last()
+        .map_err(unavailable)?
+        .map_or(0, |(key, _)| key.value() + 1);
+    for (id, doc) in ids.iter().zip(docs) {
+        if table.get(id.as_str()).map_err(unavailable)?.is_some() {
+            return Err(CommitError::Duplicate(id.clone()));
+        }
+        table
+            .insert(id.as_str(), encode(doc)?.as_slice())
+            .map_err(unavailable)?;
+        order.insert(next, id.as_str()).map_err(unavailable)?;
+        next += 1;
+    }
+    Ok(())
+}
+
+/// A consumer's records in commit order (none when the tables do not exist yet).
+fn read_ordered(
+    txn: &ReadTransaction,
+    (records, order): (&str, &str),
+    consumer: &str,
+) -> Result<Vec<Document>, CommitError> {
+    let (table, order) = match (
+        txn.open_table(DocTable::new(records)),
+        txn.open_table(OrderTable::new(order)),
+    ) {
+        (Ok(table), Ok(order)) => (table, order),
+        (Err(redb::TableError::TableDoesNotExist(_)), _)
+        | (_, Err(redb::TableError::TableDoesNotExist(_))) => {
+            return Ok(Vec::new());
+        }
+        (Err(e), _) | (_, Err(e)) => return Err(unavailable(e)),
+    };
+    let mut out = Vec::new();
+    for entry in order.iter().map_err(unavailable)? {
+        let (_, id) = entry.map_err(unavailable)?;
+        if let Some(guard) = table.get(id.value()).map_err(unavailable)? {
+            let record = decode(guard.value())?;
+            if record.get_str("consumer").ok() == Some(consumer) {
+                out.push(record);
+            }
+        }
+    }
+    Ok(out)
+}
+
 impl RedbStore {
     /// Opens (or creates) the state file. Another process holding it is waited for up to
     /// `lock_timeout`, then reported as a conflict.
     pub fn open(
         path: &Path,
-        checkpoint_collection: &str,
-        outbox_collection: &str,
+        collections: &Collections,
         lock_timeout: Duration,
     ) -> Result<Self, HandoffError> {
         let started = Instant::now();
@@ -65,24 +132,17 @@ impl RedbStore {
                 }
             }
         };
+        let ordered = |name: &str| (name.to_string(), format!("{name}.$order"));
         Ok(RedbStore {
             db,
-            checkpoints: checkpoint_collection.to_string(),
-            outbox: outbox_collection.to_string(),
-            order: format!("{outbox_collection}.$order"),
+            checkpoints: collections.checkpoints.clone(),
+            outbox: ordered(&collections.outbox),
+            quarantine: ordered(&collections.quarantine),
         })
     }
 
-    fn checkpoint_table(&self) -> TableDefinition<'_, &'static str, &'static [u8]> {
+    fn checkpoint_table(&self) -> DocTable<'_> {
         TableDefinition::new(&self.checkpoints)
-    }
-
-    fn outbox_table(&self) -> TableDefinition<'_, &'static str, &'static [u8]> {
-        TableDefinition::new(&self.outbox)
-    }
-
-    fn order_table(&self) -> TableDefinition<'_, u64, &'static str> {
-        TableDefinition::new(&self.order)
     }
 }
 
@@ -118,9 +178,6 @@ impl CheckpointStore for RedbStore {
                 }
             }
         };
-        // Outbox tables exist from the start so that `inspect` works on a fresh store.
-        txn.open_table(self.outbox_table()).map_err(unavailable)?;
-        txn.open_table(self.order_table()).map_err(unavailable)?;
         txn.commit().map_err(unavailable)?;
         Ok(doc)
     }
@@ -143,27 +200,18 @@ impl CheckpointStore for RedbStore {
                     encode(&updated)?.as_slice(),
                 )
                 .map_err(unavailable)?;
-            if let (Some(id), Some(record)) = (outbox_id(commit)?, &commit.outbox) {
-                let mut outbox = txn.open_table(self.outbox_table()).map_err(unavailable)?;
-                if outbox.get(id.as_str()).map_err(unavailable)?.is_some() {
-                    // Dropping the transaction aborts it: nothing of this step is written.
-                    return Err(CommitError::Duplicate(id));
-                }
-                outbox
-                    .insert(id.as_str(), encode(record)?.as_slice())
-                    .map_err(unavailable)?;
-                let mut order = txn.open_table(self.order_table()).map_err(unavailable)?;
-                let next = order
-                    .last()
-                    .map_err(unavailable)?
-                    .map_or(0, |(key, _)| key.value() + 1);
-                order.insert(next, id.as_str()).map_err(unavailable)?;
-            }
         }
+        // An error below drops the transaction, which aborts it: nothing of this step is written.
+        insert_ordered(&txn, (&self.outbox.0, &self.outbox.1), &commit.outbox)?;
+        insert_ordered(
+            &txn,
+            (&self.quarantine.0, &self.quarantine.1),
+            &commit.quarantine,
+        )?;
         txn.commit().map_err(unavailable)
     }
 
-    fn dump(&self, consumer: &str) -> Result<(Option<Document>, Vec<Document>), CommitError> {
+    fn dump(&self, consumer: &str) -> Result<Dump, CommitError> {
         let txn = self.db.begin_read().map_err(unavailable)?;
         let checkpoint = match txn.open_table(self.checkpoint_table()) {
             Ok(table) => table
@@ -174,25 +222,10 @@ impl CheckpointStore for RedbStore {
             Err(redb::TableError::TableDoesNotExist(_)) => None,
             Err(e) => return Err(unavailable(e)),
         };
-        let mut records = Vec::new();
-        let (order, outbox) = match (
-            txn.open_table(self.order_table()),
-            txn.open_table(self.outbox_table()),
-        ) {
-            (Ok(order), Ok(outbox)) => (order, outbox),
-            (Err(redb::TableError::TableDoesNotExist(_)), _)
-            | (_, Err(redb::TableError::TableDoesNotExist(_))) => return Ok((checkpoint, records)),
-            (Err(e), _) | (_, Err(e)) => return Err(unavailable(e)),
-        };
-        for entry in order.iter().map_err(unavailable)? {
-            let (_, id) = entry.map_err(unavailable)?;
-            if let Some(guard) = outbox.get(id.value()).map_err(unavailable)? {
-                let record = decode(guard.value())?;
-                if record.get_str("consumer").ok() == Some(consumer) {
-                    records.push(record);
-                }
-            }
-        }
-        Ok((checkpoint, records))
+        Ok(Dump {
+            checkpoint,
+            outbox: read_ordered(&txn, (&self.outbox.0, &self.outbox.1), consumer)?,
+            quarantine: read_ordered(&txn, (&self.quarantine.0, &self.quarantine.1), consumer)?,
+        })
     }
 }

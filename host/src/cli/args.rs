@@ -36,6 +36,13 @@ pub struct InputArgs {
         default_value = "kestra_change_outbox"
     )]
     pub outbox_collection: String,
+    /// Collection (table) of quarantined events (policies that refuse poison events write there).
+    #[arg(
+        long,
+        env = "QUARANTINE_COLLECTION",
+        default_value = "kestra_change_quarantine"
+    )]
+    pub quarantine_collection: String,
     /// Events per run, 1-500.
     #[arg(long, env = "MAX_EVENTS", default_value = "50")]
     pub max_events: String,
@@ -52,6 +59,7 @@ impl InputArgs {
             consumer_id: self.consumer_id.clone(),
             checkpoint_collection: self.checkpoint_collection.clone(),
             outbox_collection: self.outbox_collection.clone(),
+            quarantine_collection: self.quarantine_collection.clone(),
             max_events: self.max_events.clone(),
             max_wait_seconds: self.max_wait_seconds.clone(),
         }

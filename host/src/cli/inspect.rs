@@ -1,5 +1,5 @@
-//! `handoff inspect --state PATH`: the checkpoint, then every outbox record in commit order, as
-//! relaxed Extended JSON, one object per line.
+//! `handoff inspect --state PATH`: the checkpoint, then every outbox record, then every
+//! quarantine record, each in commit order, as relaxed Extended JSON, one object per line.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -8,8 +8,8 @@ use std::time::Duration;
 use bson::Bson;
 use clap::Args;
 
-use crate::backend::CheckpointStore;
 use crate::backend::redb_store::RedbStore;
+use crate::backend::{CheckpointStore, Collections};
 use crate::error::{HandoffError, Result};
 use crate::inputs::valid_name;
 
@@ -32,6 +32,12 @@ pub struct InspectArgs {
         default_value = "kestra_change_outbox"
     )]
     pub outbox_collection: String,
+    #[arg(
+        long,
+        env = "QUARANTINE_COLLECTION",
+        default_value = "kestra_change_quarantine"
+    )]
+    pub quarantine_collection: String,
 }
 
 pub fn run(args: InspectArgs) -> Result<()> {
@@ -39,6 +45,7 @@ pub fn run(args: InspectArgs) -> Result<()> {
         ("CONSUMER_ID", &args.consumer_id),
         ("CHECKPOINT_COLLECTION", &args.checkpoint_collection),
         ("OUTBOX_COLLECTION", &args.outbox_collection),
+        ("QUARANTINE_COLLECTION", &args.quarantine_collection),
     ] {
         if !valid_name(value) {
             return Err(HandoffError::BadInput(format!(
@@ -52,17 +59,22 @@ pub fn run(args: InspectArgs) -> Result<()> {
             args.state.display()
         )));
     }
-    let store = RedbStore::open(
-        &args.state,
-        &args.checkpoint_collection,
-        &args.outbox_collection,
-        Duration::from_secs(10),
-    )?;
-    let (checkpoint, outbox) = store
+    let collections = Collections {
+        checkpoints: args.checkpoint_collection,
+        outbox: args.outbox_collection,
+        quarantine: args.quarantine_collection,
+    };
+    let store = RedbStore::open(&args.state, &collections, Duration::from_secs(10))?;
+    let dump = store
         .dump(&args.consumer_id)
         .map_err(|e| HandoffError::Unavailable(e.to_string()))?;
     let mut out = std::io::stdout().lock();
-    for doc in checkpoint.into_iter().chain(outbox) {
+    for doc in dump
+        .checkpoint
+        .into_iter()
+        .chain(dump.outbox)
+        .chain(dump.quarantine)
+    {
         let line = Bson::Document(doc).into_relaxed_extjson();
         writeln!(out, "{line}").map_err(|e| HandoffError::Internal(e.into()))?;
     }

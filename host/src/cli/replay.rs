@@ -46,8 +46,7 @@ pub fn run(args: ReplayArgs) -> Result<super::Outcome> {
     let (runtime, policy) = args.policy.load()?;
     let store = RedbStore::open(
         &args.state,
-        &inputs.checkpoint_collection,
-        &inputs.outbox_collection,
+        &inputs.collections(),
         Duration::from_millis(args.state_lock_timeout_ms),
     )?;
     let job = Job {

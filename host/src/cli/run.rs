@@ -28,12 +28,7 @@ pub fn run(args: RunArgs) -> Result<super::Outcome> {
     let (runtime, policy) = args.policy.load()?;
     let connection = Connection::connect(&args.uri)?;
     let source = MongoSource::new(connection.clone(), &inputs.database, &inputs.collection);
-    let store = MongoStore::new(
-        connection,
-        &inputs.database,
-        &inputs.checkpoint_collection,
-        &inputs.outbox_collection,
-    );
+    let store = MongoStore::new(connection, &inputs.database, &inputs.collections());
     let job = Job {
         runtime: &runtime,
         policy: &policy,

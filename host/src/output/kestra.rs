@@ -17,6 +17,11 @@ pub fn outputs_line(summary: &Summary, extra: &[(&str, Value)]) -> String {
         json!(summary.committed.last_event_id),
     );
     outputs.insert("consumer_id".into(), json!(summary.consumer_id));
+    outputs.insert("events_skipped".into(), json!(summary.committed.skipped));
+    outputs.insert(
+        "events_quarantined".into(),
+        json!(summary.committed.quarantined),
+    );
     for (key, value) in extra {
         outputs.insert((*key).to_string(), value.clone());
     }
@@ -55,6 +60,8 @@ mod tests {
             committed: Committed {
                 events: 3,
                 handed_off: 2,
+                skipped: 0,
+                quarantined: 1,
                 last_event_id: "ab".into(),
                 invalidated: false,
                 watermark_saved: true,
@@ -68,7 +75,7 @@ mod tests {
                 .unwrap();
         assert_eq!(
             inner,
-            json!({"outputs": {"status": "HANDED_OFF", "events_handed_off": 2, "last_event_id": "ab", "consumer_id": "c", "policy_sha256": "ff"}})
+            json!({"outputs": {"status": "HANDED_OFF", "events_handed_off": 2, "last_event_id": "ab", "consumer_id": "c", "events_skipped": 0, "events_quarantined": 1, "policy_sha256": "ff"}})
         );
         let metrics = metrics_line(
             &summary,

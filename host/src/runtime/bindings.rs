@@ -157,6 +157,31 @@ impl wit_host::Host for RunState {
         self.back_to_guest(result)
     }
 
+    fn commit_batch(&mut self, request: types::BatchRequest) -> Result<(), types::CommitError> {
+        let decisions = request
+            .decisions
+            .into_iter()
+            .map(|d| match d {
+                types::EventDecision::HandOff(id) => session::Decision::HandOff(id),
+                types::EventDecision::Skip(reason) => session::Decision::Skip(reason),
+                types::EventDecision::Quarantine(q) => session::Decision::Quarantine {
+                    id: q.id,
+                    reason: q.reason,
+                },
+            })
+            .collect();
+        let result = self
+            .session
+            .commit_batch(
+                request.expected.as_deref(),
+                &request.next,
+                mode_from(request.mode),
+                decisions,
+            )
+            .map_err(commit_error);
+        self.back_to_guest(result)
+    }
+
     fn advance_watermark(
         &mut self,
         expected: Option<String>,

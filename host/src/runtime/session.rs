@@ -31,6 +31,8 @@ use crate::token::{canonical_text, value_text};
 pub const MAX_ID_LEN: usize = 200;
 /// How many delivered events may wait for their commit.
 pub const MAX_PENDING: usize = 1000;
+/// How many events one commit may cover.
+pub const MAX_BATCH: usize = 500;
 /// How many committed events stay readable through `field`.
 const RECENT: usize = 16;
 
@@ -107,9 +109,22 @@ pub struct Report {
 pub struct Committed {
     pub events: u32,
     pub handed_off: u32,
+    pub skipped: u32,
+    pub quarantined: u32,
     pub last_event_id: String,
     pub invalidated: bool,
     pub watermark_saved: bool,
+}
+
+/// What a commit does with one delivered event.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// An outbox record with this event ID.
+    HandOff(String),
+    /// No record; the checkpoint moves past the event. The reason is logged.
+    Skip(String),
+    /// A quarantine record with this ID and reason.
+    Quarantine { id: String, reason: String },
 }
 
 /// The verified result of a successful run.
@@ -416,6 +431,8 @@ impl Session {
         CommitFailure::Rejected(self.fail(HandoffError::Policy(rejected(what))))
     }
 
+    /// Commits the next delivered event (contract 1.0): an outbox record for every event but an
+    /// invalidation, which must have none.
     pub fn commit(
         &mut self,
         expected: Option<&str>,
@@ -424,11 +441,50 @@ impl Session {
         outbox_id: Option<&str>,
     ) -> Result<(), CommitFailure> {
         self.gate().map_err(CommitFailure::Rejected)?;
-        self.check_expected(expected)?;
-        let Some(head) = self.pending.front() else {
-            return Err(self.reject_commit("no delivered event is waiting for a commit"));
+        let invalidate = self
+            .pending
+            .front()
+            .is_some_and(|d| d.invalidate && d.text == next);
+        let decision = match outbox_id {
+            Some(id) => Decision::HandOff(id.to_string()),
+            None if invalidate => Decision::Skip("invalidate".into()),
+            None => {
+                return Err(self.reject_commit(
+                    "every event but an invalidation needs an outbox record (use commit-batch to skip)",
+                ));
+            }
         };
-        if head.text != next {
+        self.commit_batch(expected, next, mode, vec![decision])
+    }
+
+    /// Commits the next delivered events in one transaction, one decision each, in delivery order.
+    pub fn commit_batch(
+        &mut self,
+        expected: Option<&str>,
+        next: &str,
+        mode: Mode,
+        decisions: Vec<Decision>,
+    ) -> Result<(), CommitFailure> {
+        self.gate().map_err(CommitFailure::Rejected)?;
+        self.check_expected(expected)?;
+        let count = decisions.len();
+        if count == 0 {
+            return Err(self.reject_commit("a commit must cover at least one delivered event"));
+        }
+        if count > MAX_BATCH {
+            return Err(self.reject_commit(format!("a commit covers at most {MAX_BATCH} events")));
+        }
+        if count > self.pending.len() {
+            return Err(self.reject_commit(if self.pending.is_empty() {
+                "no delivered event is waiting for a commit".to_string()
+            } else {
+                format!(
+                    "the commit covers {count} events but only {} were delivered",
+                    self.pending.len()
+                )
+            }));
+        }
+        if self.pending[count - 1].text != next {
             let what = if self.pending.iter().any(|d| d.text == next) {
                 "events must be committed in delivery order; this would skip a delivered event"
             } else {
@@ -436,48 +492,82 @@ impl Session {
             };
             return Err(self.reject_commit(what));
         }
-        let invalidate = head.invalidate;
-        if invalidate && mode != Mode::StartAfter {
-            return Err(self.reject_commit("an invalidate token must be saved with startAfter"));
+        let mut outbox = Vec::new();
+        let mut quarantine = Vec::new();
+        let mut ids = std::collections::HashSet::new();
+        let (mut handed_off, mut skipped, mut last_id) = (0u32, 0u32, None);
+        for (index, decision) in decisions.iter().enumerate() {
+            let delivered = &self.pending[index];
+            if delivered.invalidate {
+                if index != count - 1 || mode != Mode::StartAfter {
+                    return Err(
+                        self.reject_commit("an invalidate token must be saved with startAfter")
+                    );
+                }
+                if !matches!(decision, Decision::Skip(_)) {
+                    return Err(self
+                        .reject_commit("an invalidate event is never handed off or quarantined"));
+                }
+            }
+            let Ok(token) = delivered.event.get_document("_id") else {
+                return Err(self.reject_commit("the event has no token"));
+            };
+            match decision {
+                Decision::HandOff(id) | Decision::Quarantine { id, .. } => {
+                    if !valid_id(id) {
+                        return Err(self.reject_commit(format!(
+                            "an outbox or quarantine ID must be 1-{MAX_ID_LEN} characters from [A-Za-z0-9._:-]"
+                        )));
+                    }
+                    let key = format!("{}/{id}", self.consumer.consumer);
+                    let kind = matches!(decision, Decision::HandOff(_));
+                    if !ids.insert((kind, key.clone())) {
+                        return Err(
+                            self.reject_commit(format!("the ID {id} appears twice in one commit"))
+                        );
+                    }
+                    if let Decision::Quarantine { reason, .. } = decision {
+                        let reason: String = reason.chars().take(1024).collect();
+                        quarantine.push(doc! {
+                            "_id": key,
+                            "consumer": &self.consumer.consumer,
+                            "source": &self.consumer.source,
+                            "token": token.clone(),
+                            "reason": reason,
+                            "event": delivered.event.clone(),
+                        });
+                    } else {
+                        handed_off += 1;
+                        last_id = Some(id.clone());
+                        outbox.push(doc! {
+                            "_id": key,
+                            "consumer": &self.consumer.consumer,
+                            "source": &self.consumer.source,
+                            "event": delivered.event.clone(),
+                        });
+                    }
+                }
+                Decision::Skip(reason) => {
+                    if !delivered.invalidate {
+                        skipped += 1;
+                        let reason: String = reason.chars().take(200).collect();
+                        tracing::info!(reason = %reason, "event skipped by the policy");
+                    }
+                }
+            }
         }
-        if let Some(id) = outbox_id
-            && !valid_id(id)
-        {
-            return Err(self.reject_commit(format!(
-                "an outbox ID must be 1-{MAX_ID_LEN} characters from [A-Za-z0-9._:-]"
-            )));
-        }
-        if outbox_id.is_none() && !invalidate {
-            return Err(self.reject_commit(
-                "every event but an invalidation needs an outbox record (contract 1.0 has no skip)",
-            ));
-        }
-
-        let delivered = self
-            .pending
-            .front()
-            .map(|d| (d.event.clone(), d.text.clone()));
-        let Some((event, _)) = delivered else {
-            return Err(self.reject_commit("no delivered event is waiting for a commit"));
-        };
-        let Ok(next_token) = event.get_document("_id").cloned() else {
+        let Ok(next_token) = self.pending[count - 1].event.get_document("_id").cloned() else {
             return Err(self.reject_commit("the event has no token"));
         };
-        let outbox_key = outbox_id.map(|id| format!("{}/{id}", self.consumer.consumer));
-        let outbox = outbox_key.as_ref().map(|key| {
-            doc! {
-                "_id": key,
-                "consumer": &self.consumer.consumer,
-                "source": &self.consumer.source,
-                "event": event,
-            }
-        });
+        let invalidated = self.pending[count - 1].invalidate;
+        let quarantined = quarantine.len() as u32;
         let step = Commit {
             consumer: &self.consumer,
             expected: self.token.as_ref(),
             next: &next_token,
             mode,
             outbox,
+            quarantine,
         };
         match self.store.commit(&step) {
             Ok(()) => {}
@@ -489,7 +579,7 @@ impl Session {
             }
             Err(CommitError::Duplicate(id)) => {
                 let m = self.fail(HandoffError::Conflict(format!(
-                    "The outbox already holds {id}; another run handed this event off. Retry from the current token"
+                    "A record {id} already exists; another run handed this event off. Retry from the current token"
                 )));
                 return Err(CommitFailure::Conflict(m));
             }
@@ -500,24 +590,25 @@ impl Session {
                 return Err(CommitFailure::Unavailable(m));
             }
         }
-        if let Some(done) = self.pending.pop_front() {
+        for done in self.pending.drain(..count) {
             self.recent.push_back(done);
-            if self.recent.len() > RECENT {
-                self.recent.pop_front();
-            }
+        }
+        while self.recent.len() > RECENT {
+            self.recent.pop_front();
         }
         self.token_text = Some(next.to_string());
         self.token = Some(next_token);
         self.mode = mode;
-        self.committed.events += 1;
-        if let Some(id) = outbox_id {
-            self.committed.handed_off += 1;
-            self.committed.last_event_id = id.to_string();
+        let c = &mut self.committed;
+        c.events += count as u32;
+        c.handed_off += handed_off;
+        c.skipped += skipped;
+        c.quarantined += quarantined;
+        if let Some(id) = last_id {
+            c.last_event_id = id;
         }
-        if invalidate {
-            self.committed.invalidated = true;
-        }
-        tracing::debug!(events = self.committed.events, "event committed");
+        c.invalidated |= invalidated;
+        tracing::debug!(events = c.events, batch = count, "event committed");
         Ok(())
     }
 
@@ -550,7 +641,8 @@ impl Session {
             expected: self.token.as_ref(),
             next: &watermark,
             mode: Mode::ResumeAfter,
-            outbox: None,
+            outbox: Vec::new(),
+            quarantine: Vec::new(),
         };
         match self.store.commit(&step) {
             Ok(()) => {}
