@@ -12,7 +12,13 @@ fn main() {
     let manifest_dir =
         PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR"));
     let workspace = manifest_dir.parent().expect("workspace root").to_path_buf();
-    for watched in ["guest/src", "guest/Cargo.toml", "wit", "Cargo.lock"] {
+    for watched in [
+        "guest/src",
+        "guest/Cargo.toml",
+        "guest/sdk",
+        "wit",
+        "Cargo.lock",
+    ] {
         println!(
             "cargo:rerun-if-changed={}",
             workspace.join(watched).display()

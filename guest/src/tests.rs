@@ -62,6 +62,18 @@ impl Host for FakeHost {
         ));
         Ok(())
     }
+    fn commit_batch(
+        &mut self,
+        _expected: Option<&str>,
+        _next: &str,
+        _mode: Mode,
+        _decisions: Vec<Decision>,
+    ) -> Result<(), String> {
+        Err("the default policy commits one event at a time".into())
+    }
+    fn field(&mut self, _token: &str, _path: &str) -> Option<String> {
+        None
+    }
     fn advance_watermark(&mut self, expected: Option<&str>, next: &str) -> Result<(), String> {
         self.advances
             .push((expected.map(str::to_string), next.to_string()));
@@ -76,6 +88,7 @@ fn settings(max_events: u32) -> Settings {
     Settings {
         max_events,
         max_wait_ms: 3000,
+        params: Vec::new(),
     }
 }
 

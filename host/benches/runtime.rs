@@ -279,6 +279,7 @@ fn main() {
             &native::Settings {
                 max_events: EVENTS,
                 max_wait_ms: 1000,
+                params: vec![],
             },
         )
         .expect("native run");

@@ -7,6 +7,7 @@
 //! - [`backend`]: change sources and checkpoint stores behind traits (replay, embedded store, memory);
 //! - [`cli`]: the `handoff` commands;
 //! - [`output`]: what a run prints for the workflow engine;
+//! - [`kit`]: the policy authors' kit (cases, checks, scaffold, recording);
 //! - domain modules: [`inputs`], [`checkpoint`], [`token`], [`fixture`], [`error`].
 
 pub mod backend;
@@ -15,6 +16,7 @@ pub mod cli;
 pub mod error;
 pub mod fixture;
 pub mod inputs;
+pub mod kit;
 pub mod output;
 pub mod run;
 pub mod runtime;

@@ -54,19 +54,18 @@ fn insert_ordered(
     let mut order = txn
         .open_table(OrderTable::new(order))
         .map_err(unavailable)?;
-    let mut next = order
+    let first = order
         .last()
         .map_err(unavailable)?
         .map_or(0, |(key, _)| key.value() + 1);
-    for (id, doc) in ids.iter().zip(docs) {
+    for (position, (id, doc)) in (first..).zip(ids.iter().zip(docs)) {
         if table.get(id.as_str()).map_err(unavailable)?.is_some() {
             return Err(CommitError::Duplicate(id.clone()));
         }
         table
             .insert(id.as_str(), encode(doc)?.as_slice())
             .map_err(unavailable)?;
-        order.insert(next, id.as_str()).map_err(unavailable)?;
-        next += 1;
+        order.insert(position, id.as_str()).map_err(unavailable)?;
     }
     Ok(())
 }

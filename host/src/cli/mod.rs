@@ -3,13 +3,15 @@
 //! - `run`: one bounded run against a MongoDB replica set (the main job);
 //! - `replay`: one bounded run over a recorded change stream, state in an embedded store;
 //! - `inspect`: the checkpoint and outbox of a state store, as Extended JSON lines;
-//! - `policy`: working with policy components.
+//! - `policy`: writing, checking and testing policy components;
+//! - `record`: a live change stream captured as a fixture.
 //!
 //! Exit codes are those of [`HandoffError::exit_code`](crate::error::HandoffError::exit_code).
 
 mod args;
 mod inspect;
 mod policy;
+mod record;
 mod replay;
 mod run;
 
@@ -91,9 +93,11 @@ enum Command {
     Replay(replay::ReplayArgs),
     /// Prints the checkpoint and every outbox record of a state store, one JSON object per line.
     Inspect(inspect::InspectArgs),
-    /// Policy components: export the default.
+    /// Policy components: scaffold, check, test against cases, export the default.
     #[command(subcommand)]
     Policy(policy::PolicyCommand),
+    /// Captures a live change stream into a fixture (policy test cases from real traffic).
+    Record(record::RecordArgs),
 }
 
 fn init_logging(format: LogFormat) {
@@ -129,6 +133,7 @@ pub fn main() -> ExitCode {
         Command::Replay(args) => replay::run(args),
         Command::Inspect(args) => inspect::run(args).map(|()| Outcome::Done),
         Command::Policy(command) => policy::run(command).map(|()| Outcome::Done),
+        Command::Record(args) => record::run(args).map(|()| Outcome::Done),
     };
     match result {
         Ok(Outcome::Done) => ExitCode::SUCCESS,

@@ -1,7 +1,10 @@
 //! Paths of the test policy components, built from `examples/` for wasm32-wasip2 by `build.rs`:
 //! - `PREFIXED_IDS`: a well-behaved second policy (outbox IDs `<prefix>-<op>-<digest>`);
 //! - `SPIN_FOREVER`, `MEMORY_HOG`, `DEEP_RECURSION`, `TRAP`: policies the sandbox must stop;
-//! - `FORGED_TOKEN`, `SKIP_AHEAD`, `FALSE_REPORT`: decisions the host must refuse;
+//! - `FORGED_TOKEN`, `SKIP_AHEAD`, `FALSE_REPORT`, `HUGE_ID`, `MOVE_BACKWARDS`, `HOARD`: decisions
+//!   the host must refuse;
+//! - `READ_FILE`, `READ_ENV`: policies reaching for host files and environment, which the sandbox
+//!   withholds;
 //! - `NET_CLIENT`: a component importing sockets, which the host must refuse to load.
 
 include!(concat!(env!("OUT_DIR"), "/paths.rs"));

@@ -1,0 +1,42 @@
+//! `handoff record --out FILE.jsonl`: a live change stream captured as a policy test fixture.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+
+use super::args::InputArgs;
+use crate::backend::mongo::Connection;
+use crate::error::Result;
+use crate::kit::record::{Recording, check_redactions, record};
+
+#[derive(Args)]
+pub struct RecordArgs {
+    /// Where to write the recording (JSON Lines, the fixture format).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// The replica set's connection string (never printed or logged).
+    #[arg(long, env = "MONGODB_URI", hide_env_values = true)]
+    pub uri: String,
+    /// A field path to replace with "<redacted>" in every event (repeatable), e.g. fullDocument.email.
+    #[arg(long)]
+    pub redact: Vec<String>,
+    #[command(flatten)]
+    pub inputs: InputArgs,
+}
+
+pub fn run(args: RecordArgs) -> Result<()> {
+    let inputs = args.inputs.validate()?;
+    check_redactions(&args.redact)?;
+    let connection = Connection::connect(&args.uri)?;
+    let recording = Recording {
+        database: &inputs.database,
+        collection: &inputs.collection,
+        max_events: inputs.max_events,
+        max_wait: Duration::from_secs(u64::from(inputs.max_wait_seconds)),
+        redact: &args.redact,
+    };
+    let count = record(&connection, &recording, &args.out)?;
+    eprintln!("recorded {count} event(s) into {}", args.out.display());
+    Ok(())
+}

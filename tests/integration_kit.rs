@@ -1,0 +1,437 @@
+//! The policy authors' kit: shipped policies pass their cases on the same host binary, case
+//! mismatches are shown and can be accepted, `policy check` tells what a file is, `policy new`
+//! scaffolds a crate that builds and passes as generated, and `record` turns live traffic into a
+//! fixture that replays to the same outbox.
+
+mod support;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use bson::{Document, doc};
+use mongo_sim::{Config, ServerHandle};
+use serde_json::Value;
+use support::*;
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn policy(args: &[&str]) -> Output {
+    handoff().arg("policy").args(args).output().unwrap()
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+#[test]
+fn every_shipped_policy_passes_its_cases_on_the_same_host() {
+    for (policy_file, cases) in [
+        (None, "guest/cases"),
+        (
+            Some(handoff_test_policies::BATCHING),
+            "guest/batching/cases",
+        ),
+        (
+            Some(handoff_test_policies::QUARANTINE),
+            "guest/quarantine/cases",
+        ),
+    ] {
+        let mut args = vec!["test"];
+        if let Some(file) = policy_file {
+            args.extend(["--policy", file]);
+        }
+        let dir = workspace().join(cases);
+        args.push(dir.to_str().unwrap());
+        let output = policy(&args);
+        let text = stdout(&output);
+        assert_eq!(
+            output.status.code(),
+            Some(0),
+            "{cases}: {text}{}",
+            stderr(&output)
+        );
+        assert!(
+            text.contains(", 0 failed") && !text.contains(" 0 passed"),
+            "{text}"
+        );
+    }
+}
+
+#[test]
+fn a_mismatch_prints_a_diff_and_fails_and_update_accepts_it() {
+    let s = Scratch::new();
+    let case = s.path("cases/every-operation");
+    std::fs::create_dir_all(&case).unwrap();
+    let source = workspace().join("guest/cases/every-operation");
+    std::fs::copy(source.join("stream.jsonl"), case.join("stream.jsonl")).unwrap();
+    let mut spec: Value =
+        serde_json::from_str(&std::fs::read_to_string(source.join("case.json")).unwrap()).unwrap();
+    spec["expect"][0]["outbox"][1] = Value::String("not-the-id".into());
+    std::fs::write(case.join("case.json"), spec.to_string()).unwrap();
+
+    let cases = s.path("cases");
+    let output = policy(&["test", cases.to_str().unwrap()]);
+    let text = stdout(&output);
+    assert_eq!(output.status.code(), Some(9), "{text}");
+    assert!(text.contains("FAILED   every-operation"), "{text}");
+    assert!(text.contains("-      \"not-the-id\""), "{text}");
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with('+') && l.contains(&seed_event_id(&token_of(&case, 2)))),
+        "{text}"
+    );
+    assert!(text.contains("0 passed, 1 failed"));
+
+    let output = policy(&["test", "--update", cases.to_str().unwrap()]);
+    assert_eq!(output.status.code(), Some(0), "{}", stdout(&output));
+    let output = policy(&["test", cases.to_str().unwrap()]);
+    assert!(
+        stdout(&output).contains("1 passed, 0 failed"),
+        "{}",
+        stdout(&output)
+    );
+}
+
+/// The token of the `n`th event (1-based) of a case's stream.
+fn token_of(case: &Path, n: usize) -> Value {
+    let text = std::fs::read_to_string(case.join("stream.jsonl")).unwrap();
+    let events: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|v| v.get("operationType").is_some())
+        .collect();
+    events[n - 1]["_id"].clone()
+}
+
+#[test]
+fn batching_and_quarantine_swap_in_without_rebuilding_the_host() {
+    let s = Scratch::new();
+    let mut lines = vec![deployment(REPLICA_SET_ID)];
+    for seq in 1..=7 {
+        let mut e = event(seq, "insert");
+        e["fullDocument"]["schemaVersion"] = Value::from(if seq == 4 { 9 } else { 1 });
+        lines.push(e);
+    }
+    lines.push(batch_end(7));
+    let fixture = s.fixture("seven.jsonl", &lines);
+    let default = ok(&replay(&fixture, &s.path("default.redb"), &[]));
+    let batching = ok(&replay(
+        &fixture,
+        &s.path("batching.redb"),
+        &[
+            "--policy",
+            handoff_test_policies::BATCHING,
+            "--policy-param",
+            "batch_size=3",
+        ],
+    ));
+    let quarantine = ok(&replay(
+        &fixture,
+        &s.path("quarantine.redb"),
+        &["--policy", handoff_test_policies::QUARANTINE],
+    ));
+    // Three different components ran on this one binary.
+    let digests: std::collections::HashSet<_> = [&default, &batching, &quarantine]
+        .iter()
+        .map(|o| o["policy_sha256"].to_string())
+        .collect();
+    assert_eq!(digests.len(), 3);
+
+    let expected: Vec<String> = (1..=7).map(|seq| seed_event_id(&token(seq))).collect();
+    assert_eq!(outbox_ids(&inspect(&s.path("default.redb")).1), expected);
+    // Batching: the same seed-compatible IDs and the same checkpoint, in fewer transactions.
+    let (checkpoint, outbox) = inspect(&s.path("batching.redb"));
+    assert_eq!(outbox_ids(&outbox), expected);
+    assert_eq!(checkpoint["token"], batch_end(7)["$postBatchResumeToken"]);
+
+    // Quarantine: event 4 (schemaVersion 9) is quarantined with its token and reason; the rest flow.
+    assert_eq!(quarantine["events_handed_off"], 6);
+    assert_eq!(quarantine["events_quarantined"], 1);
+    let (_, records) = inspect(&s.path("quarantine.redb"));
+    let (held, handed): (Vec<_>, Vec<_>) =
+        records.into_iter().partition(|r| r.get("reason").is_some());
+    assert_eq!(handed.len(), 6);
+    assert_eq!(held.len(), 1);
+    assert_eq!(held[0]["token"], token(4));
+    assert_eq!(
+        held[0]["_id"],
+        format!("orders-to-outbox/{}", seed_event_id(&token(4)))
+    );
+    assert!(
+        held[0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("schemaVersion 9 is not supported")
+    );
+    assert_eq!(held[0]["event"]["fullDocument"]["schemaVersion"], 9);
+}
+
+#[test]
+fn policy_check_tells_what_a_file_is_and_refuses_what_the_host_would() {
+    let s = Scratch::new();
+    let exported = s.path("default.wasm");
+    assert!(
+        policy(&["export-default", exported.to_str().unwrap()])
+            .status
+            .success()
+    );
+    let bytes = std::fs::read(&exported).unwrap();
+    use sha2::Digest;
+    let digest = hex::encode(sha2::Sha256::digest(&bytes));
+
+    let output = policy(&["check", exported.to_str().unwrap()]);
+    let text = stdout(&output);
+    assert_eq!(output.status.code(), Some(0), "{text}");
+    assert!(text.contains(&format!("sha256:    {digest}")), "{text}");
+    assert!(text.contains(&format!("size:      {} bytes", bytes.len())));
+    assert!(
+        text.contains("contract:  1.1.0 (this host implements 1.1.0): compatible"),
+        "{text}"
+    );
+    assert!(text.contains("verdict:   this host runs it"));
+
+    let legacy = policy(&["check", handoff_test_policies::LEGACY_V1_0]);
+    assert!(stdout(&legacy).contains("contract:  1.0.0 (this host implements 1.1.0): compatible"));
+    // An older minor version also runs: its IDs show it is the one making the decisions.
+    let fixture = s.fixture("f.jsonl", &[deployment(REPLICA_SET_ID), event(1, "insert")]);
+    let out = ok(&replay(
+        &fixture,
+        &s.state(),
+        &["--policy", handoff_test_policies::LEGACY_V1_0],
+    ));
+    assert_eq!(
+        out["last_event_id"],
+        format!("v1-{}", &seed_event_id(&token(1))[..16])
+    );
+
+    for (file, needle) in [
+        (
+            handoff_test_policies::FUTURE_MINOR,
+            "newer than this host's 1.1.0; upgrade handoff",
+        ),
+        (
+            handoff_test_policies::FUTURE_MAJOR,
+            "a different major version is incompatible",
+        ),
+        (
+            handoff_test_policies::NET_CLIENT,
+            "imports what the host does not grant: wasi:sockets",
+        ),
+    ] {
+        let output = policy(&["check", file]);
+        assert_eq!(output.status.code(), Some(9), "{file}");
+        assert!(stdout(&output).contains("verdict:   refused"));
+        assert!(stderr(&output).contains(needle), "{}", stderr(&output));
+        // The same refusal when it is deployed.
+        fails(
+            &replay(&fixture, &s.path("refused.redb"), &["--policy", file]),
+            9,
+            needle,
+        );
+    }
+    let core = s.path("core.wasm");
+    std::fs::write(&core, b"\0asm\x01\0\0\0").unwrap();
+    let output = policy(&["check", core.to_str().unwrap()]);
+    assert_eq!(output.status.code(), Some(9));
+    assert!(stdout(&output).contains("component: no"));
+    assert!(stderr(&output).contains("core WebAssembly module"));
+}
+
+#[test]
+fn policy_new_builds_tests_checks_and_passes_its_cases_as_generated() {
+    let s = Scratch::new();
+    let output = policy(&[
+        "new",
+        "shop-policy",
+        "--dir",
+        s.dir.path().to_str().unwrap(),
+    ]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let root = s.path("shop-policy");
+    for file in [
+        "Cargo.toml",
+        "rust-toolchain.toml",
+        "wit/policy.wit",
+        "src/lib.rs",
+        "README.md",
+        "cases/sample/case.json",
+    ] {
+        assert!(root.join(file).exists(), "{file}");
+    }
+    assert_eq!(
+        std::fs::read_to_string(root.join("wit/policy.wit")).unwrap(),
+        std::fs::read_to_string(workspace().join("wit/policy.wit")).unwrap()
+    );
+    // Refuses to overwrite, and refuses a bad name.
+    assert_eq!(
+        policy(&[
+            "new",
+            "shop-policy",
+            "--dir",
+            s.dir.path().to_str().unwrap()
+        ])
+        .status
+        .code(),
+        Some(2)
+    );
+    assert_eq!(
+        policy(&["new", "Bad Name", "--dir", s.dir.path().to_str().unwrap()])
+            .status
+            .code(),
+        Some(2)
+    );
+
+    // The generated crate, built the way its README says (sharing one target directory).
+    let target = Path::new(env!("CARGO_TARGET_TMPDIR")).join("scaffold-build");
+    let cargo = |args: &[&str]| {
+        let output = Command::new(env!("CARGO"))
+            .args(args)
+            .current_dir(&root)
+            .env("CARGO_TARGET_DIR", &target)
+            .env_remove("RUSTFLAGS")
+            .env_remove("CARGO_ENCODED_RUSTFLAGS")
+            .env_remove("RUSTC_WORKSPACE_WRAPPER")
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "cargo {args:?}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    assert!(cargo(&["test"]).contains("test result: ok. 2 passed"));
+    cargo(&["build", "--release", "--target", "wasm32-wasip2"]);
+    let wasm = target.join("wasm32-wasip2/release/shop_policy.wasm");
+    let check = policy(&["check", wasm.to_str().unwrap()]);
+    assert_eq!(check.status.code(), Some(0), "{}", stdout(&check));
+    let cases = root.join("cases");
+    let test = policy(&[
+        "test",
+        "--policy",
+        wasm.to_str().unwrap(),
+        cases.to_str().unwrap(),
+    ]);
+    assert_eq!(test.status.code(), Some(0), "{}", stdout(&test));
+    assert!(stdout(&test).contains("1 passed, 0 failed"));
+}
+
+#[test]
+fn record_captures_live_traffic_that_replays_to_the_same_outbox() {
+    let server = ServerHandle::start_blocking(Config::default()).unwrap();
+    let s = Scratch::new();
+    let recording = s.path("recorded/stream.jsonl");
+    fails(
+        &handoff()
+            .args(["record", "--redact", "_id._data", "--out"])
+            .arg(&recording)
+            .env("MONGODB_URI", server.uri())
+            .output()
+            .unwrap(),
+        2,
+        "cannot hide the resume token",
+    );
+    let mut child = handoff()
+        .args([
+            "record",
+            "--redact",
+            "fullDocument.email",
+            "--max-wait-seconds",
+            "2",
+            "--out",
+        ])
+        .arg(&recording)
+        .env("MONGODB_URI", server.uri())
+        .env("HANDOFF_LOG", "info")
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut log = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    while !line.contains("recording") {
+        line.clear();
+        assert!(
+            log.read_line(&mut line).unwrap() > 0,
+            "the recorder ended before recording"
+        );
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let client = mongodb::Client::with_uri_str(server.uri()).await.unwrap();
+        let orders = client
+            .database("change_demo")
+            .collection::<Document>("orders");
+        orders
+            .insert_many(vec![
+                doc! {"_id": 1, "email": "a@example.com"},
+                doc! {"_id": 2, "email": "b@example.com"},
+            ])
+            .await
+            .unwrap();
+        orders
+            .update_one(doc! {"_id": 1}, doc! {"$set": {"qty": 2}})
+            .await
+            .unwrap();
+    });
+    let status = child.wait().unwrap();
+    assert!(status.success());
+
+    let text = std::fs::read_to_string(&recording).unwrap();
+    let lines: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines[0]["$deployment"]["source"], "change_demo.orders");
+    assert_eq!(
+        lines[0]["$deployment"]["replicaSetId"],
+        server.replica_set_id().to_hex()
+    );
+    let events: Vec<&Value> = lines
+        .iter()
+        .filter(|l| l.get("operationType").is_some())
+        .collect();
+    assert_eq!(events.len(), 3);
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.get("$postBatchResumeToken").is_some()),
+        "{text}"
+    );
+    assert!(
+        !text.contains("example.com"),
+        "redacted fields leaked: {text}"
+    );
+    assert_eq!(events[0]["fullDocument"]["email"], "<redacted>");
+    assert_eq!(events[2]["fullDocument"]["qty"], 2);
+
+    // The recording is a fixture: replaying it hands off the recorded events with the live IDs.
+    let out = ok(&replay(&recording, &s.state(), &[]));
+    assert_eq!(out["events_handed_off"], 3);
+    let ids = outbox_ids(&inspect(&s.state()).1);
+    let expected: Vec<String> = events
+        .iter()
+        .map(|e| {
+            let token = bson::Document::try_from(e["_id"].as_object().unwrap().clone()).unwrap();
+            use sha2::Digest;
+            hex::encode(sha2::Sha256::digest(
+                handoff::token::canonical_text(&token).as_bytes(),
+            ))
+        })
+        .collect();
+    assert_eq!(ids, expected);
+    // And it can become a case.
+    std::fs::write(s.path("recorded/case.json"), "{\"runs\": 1}").unwrap();
+    let cases = s.path("recorded");
+    assert!(
+        policy(&["test", "--update", cases.to_str().unwrap()])
+            .status
+            .success()
+    );
+    assert!(stdout(&policy(&["test", cases.to_str().unwrap()])).contains("1 passed, 0 failed"));
+}

@@ -1,0 +1,60 @@
+//! Test policy: tries to read a host file and list the root directory, and hands off whatever it
+//! finds as the outbox ID of the first event. Without preopens it must find nothing.
+#![cfg_attr(not(target_arch = "wasm32"), allow(dead_code))]
+
+#[cfg(target_arch = "wasm32")]
+mod policy {
+    wit_bindgen::generate!({ path: "../../wit", world: "handoff-policy" });
+
+    use exports::handoff::policy::policy::Guest;
+    use handoff::policy::{host, types};
+
+    struct Policy;
+
+    fn leak(data: &str) -> Result<types::Report, String> {
+        let checkpoint = host::load_checkpoint();
+        let stream = host::open_stream(&types::StreamStart::Now).map_err(|e| format!("{e:?}"))?;
+        let first = stream
+            .next()
+            .map_err(|e| format!("{e:?}"))?
+            .ok_or("no event")?;
+        let id: String = data
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+            .take(200)
+            .collect();
+        host::commit(&types::CommitRequest {
+            expected: checkpoint.token,
+            next: first.token,
+            mode: types::ResumeMode::ResumeAfter,
+            outbox_id: Some(id.clone()),
+        })
+        .map_err(|e| format!("{e:?}"))?;
+        Ok(types::Report {
+            status: types::RunStatus::HandedOff,
+            events_handed_off: 1,
+            last_event_id: id,
+        })
+    }
+
+    impl Guest for Policy {
+        fn run(_: types::Settings) -> Result<types::Report, String> {
+            match std::fs::read_to_string("/etc/hostname") {
+                Ok(text) => return leak(&format!("file-{text}")),
+                Err(e) => host::log(types::LogLevel::Info, &format!("read: {e}"), &[]),
+            }
+            if let Ok(entries) = std::fs::read_dir("/") {
+                let names: Vec<String> = entries
+                    .filter_map(|e| e.ok())
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect();
+                if !names.is_empty() {
+                    return leak(&format!("dir-{}", names.join("-")));
+                }
+            }
+            Err("no file access: the sandbox granted no files".into())
+        }
+    }
+
+    export!(Policy);
+}
