@@ -96,27 +96,7 @@ pub fn run<H: Host>(
 }
 
 #[cfg(target_arch = "wasm32")]
-mod component {
-    use handoff_policy_sdk::component::bindings::handoff::policy::types;
-    use handoff_policy_sdk::component::{Guest, WitHost, load_checkpoint, report, settings};
-
-    struct BatchingPolicy;
-
-    impl Guest for BatchingPolicy {
-        fn run(wit_settings: types::Settings) -> Result<types::Report, String> {
-            let report_ = super::run(
-                &mut WitHost::default(),
-                load_checkpoint(),
-                &settings(wit_settings),
-            )?;
-            Ok(report(report_))
-        }
-    }
-
-    handoff_policy_sdk::component::bindings::export!(
-        BatchingPolicy with_types_in handoff_policy_sdk::component::bindings
-    );
-}
+handoff_policy_sdk::export_policy!(run);
 
 #[cfg(test)]
 mod tests {

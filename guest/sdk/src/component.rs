@@ -167,3 +167,29 @@ impl crate::Host for WitHost {
         host::monotonic_ms()
     }
 }
+
+/// Exports a policy's `run` (any `fn(&mut impl Host, Checkpoint, &Settings) -> Result<Report,
+/// String>`) as the component's `handoff:policy/policy.run`.
+#[macro_export]
+macro_rules! export_policy {
+    ($run:path) => {
+        const _: () = {
+            use $crate::component::bindings::handoff::policy::types as wit;
+
+            struct Policy;
+
+            impl $crate::component::Guest for Policy {
+                fn run(settings: wit::Settings) -> Result<wit::Report, String> {
+                    let report = $run(
+                        &mut $crate::component::WitHost::default(),
+                        $crate::component::load_checkpoint(),
+                        &$crate::component::settings(settings),
+                    )?;
+                    Ok($crate::component::report(report))
+                }
+            }
+
+    $crate::component::bindings::export!(Policy with_types_in $crate::component::bindings);
+        };
+    };
+}
