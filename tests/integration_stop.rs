@@ -159,7 +159,7 @@ fn sigterm_mid_handoff_keeps_checkpoint_and_outbox_consistent() {
     let reported = outputs["events_handed_off"].as_u64().unwrap() as usize;
     let outbox = live.outbox();
     // What the run reported is exactly what it committed, and the checkpoint is at the last of it.
-    assert!(reported >= 20 && reported < 400, "{reported}");
+    assert!((20..400).contains(&reported), "{reported}");
     assert_eq!(outbox.len(), reported);
     let last = outbox
         .last()
