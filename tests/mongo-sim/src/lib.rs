@@ -17,6 +17,7 @@ pub mod commands;
 pub mod error;
 pub mod matcher;
 pub mod oplog;
+pub mod projection;
 pub mod server;
 pub mod state;
 pub mod storage;

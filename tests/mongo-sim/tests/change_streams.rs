@@ -594,6 +594,46 @@ async fn match_stage_filters_events() {
 }
 
 #[tokio::test]
+async fn project_stage_and_fatal_id_change() {
+    let (server, client) = common::start().await;
+    let coll = client.database("cs").collection::<Document>("projected");
+    let mut stream = coll
+        .watch()
+        .pipeline([
+            doc! {"$project": {"operationType": 1, "ns": 1, "kind": "$operationType", "tag": "t"}},
+        ])
+        .max_await_time(Duration::from_millis(100))
+        .await
+        .unwrap()
+        .with_type::<Document>();
+    coll.insert_one(doc! {"_id": 1}).await.unwrap();
+    let e = next_event(&mut stream).await;
+    assert_eq!(
+        e.keys().map(|k| k.as_str()).collect::<Vec<_>>(),
+        vec!["_id", "operationType", "ns", "kind", "tag"]
+    );
+    assert_eq!(e.get_str("kind").unwrap(), "insert");
+    let mut bad = coll
+        .watch()
+        .pipeline([doc! {"$project": {"_id": 0}}])
+        .max_await_time(Duration::from_millis(100))
+        .await
+        .unwrap()
+        .with_type::<Document>();
+    coll.insert_one(doc! {"_id": 2}).await.unwrap();
+    let err = loop {
+        match bad.next_if_any().await {
+            Ok(None) => continue,
+            Ok(Some(e)) => panic!("unexpected event {e}"),
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(code_of(&err), Some(280));
+    assert!(err.contains_label("NonResumableChangeStreamError"));
+    server.shutdown().await;
+}
+
+#[tokio::test]
 async fn history_loss_is_286_and_not_resumable() {
     let (server, client) = common::start_with(Config {
         history_limit: 5,

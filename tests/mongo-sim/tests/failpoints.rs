@@ -235,10 +235,11 @@ async fn change_stream_resumes_after_a_resumable_error_code() {
             .unwrap(),
         &doc! {"_id": 0}
     );
-    fail_point(
+    // A failure inside the cursor carries ResumableChangeStreamError: the driver resumes.
+    command(
         &client,
-        doc! {"times": 1}.into(),
-        doc! {"failCommands": ["getMore"], "errorCode": 10107},
+        "admin",
+        doc! {"configureFailPoint": "failGetMoreAfterCursorCheckout", "mode": {"times": 1}, "data": {"errorCode": 10107}},
     )
     .await;
     coll.insert_one(doc! {"_id": 1}).await.unwrap();
@@ -249,6 +250,22 @@ async fn change_stream_resumes_after_a_resumable_error_code() {
             .unwrap(),
         &doc! {"_id": 1}
     );
+    // The same kind of code from failCommand (in front of the command) has no resume label.
+    fail_point(
+        &client,
+        doc! {"times": 1}.into(),
+        doc! {"failCommands": ["getMore"], "errorCode": 6},
+    )
+    .await;
+    let err = stream.next_if_any().await.unwrap_err();
+    assert_eq!(code_of(&err), Some(6));
+    assert!(!err.contains_label("ResumableChangeStreamError"));
+    let mut stream = coll
+        .watch()
+        .max_await_time(Duration::from_millis(100))
+        .await
+        .unwrap()
+        .with_type::<Document>();
     // History loss injected on getMore is not resumed.
     fail_point(
         &client,
@@ -256,7 +273,13 @@ async fn change_stream_resumes_after_a_resumable_error_code() {
         doc! {"failCommands": ["getMore"], "errorCode": 286},
     )
     .await;
-    let err = stream.next_if_any().await.unwrap_err();
+    let err = loop {
+        match stream.next_if_any().await {
+            Ok(None) => continue,
+            Ok(Some(e)) => panic!("unexpected event {e}"),
+            Err(e) => break e,
+        }
+    };
     assert_eq!(code_of(&err), Some(286));
     assert!(err.contains_label("NonResumableChangeStreamError"));
     server.shutdown().await;

@@ -28,13 +28,20 @@ pub enum Scope {
     Cluster,
 }
 
+#[derive(Debug, Clone)]
+pub enum Stage {
+    Match(Document),
+    Project(Document),
+}
+
 #[derive(Debug)]
 pub struct ChangeCursor {
     pub scope: Scope,
     /// Everything at or before this position has been delivered or skipped.
     pub after: TokenKey,
     pub lookup: bool,
-    pub filters: Vec<Document>,
+    /// Stages after `$changeStream`, applied to each event in order.
+    pub stages: Vec<Stage>,
     pub ns: String,
 }
 
@@ -118,13 +125,17 @@ pub fn aggregate(ctx: &Ctx<'_>) -> CmdResult<Document> {
             ));
         }
     };
-    let mut filters = Vec::new();
+    let mut stages = Vec::new();
     for stage in pipeline.iter().skip(1) {
         match stage {
             Bson::Document(s) => match s.iter().next() {
                 Some((name, Bson::Document(f))) if name == "$match" => {
                     matcher::validate(f)?;
-                    filters.push(f.clone());
+                    stages.push(Stage::Match(f.clone()));
+                }
+                Some((name, Bson::Document(p))) if name == "$project" => {
+                    crate::projection::project(&Document::new(), p)?;
+                    stages.push(Stage::Project(p.clone()));
                 }
                 Some((name, _)) => {
                     return Err(CommandError::new(
@@ -243,7 +254,7 @@ pub fn aggregate(ctx: &Ctx<'_>) -> CmdResult<Document> {
         scope,
         after,
         lookup,
-        filters,
+        stages,
         ns: ns.clone(),
     };
     let (events, closed) = scan(&st, &mut cursor, batch)?;
@@ -392,11 +403,7 @@ fn scan(st: &State, cursor: &mut ChangeCursor, limit: usize) -> CmdResult<(Vec<B
             continue;
         }
         let ev = event_doc(st, e, key, cursor.lookup);
-        if cursor
-            .filters
-            .iter()
-            .all(|f| matcher::matches(&ev, f).unwrap_or(false))
-        {
+        if let Some(ev) = apply_stages(ev, &cursor.stages)? {
             out.push(Bson::Document(ev));
         }
         if invalidates(&cursor.scope, e) {
@@ -410,6 +417,31 @@ fn scan(st: &State, cursor: &mut ChangeCursor, limit: usize) -> CmdResult<(Vec<B
         }
     }
     Ok((out, false))
+}
+
+/// Runs the user's stages on one event; `None` if filtered out. Changing `_id` is fatal.
+fn apply_stages(ev: Document, stages: &[Stage]) -> CmdResult<Option<Document>> {
+    let token = ev.get("_id").cloned();
+    let mut ev = ev;
+    for stage in stages {
+        match stage {
+            Stage::Match(f) => {
+                if !matcher::matches(&ev, f)? {
+                    return Ok(None);
+                }
+            }
+            Stage::Project(p) => ev = crate::projection::project(&ev, p)?,
+        }
+    }
+    if ev.get("_id").cloned() != token {
+        return Err(CommandError::new(
+            280,
+            "Encountered an event whose _id field, which contains the resume token, was modified by the pipeline. \
+             Modifying the _id field of an event makes it impossible to resume the stream from that point. \
+             Only transformations that retain the unmodified _id field are allowed.",
+        ));
+    }
+    Ok(Some(ev))
 }
 
 fn ns_doc(ns: &Namespace) -> Document {

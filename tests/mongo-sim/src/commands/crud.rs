@@ -466,9 +466,10 @@ pub async fn find_and_modify(ctx: &Ctx<'_>) -> CmdResult<Document> {
         })
         .await?;
         let n = i32::from(removed.is_some());
-        let value = removed
-            .map(|d| Bson::Document(project(&d, &projection)))
-            .unwrap_or(Bson::Null);
+        let value = match removed {
+            Some(d) => Bson::Document(project(&d, &projection)?),
+            None => Bson::Null,
+        };
         return Ok(doc! {"lastErrorObject": {"n": n}, "value": value});
     }
     let Some(u) = ctx.cmd.get("update") else {
@@ -494,48 +495,17 @@ pub async fn find_and_modify(ctx: &Ctx<'_>) -> CmdResult<Document> {
     };
     let value = match (o.upserted.is_some(), return_new) {
         (true, false) => Bson::Null,
-        _ => chosen
-            .map(|d| Bson::Document(project(&d, &projection)))
-            .unwrap_or(Bson::Null),
+        _ => match chosen {
+            Some(d) => Bson::Document(project(&d, &projection)?),
+            None => Bson::Null,
+        },
     };
     Ok(doc! {"lastErrorObject": leo, "value": value})
 }
 
-/// Minimal projection: inclusion or exclusion of (dotted) fields; `_id` kept unless excluded.
-pub fn project(doc: &Document, projection: &Document) -> Document {
-    if projection.is_empty() {
-        return doc.clone();
-    }
-    let truthy = |v: &Bson| match v {
-        Bson::Boolean(b) => *b,
-        other => crate::values::as_f64(other).is_none_or(|n| n != 0.0),
-    };
-    let inclusion = projection.iter().any(|(k, v)| k != "_id" && truthy(v));
-    if inclusion {
-        let mut out = Document::new();
-        if projection.get("_id").is_none_or(truthy)
-            && let Some(id) = doc.get("_id")
-        {
-            out.insert("_id", id.clone());
-        }
-        for (k, v) in projection {
-            if k == "_id" || !truthy(v) {
-                continue;
-            }
-            if let Some(val) = crate::values::get_path(doc, k) {
-                let _ = update::set_path(&mut out, k, val.clone());
-            }
-        }
-        out
-    } else {
-        let mut out = doc.clone();
-        for (k, v) in projection {
-            if !truthy(v) {
-                update::unset_path(&mut out, k);
-            }
-        }
-        out
-    }
+/// Applies a projection specification.
+pub fn project(doc: &Document, projection: &Document) -> CmdResult<Document> {
+    crate::projection::project(doc, projection)
 }
 
 fn read_docs(ctx: &Ctx<'_>, ns: &Namespace, filter: &Document) -> CmdResult<Vec<Arc<Document>>> {
@@ -587,9 +557,12 @@ pub fn find(ctx: &Ctx<'_>) -> CmdResult<Document> {
     sort_docs(&mut docs, &sort, |d| d);
     let iter = docs.into_iter().skip(skip);
     let mut all: VecDeque<Document> = if limit > 0 {
-        iter.take(limit).map(|d| project(&d, &projection)).collect()
+        iter.take(limit)
+            .map(|d| project(&d, &projection))
+            .collect::<CmdResult<_>>()?
     } else {
-        iter.map(|d| project(&d, &projection)).collect()
+        iter.map(|d| project(&d, &projection))
+            .collect::<CmdResult<_>>()?
     };
     let first_len = if single {
         all.len()
@@ -677,7 +650,12 @@ pub fn aggregate(ctx: &Ctx<'_>) -> CmdResult<Document> {
                 let n = crate::values::as_f64(v).unwrap_or(0.0).max(0.0) as usize;
                 docs.truncate(n);
             }
-            ("$project", Bson::Document(p)) => docs = docs.iter().map(|d| project(d, p)).collect(),
+            ("$project", Bson::Document(p)) => {
+                docs = docs
+                    .iter()
+                    .map(|d| project(d, p))
+                    .collect::<CmdResult<_>>()?
+            }
             ("$count", Bson::String(field)) => {
                 let n = docs.len() as i32;
                 docs = if n == 0 {

@@ -312,9 +312,11 @@ async fn run_command(
     }
 
     // Fault injection first, as a real server does.
+    let mut write_concern_error = None;
     if name != "configureFailPoint" {
         let fired = shared.failpoints().check(&name);
         if let Some(action) = fired {
+            write_concern_error = action.write_concern_error;
             if let Some(ms) = action.block_ms {
                 tokio::time::sleep(Duration::from_millis(ms)).await;
             }
@@ -324,7 +326,12 @@ async fn run_command(
             }
             if let Some(err) = action.error {
                 debug!(connection_id = conn.id, command = %name, code = err.code, "fail point fails the command");
-                let mut reply = err.to_document(label_ctx);
+                // Errors raised in front of a command carry no change-stream resume label.
+                let ctx = LabelContext {
+                    is_get_more: label_ctx.is_get_more && action.in_cursor,
+                    ..label_ctx
+                };
+                let mut reply = err.to_document(ctx);
                 append_cluster_time(shared, &mut reply);
                 return Some(reply);
             }
@@ -378,6 +385,9 @@ async fn run_command(
             if !d.contains_key("ok") {
                 d.insert("ok", 1.0);
             }
+            if let Some(wce) = write_concern_error {
+                add_write_concern_error(&mut d, wce, label_ctx);
+            }
             d
         }
         Err(e) => {
@@ -387,6 +397,35 @@ async fn run_command(
     };
     append_cluster_time(shared, &mut reply);
     Some(reply)
+}
+
+/// Reports an injected write concern error on an otherwise successful reply, with the labels
+/// a server adds for it.
+fn add_write_concern_error(reply: &mut Document, mut wce: Document, ctx: LabelContext) {
+    let labels: Vec<Bson> = match wce.remove("errorLabels") {
+        Some(Bson::Array(l)) => l,
+        _ => {
+            let code = wce
+                .get("code")
+                .and_then(crate::values::as_f64)
+                .unwrap_or(0.0) as i32;
+            let retryable_command = ctx.retryable_write || ctx.is_commit || ctx.is_abort;
+            if retryable_command && crate::error::is_retryable_code(code) {
+                vec![Bson::String(crate::error::RETRYABLE_WRITE.to_string())]
+            } else {
+                Vec::new()
+            }
+        }
+    };
+    if !wce.contains_key("codeName")
+        && let Some(code) = wce.get("code").and_then(crate::values::as_f64)
+    {
+        wce.insert("codeName", crate::error::code_name(code as i32));
+    }
+    reply.insert("writeConcernError", wce);
+    if !labels.is_empty() {
+        reply.insert("errorLabels", labels);
+    }
 }
 
 /// Adds `operationTime` and `$clusterTime` (replica-set mode only).
