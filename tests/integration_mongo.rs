@@ -501,7 +501,9 @@ fn bad_uri_unreachable_and_standalone_servers_are_refused_with_nothing_written()
     support::fails(&output, 10, "Cannot reach a MongoDB server");
     assert!(!support::stderr(&output).contains("pa55w0rd"));
     // A server that refuses the credentials (the test server supports no SCRAM conversation).
-    let with_credentials = d.uri.replacen("mongodb://", "mongodb://alice:s3cr3t-pw@", 1);
+    let with_credentials = d
+        .uri
+        .replacen("mongodb://", "mongodb://alice:s3cr3t-pw@", 1);
     let output = d.run_with(&with_credentials, &[]);
     support::fails(&output, 11, "MongoDB refused the credentials");
     assert!(!support::stderr(&output).contains("s3cr3t-pw"));
