@@ -61,8 +61,10 @@ impl Redactor {
                 for part in userinfo.split(':') {
                     if part.len() >= 3 {
                         secrets.push(part.to_string());
-                        if let Ok(decoded) = percent_decode(part) {
-                            secrets.push(decoded);
+                        if let Ok(decoded) =
+                            percent_encoding::percent_decode_str(part).decode_utf8()
+                        {
+                            secrets.push(decoded.into_owned());
                         }
                     }
                 }
@@ -81,23 +83,6 @@ impl Redactor {
         }
         text
     }
-}
-
-fn percent_decode(text: &str) -> std::result::Result<String, ()> {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = text.get(i + 1..i + 3).ok_or(())?;
-            out.push(u8::from_str_radix(hex, 16).map_err(|_| ())?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).map_err(|_| ())
 }
 
 /// The server's view of a driver error: code, code name and message (credentials removed).

@@ -77,6 +77,31 @@ fn commit_error(failure: session::CommitFailure) -> types::CommitError {
     }
 }
 
+/// Replaces what looks like a raw resume token (a run of 16 or more uppercase hex digits, the
+/// shape of a token's `_data`) so that a policy's log lines never carry one.
+fn scrub_tokens(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut run = String::new();
+    let flush = |run: &mut String, out: &mut String| {
+        if run.len() >= 16 {
+            out.push_str("<token>");
+        } else {
+            out.push_str(run);
+        }
+        run.clear();
+    };
+    for c in text.chars() {
+        if c.is_ascii_digit() || ('A'..='F').contains(&c) {
+            run.push(c);
+        } else {
+            flush(&mut run, &mut out);
+            out.push(c);
+        }
+    }
+    flush(&mut run, &mut out);
+    out
+}
+
 impl RunState {
     /// Every import ends here: the guest's next compute slice starts now.
     fn back_to_guest<R>(&mut self, result: R) -> R {
@@ -200,7 +225,7 @@ impl wit_host::Host for RunState {
     }
 
     fn log(&mut self, level: types::LogLevel, message: String, fields: Vec<(String, String)>) {
-        let message: String = message.chars().take(1024).collect();
+        let message = scrub_tokens(&message.chars().take(1024).collect::<String>());
         let fields: Vec<String> = fields
             .into_iter()
             .take(16)
@@ -208,7 +233,7 @@ impl wit_host::Host for RunState {
                 format!(
                     "{}={}",
                     k.chars().take(64).collect::<String>(),
-                    v.chars().take(256).collect::<String>()
+                    scrub_tokens(&v.chars().take(256).collect::<String>())
                 )
             })
             .collect();
@@ -262,5 +287,16 @@ impl wit_host::HostChangeStream for RunState {
     fn drop(&mut self, stream: Resource<StreamHandle>) -> wasmtime::Result<()> {
         self.table.delete(stream)?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn raw_tokens_never_reach_the_log() {
+        let line = super::scrub_tokens(
+            r#"saw {"_data": "826AE70DA0000000012B0429296E1404"} at 2026, id 6c44a91c"#,
+        );
+        assert_eq!(line, r#"saw {"_data": "<token>"} at 2026, id 6c44a91c"#);
     }
 }

@@ -4,7 +4,6 @@
 //! a bounded guest stack. Compiled policies come from the artifact cache when possible.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use wasmtime::component::{HasSelf, Linker, ResourceTable};
@@ -217,6 +216,3 @@ fn classify_trap(state: &RunState, error: wasmtime::Error) -> HandoffError {
         None => HandoffError::Policy(format!("the policy failed: {error:#}{suffix}")),
     }
 }
-
-/// Shared so that benchmarks and tests can hold one engine for many runs.
-pub type SharedRuntime = Arc<Runtime>;
