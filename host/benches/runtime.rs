@@ -106,6 +106,34 @@ impl native::Host for NativeHost<'_> {
             .commit(expected, next, mode, id)
             .map_err(|e| format!("{e:?}"))
     }
+    fn commit_batch(
+        &mut self,
+        expected: Option<&str>,
+        next: &str,
+        mode: native::Mode,
+        decisions: Vec<native::Decision>,
+    ) -> Result<(), String> {
+        let mode = match mode {
+            native::Mode::ResumeAfter => Mode::ResumeAfter,
+            native::Mode::StartAfter => Mode::StartAfter,
+        };
+        let decisions = decisions
+            .into_iter()
+            .map(|d| match d {
+                native::Decision::HandOff(id) => session::Decision::HandOff(id),
+                native::Decision::Skip(reason) => session::Decision::Skip(reason),
+                native::Decision::Quarantine { id, reason } => {
+                    session::Decision::Quarantine { id, reason }
+                }
+            })
+            .collect();
+        self.0
+            .commit_batch(expected, next, mode, decisions)
+            .map_err(|e| format!("{e:?}"))
+    }
+    fn field(&mut self, token: &str, path: &str) -> Option<String> {
+        self.0.field(token, path)
+    }
     fn advance_watermark(&mut self, expected: Option<&str>, next: &str) -> Result<(), String> {
         self.0
             .advance_watermark(expected, next)

@@ -2,6 +2,8 @@
 //! run as the engine runs it, and its outputs and state read back.
 #![allow(dead_code)]
 
+pub mod live;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 

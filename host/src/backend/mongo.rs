@@ -34,8 +34,11 @@ use crate::error::{HandoffError, Result};
 pub const MAX_AWAIT: Duration = Duration::from_secs(1);
 /// Server selection timeout, as the baseline sets it.
 pub const SERVER_SELECTION_TIMEOUT: Duration = Duration::from_secs(3);
-/// Attempts of one transaction on transient errors.
+/// Attempts of one commit on `UnknownTransactionCommitResult`.
 pub const TRANSACTION_ATTEMPTS: u32 = 5;
+/// How long one transaction is retried on `TransientTransactionError` (e.g. a write conflict with
+/// a transaction that a killed run left open), with exponential backoff up to 1 s.
+pub const TRANSIENT_RETRY_WINDOW: Duration = Duration::from_secs(15);
 
 /// A client, its runtime, and the deployment identity checked at connection.
 pub struct Connection {
@@ -43,7 +46,17 @@ pub struct Connection {
     client: Client,
     deployment: Deployment,
     redactor: Redactor,
+    /// No call to the server outlives this instant (the run's deadline).
+    deadline: std::sync::OnceLock<Instant>,
 }
+
+/// The run's deadline passed while a call to the server was under way.
+#[derive(Debug)]
+pub struct DeadlinePassed;
+
+/// What an interrupted transaction means for the operator.
+const DEADLINE_IN_COMMIT: &str = "the run deadline passed while a transaction was in flight; its outcome is unknown, \
+     and the next run resumes from whatever was committed";
 
 /// Removes a URI's credentials from any text before it is printed or logged.
 #[derive(Clone, Debug, Default)]
@@ -219,6 +232,7 @@ impl Connection {
                 replica_set_id,
             },
             redactor,
+            deadline: std::sync::OnceLock::new(),
         }))
     }
 
@@ -232,6 +246,28 @@ impl Connection {
 
     pub fn block_on<F: std::future::Future>(&self, future: F) -> F::Output {
         self.runtime.block_on(future)
+    }
+
+    /// Bounds every later call to the server by `deadline` (set once, by the run).
+    pub fn limit_to(&self, deadline: Instant) {
+        let _ = self.deadline.set(deadline);
+    }
+
+    /// Runs `future`, giving up when the run's deadline passes.
+    pub fn bounded<F: std::future::Future>(
+        &self,
+        future: F,
+    ) -> std::result::Result<F::Output, DeadlinePassed> {
+        match self.deadline.get() {
+            None => Ok(self.runtime.block_on(future)),
+            Some(deadline) => {
+                let deadline = tokio::time::Instant::from_std(*deadline);
+                // The timer needs the runtime's context, so it is made inside it.
+                self.runtime
+                    .block_on(async move { tokio::time::timeout_at(deadline, future).await })
+                    .map_err(|_| DeadlinePassed)
+            }
+        }
     }
 }
 
@@ -253,6 +289,14 @@ impl MongoSource {
             clock: Instant::now(),
         }
     }
+}
+
+fn deadline_passed() -> StreamError {
+    StreamError::Unavailable(ServerError {
+        code: None,
+        code_name: "RunDeadline".into(),
+        message: "the run deadline passed while waiting for the change stream".into(),
+    })
 }
 
 fn resume_token(token: Document) -> std::result::Result<ResumeToken, StreamError> {
@@ -283,7 +327,8 @@ impl ChangeSource for MongoSource {
         };
         let stream = self
             .connection
-            .block_on(async { watch.await })
+            .bounded(async { watch.await })
+            .map_err(|_| deadline_passed())?
             .map_err(|e| classify_stream(&e, &self.connection.redactor))?;
         self.stream = Some(stream.with_type::<Document>());
         Ok(())
@@ -295,8 +340,8 @@ impl ChangeSource for MongoSource {
         };
         let next = self
             .connection
-            .runtime
-            .block_on(stream.next_if_any())
+            .bounded(stream.next_if_any())
+            .map_err(|_| deadline_passed())?
             .map_err(|e| classify_stream(&e, &self.connection.redactor))?;
         if next.is_none() && !stream.is_alive() {
             // The server closed the stream (after an invalidate): nothing more will come, but the
@@ -441,38 +486,52 @@ impl CheckpointStore for MongoStore {
     ) -> std::result::Result<Document, CommitError> {
         let mut on_insert = initial;
         on_insert.remove("_id");
-        self.connection.block_on(async {
-            self.checkpoints
-                .update_one(doc! { "_id": consumer }, doc! { "$setOnInsert": on_insert })
-                .upsert(true)
-                .await
-                .map_err(|e| self.unavailable(&e))?;
-            self.checkpoints
-                .find_one(doc! { "_id": consumer })
-                .await
-                .map_err(|e| self.unavailable(&e))?
-                .ok_or_else(|| {
-                    CommitError::Unavailable("the checkpoint vanished after its upsert".into())
-                })
-        })
+        self.connection
+            .bounded(async {
+                self.checkpoints
+                    .update_one(doc! { "_id": consumer }, doc! { "$setOnInsert": on_insert })
+                    .upsert(true)
+                    .await
+                    .map_err(|e| self.unavailable(&e))?;
+                self.checkpoints
+                    .find_one(doc! { "_id": consumer })
+                    .await
+                    .map_err(|e| self.unavailable(&e))?
+                    .ok_or_else(|| {
+                        CommitError::Unavailable("the checkpoint vanished after its upsert".into())
+                    })
+            })
+            .map_err(|_| {
+                CommitError::Unavailable(
+                    "the run deadline passed while loading the checkpoint".into(),
+                )
+            })?
     }
 
     fn commit(&self, commit: &Commit<'_>) -> std::result::Result<(), CommitError> {
-        self.connection.block_on(async {
-            let mut attempt = 0;
+        let retried = async {
+            let started = Instant::now();
+            let mut attempt: u32 = 0;
             loop {
                 attempt += 1;
                 match self.attempt(commit).await {
                     Ok(()) => return Ok(()),
                     Err(Attempt::Final(e)) => return Err(e),
-                    Err(Attempt::Transient(e)) if attempt < TRANSACTION_ATTEMPTS => {
-                        tracing::warn!(attempt, code = ?server_error(&e, &self.connection.redactor).code, "transient transaction error; retrying");
-                        tokio::time::sleep(Duration::from_millis(10 * u64::from(attempt))).await;
+                    Err(Attempt::Transient(e)) if started.elapsed() < TRANSIENT_RETRY_WINDOW => {
+                        let code = server_error(&e, &self.connection.redactor).code;
+                        tracing::warn!(attempt, ?code, "transient transaction error; retrying");
+                        let backoff = Duration::from_millis(10 << attempt.min(7));
+                        tokio::time::sleep(backoff.min(Duration::from_secs(1))).await;
                     }
-                    Err(Attempt::Transient(e) | Attempt::Driver(e)) => return Err(self.unavailable(&e)),
+                    Err(Attempt::Transient(e) | Attempt::Driver(e)) => {
+                        return Err(self.unavailable(&e));
+                    }
                 }
             }
-        })
+        };
+        self.connection
+            .bounded(retried)
+            .map_err(|_| CommitError::Unavailable(DEADLINE_IN_COMMIT.into()))?
     }
 
     fn dump(&self, consumer: &str) -> std::result::Result<Dump, CommitError> {

@@ -27,6 +27,8 @@ pub fn run(args: RunArgs) -> Result<super::Outcome> {
     let params = args.policy.params()?;
     let (runtime, policy) = args.policy.load()?;
     let connection = Connection::connect(&args.uri)?;
+    let limits = args.policy.limits();
+    connection.limit_to(started + limits.run_timeout);
     let source = MongoSource::new(connection.clone(), &inputs.database, &inputs.collection);
     let store = MongoStore::new(connection, &inputs.database, &inputs.collections());
     let job = Job {
@@ -34,7 +36,7 @@ pub fn run(args: RunArgs) -> Result<super::Outcome> {
         policy: &policy,
         inputs: &inputs,
         params,
-        limits: args.policy.limits(),
+        limits,
         stop: super::stop_signal()?,
     };
     let summary = job.execute(Box::new(source), Arc::new(store))?;

@@ -1,5 +1,6 @@
-//! Test policy: tries to read a host file and list the root directory, and hands off whatever it
-//! finds as the outbox ID of the first event. Without preopens it must find nothing.
+//! Test policy: tries to read a host file (`--policy-param path=…`, `/etc/hostname` by default)
+//! and list its directory and the root, and hands off whatever it finds as the outbox ID of the
+//! first event. Without preopens it must find nothing.
 #![cfg_attr(not(target_arch = "wasm32"), allow(dead_code))]
 
 #[cfg(target_arch = "wasm32")]
@@ -38,18 +39,28 @@ mod policy {
     }
 
     impl Guest for Policy {
-        fn run(_: types::Settings) -> Result<types::Report, String> {
-            match std::fs::read_to_string("/etc/hostname") {
+        fn run(settings: types::Settings) -> Result<types::Report, String> {
+            let path = settings
+                .params
+                .iter()
+                .find(|(k, _)| k == "path")
+                .map_or("/etc/hostname".to_string(), |(_, v)| v.clone());
+            match std::fs::read_to_string(&path) {
                 Ok(text) => return leak(&format!("file-{text}")),
                 Err(e) => host::log(types::LogLevel::Info, &format!("read: {e}"), &[]),
             }
-            if let Ok(entries) = std::fs::read_dir("/") {
-                let names: Vec<String> = entries
-                    .filter_map(|e| e.ok())
-                    .map(|e| e.file_name().to_string_lossy().into_owned())
-                    .collect();
-                if !names.is_empty() {
-                    return leak(&format!("dir-{}", names.join("-")));
+            let parent = std::path::Path::new(&path)
+                .parent()
+                .map_or("/".to_string(), |p| p.display().to_string());
+            for dir in [parent.as_str(), "/", "."] {
+                if let Ok(entries) = std::fs::read_dir(dir) {
+                    let names: Vec<String> = entries
+                        .filter_map(|e| e.ok())
+                        .map(|e| e.file_name().to_string_lossy().into_owned())
+                        .collect();
+                    if !names.is_empty() {
+                        return leak(&format!("dir-{}", names.join("-")));
+                    }
                 }
             }
             Err("no file access: the sandbox granted no files".into())

@@ -1,0 +1,607 @@
+//! Bad input: every input outside the rules, checkpoints of shapes neither this tool nor the
+//! baseline writes, broken recorded streams and URIs with credentials. Each is refused with a
+//! clear error and its exit code, and nothing is written.
+
+mod support;
+
+use std::process::Output;
+
+use bson::{Bson, Document, doc};
+use support::live::*;
+use support::*;
+
+/// Names no database, collection or consumer may take (`[A-Za-z][A-Za-z0-9_-]{0,62}`).
+fn bad_names() -> Vec<String> {
+    [
+        "", "1abc", "_abc", "-abc", "a.b", "a b", "a$b", "ä", "a/b", "a\nb", "a\\b", "a:b", "a*",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .chain(["a".repeat(64), format!("B{}", "9".repeat(63))])
+    .collect()
+}
+
+/// Runs `handoff run` with the arguments and environment given, against the live server.
+fn run_with(live: &Live, args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut command = live.command();
+    command.args(args);
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    command.output().expect("run handoff")
+}
+
+/// No database but the server's own exists: nothing was written anywhere.
+fn assert_nothing_written(live: &Live) {
+    let names = live.wait(live.client.list_database_names()).unwrap();
+    let user: Vec<_> = names
+        .iter()
+        .filter(|n| !["admin", "config", "local"].contains(&n.as_str()))
+        .collect();
+    assert!(user.is_empty(), "databases were created: {user:?}");
+}
+
+#[test]
+fn every_input_outside_the_rules_is_refused_with_nothing_written() {
+    let live = Live::start();
+    let mut tried = 0;
+    let inputs = [
+        ("--database", "SOURCE_DATABASE"),
+        ("--collection", "SOURCE_COLLECTION"),
+        ("--consumer-id", "CONSUMER_ID"),
+        ("--checkpoint-collection", "CHECKPOINT_COLLECTION"),
+        ("--outbox-collection", "OUTBOX_COLLECTION"),
+    ];
+    for (flag, key) in inputs {
+        for bad in bad_names() {
+            let needle = format!(
+                "{key} must contain 1-63 letters, digits, underscores or hyphens and start with a letter"
+            );
+            fails(
+                &run_with(&live, &[&format!("{flag}={bad}")], &[]),
+                2,
+                &needle,
+            );
+            if !bad.is_empty() {
+                fails(&run_with(&live, &[], &[(key, &bad)]), 2, &needle);
+            }
+            tried += 2;
+        }
+    }
+    for args in [
+        ["--collection", "same", "--checkpoint-collection", "same"],
+        ["--collection", "same", "--outbox-collection", "same"],
+        [
+            "--checkpoint-collection",
+            "same",
+            "--outbox-collection",
+            "same",
+        ],
+    ] {
+        fails(
+            &run_with(&live, &args, &[]),
+            2,
+            "The source, checkpoint and outbox collection names must be distinct",
+        );
+        tried += 1;
+    }
+    let limits = "max_events must be 1-500 and max_wait_seconds must be 1-30";
+    for bad in [
+        "0",
+        "501",
+        "-1",
+        "abc",
+        "1.5",
+        "",
+        " ",
+        "1e2",
+        "0x10",
+        "99999999999999999999",
+    ] {
+        fails(
+            &run_with(&live, &[&format!("--max-events={bad}")], &[]),
+            2,
+            limits,
+        );
+        tried += 1;
+        // An empty variable counts as unset (the default applies), as for the baseline's flow.
+        if !bad.is_empty() {
+            fails(&run_with(&live, &[], &[("MAX_EVENTS", bad)]), 2, limits);
+            tried += 1;
+        }
+    }
+    for bad in ["0", "31", "-5", "x", "", "2.0", "4294967297"] {
+        fails(
+            &run_with(&live, &[&format!("--max-wait-seconds={bad}")], &[]),
+            2,
+            limits,
+        );
+        tried += 1;
+        if !bad.is_empty() {
+            fails(
+                &run_with(&live, &[], &[("MAX_WAIT_SECONDS", bad)]),
+                2,
+                limits,
+            );
+            tried += 1;
+        }
+    }
+    for bad in [
+        "http://127.0.0.1:27017",
+        "postgres://127.0.0.1/db",
+        "mongodb:/127.0.0.1",
+        "MONGODB://127.0.0.1",
+        "127.0.0.1:27017",
+        " mongodb://127.0.0.1",
+    ] {
+        fails(
+            &run_with(&live, &[], &[("MONGODB_URI", bad)]),
+            2,
+            "MONGODB_URI must be a MongoDB connection URI",
+        );
+        tried += 1;
+    }
+    for (args, needle) in [
+        (vec!["--policy-param", "novalue"], "must be KEY=VALUE"),
+        (vec!["--policy-param", "=value"], "must be KEY=VALUE"),
+        (
+            vec!["--policy", "/nonexistent/policy.wasm"],
+            "cannot read the policy",
+        ),
+        (vec!["--policy-memory-mib", "0"], "--policy-memory-mib"),
+        (vec!["--policy-slice-ms", "0"], "--policy-slice-ms"),
+        (vec!["--run-timeout-seconds", "0"], "--run-timeout-seconds"),
+        (vec!["--no-such-flag"], "--no-such-flag"),
+    ] {
+        let output = run_with(&live, &args, &[]);
+        assert_eq!(
+            output.status.code(),
+            Some(2),
+            "{args:?}: {}",
+            stderr(&output)
+        );
+        assert!(
+            stderr(&output).contains(needle),
+            "{args:?}: {}",
+            stderr(&output)
+        );
+        assert!(!String::from_utf8_lossy(&output.stdout).contains("outputs"));
+        tried += 1;
+    }
+    // Without any URI at all.
+    let mut command = handoff();
+    command.arg("run").env_remove("MONGODB_URI");
+    let output = command.output().unwrap();
+    assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
+    tried += 1;
+    assert_nothing_written(&live);
+    eprintln!("{tried} bad inputs refused");
+}
+
+#[test]
+fn bad_inputs_to_a_replay_never_touch_its_state() {
+    let s = Scratch::new();
+    let fixture = s.fixture(
+        "one.jsonl",
+        &[deployment(REPLICA_SET_ID), event(1, "insert"), batch_end(1)],
+    );
+    for args in [
+        vec!["--consumer-id", "1x"],
+        vec!["--max-events", "0"],
+        vec!["--max-wait-seconds", "31"],
+        vec!["--outbox-collection", "kestra_change_checkpoints"],
+        vec!["--collection", "other"],
+    ] {
+        let output = replay(&fixture, &s.state(), &args);
+        assert_eq!(
+            output.status.code(),
+            Some(2),
+            "{args:?}: {}",
+            stderr(&output)
+        );
+        assert!(!s.state().exists(), "{args:?} created the state store");
+    }
+    fails(
+        &replay(&fixture, &s.state(), &["--collection", "other"]),
+        2,
+        "the fixture was recorded from change_demo.orders but the inputs watch change_demo.other",
+    );
+}
+
+/// Fields to set (`Some`) or remove (`None`) in a checkpoint.
+type Changes = Vec<(&'static str, Option<Bson>)>;
+
+/// A checkpoint document as the baseline creates it, for the live server.
+fn checkpoint_doc(live: &Live, consumer: &str) -> Document {
+    handoff::checkpoint::initial(
+        consumer,
+        &format!("{DB}.orders"),
+        &live.server.replica_set_id().to_hex(),
+    )
+}
+
+#[test]
+fn malformed_or_foreign_checkpoints_are_refused_and_left_as_they_are() {
+    let live = Live::start();
+    let good_token = live.start_consumer();
+    live.insert(0..3);
+    let foreign_rs = "65f0000000000000000000ff";
+    let cases: Vec<(&str, Changes, i32, &str)> = vec![
+        (
+            "token-string",
+            vec![("token", Some(Bson::String("8200000001".into())))],
+            5,
+            "Checkpoint is malformed; restore a verified token before retrying",
+        ),
+        (
+            "token-int",
+            vec![("token", Some(Bson::Int32(7)))],
+            5,
+            "Checkpoint is malformed",
+        ),
+        (
+            "token-array",
+            vec![(
+                "token",
+                Some(Bson::Array(vec![Bson::Document(good_token.clone())])),
+            )],
+            5,
+            "Checkpoint is malformed",
+        ),
+        (
+            "mode-unknown",
+            vec![
+                ("token", Some(Bson::Document(good_token.clone()))),
+                ("mode", Some(Bson::String("startAtOperationTime".into()))),
+            ],
+            5,
+            "Checkpoint is malformed",
+        ),
+        (
+            "mode-int",
+            vec![("mode", Some(Bson::Int32(1)))],
+            5,
+            "Checkpoint is malformed",
+        ),
+        (
+            "source-missing",
+            vec![("source", None)],
+            4,
+            "Consumer checkpoint belongs to another source; use the original source or a new consumer_id",
+        ),
+        (
+            "source-other",
+            vec![("source", Some(Bson::String(format!("{DB}.invoices"))))],
+            4,
+            "belongs to another source",
+        ),
+        (
+            "replica-set-other",
+            vec![
+                ("token", Some(Bson::Document(good_token.clone()))),
+                ("replicaSetId", Some(Bson::String(foreign_rs.into()))),
+            ],
+            4,
+            "Consumer checkpoint belongs to another replica set; reconcile from a verified snapshot before reset",
+        ),
+        (
+            "replica-set-missing",
+            vec![("replicaSetId", None)],
+            4,
+            "belongs to another replica set",
+        ),
+    ];
+    let mut tried = 0;
+    for (consumer, changes, code, needle) in cases {
+        let mut stored = checkpoint_doc(&live, consumer);
+        for (key, value) in changes {
+            match value {
+                Some(value) => stored.insert(key, value),
+                None => stored.remove(key),
+            };
+        }
+        live.wait(live.coll(CHECKPOINTS).insert_one(stored.clone()))
+            .unwrap();
+        let output = live.run(&["--consumer-id", consumer]);
+        fails(&output, code, needle);
+        let after = live
+            .wait(live.coll(CHECKPOINTS).find_one(doc! {"_id": consumer}))
+            .unwrap();
+        assert_eq!(
+            after.as_ref(),
+            Some(&stored),
+            "{consumer}: checkpoint changed"
+        );
+        tried += 1;
+    }
+    assert_eq!(live.outbox_len(), 0, "an outbox record was written");
+    eprintln!("{tried} malformed or foreign checkpoints refused");
+}
+
+#[test]
+fn a_checkpoint_token_the_server_cannot_resume_is_refused_and_left_as_it_is() {
+    let live = Live::start();
+    live.start_consumer();
+    live.insert(0..3);
+    let mut tried = 0;
+    for (consumer, token) in [
+        ("token-garbage", doc! {"_data": "zz"}),
+        ("token-data-int", doc! {"_data": 5}),
+        ("token-other-key", doc! {"x": 1}),
+        ("token-empty", doc! {}),
+    ] {
+        let mut stored = checkpoint_doc(&live, consumer);
+        stored.insert("token", token);
+        live.wait(live.coll(CHECKPOINTS).insert_one(stored.clone()))
+            .unwrap();
+        let output = live.run(&["--consumer-id", consumer]);
+        fails(&output, 7, "error[invalid_token]");
+        assert!(
+            stderr(&output).contains(
+                "if the token cannot resume, reconcile from a verified snapshot before resetting this consumer"
+            ),
+            "{consumer}: {}",
+            stderr(&output)
+        );
+        let after = live
+            .wait(live.coll(CHECKPOINTS).find_one(doc! {"_id": consumer}))
+            .unwrap();
+        assert_eq!(
+            after.as_ref(),
+            Some(&stored),
+            "{consumer}: checkpoint changed"
+        );
+        tried += 1;
+    }
+    // A well-formed token past the end of the history resumes nowhere yet: the run idles and
+    // never moves the checkpoint back to the present.
+    let consumer = "token-future";
+    let mut stored = checkpoint_doc(&live, consumer);
+    stored.insert(
+        "token",
+        doc! {"_data": format!("82{}01{}00", "FFFFFFF000000001", "00000000")},
+    );
+    live.wait(live.coll(CHECKPOINTS).insert_one(stored.clone()))
+        .unwrap();
+    let out = ok(&live.run(&["--consumer-id", consumer]));
+    assert_eq!(out["events_handed_off"], 0);
+    let after = live
+        .wait(live.coll(CHECKPOINTS).find_one(doc! {"_id": consumer}))
+        .unwrap();
+    assert_eq!(
+        after.as_ref(),
+        Some(&stored),
+        "the checkpoint moved backwards"
+    );
+    tried += 1;
+    assert_eq!(live.outbox_len(), 0);
+    eprintln!("{tried} unusable tokens tried");
+}
+
+#[test]
+fn broken_fixture_lines_are_refused_with_their_line_number_and_nothing_written() {
+    let s = Scratch::new();
+    let good = [
+        deployment(REPLICA_SET_ID).to_string(),
+        event(1, "insert").to_string(),
+    ];
+    let cases: Vec<(&str, &str)> = vec![
+        ("{oops", "not JSON"),
+        ("[1, 2]", "each line must be a JSON object"),
+        ("\"text\"", "each line must be a JSON object"),
+        (
+            "{\"operationType\": \"insert\"}",
+            "an event needs a resume token document in `_id`",
+        ),
+        (
+            "{\"_id\": \"x\", \"operationType\": \"insert\"}",
+            "an event needs a resume token document in `_id`",
+        ),
+        (
+            "{\"_id\": [1], \"operationType\": \"insert\"}",
+            "an event needs a resume token document in `_id`",
+        ),
+        (
+            "{\"_id\": {\"_data\": \"82\"}}",
+            "an event needs a string `operationType`",
+        ),
+        (
+            "{\"_id\": {\"_data\": \"82\"}, \"operationType\": 5}",
+            "an event needs a string `operationType`",
+        ),
+        (
+            "{\"_id\": {\"$oid\": \"zz\"}, \"operationType\": \"insert\"}",
+            "event is not Extended JSON",
+        ),
+        (
+            "{\"_id\": {\"_data\": \"82\"}, \"operationType\": \"insert\", \"n\": {\"$numberLong\": \"x\"}}",
+            "event is not Extended JSON",
+        ),
+        (
+            "{\"$postBatchResumeToken\": 5}",
+            "`$postBatchResumeToken` must be a document",
+        ),
+        (
+            "{\"$postBatchResumeToken\": {\"_data\": \"82\"}, \"x\": 1}",
+            "`$postBatchResumeToken` must be the only key",
+        ),
+        (
+            "{\"$error\": {\"codeName\": \"x\"}}",
+            "`$error` needs an integer `code`",
+        ),
+        (
+            "{\"$error\": {\"code\": \"286\"}}",
+            "`$error` needs an integer `code`",
+        ),
+        (
+            "{\"$error\": {\"code\": 99999999999}}",
+            "`$error` needs an integer `code`",
+        ),
+        ("{\"$error\": 286}", "`$error` must be a document"),
+        (
+            "{\"$deployment\": {\"setName\": \"rs0\"}}",
+            "`$deployment` must be the only key of the first line",
+        ),
+        ("{\"$bogus\": 1}", "unknown control line `$bogus`"),
+    ];
+    let mut tried = 0;
+    for (line, needle) in &cases {
+        // The broken line comes third, after two good ones.
+        let text = format!("{}\n{}\n{line}\n", good[0], good[1]);
+        let fixture = s.path("broken.jsonl");
+        std::fs::write(&fixture, text).unwrap();
+        let output = replay(&fixture, &s.state(), &[]);
+        fails(&output, 2, &format!("fixture line 3: {needle}"));
+        assert!(!s.state().exists(), "{line}: the state store was created");
+        tried += 1;
+    }
+    for (text, needle) in [
+        // `$deployment` with a missing field, on the first line.
+        (
+            "{\"$deployment\": {\"setName\": \"rs0\", \"source\": \"change_demo.orders\"}}\n",
+            "fixture line 1: `$deployment` needs a string `replicaSetId`",
+        ),
+        (
+            "{\"$deployment\": [1]}\n",
+            "fixture line 1: `$deployment` must be a document",
+        ),
+        (
+            "{\"$deployment\": {\"setName\": \"rs0\", \"replicaSetId\": \"x\", \"source\": \"change_demo.orders\"}, \"y\": 1}\n",
+            "fixture line 1: `$deployment` must be the only key",
+        ),
+    ] {
+        let fixture = s.path("broken.jsonl");
+        std::fs::write(&fixture, text).unwrap();
+        fails(&replay(&fixture, &s.state(), &[]), 2, needle);
+        assert!(!s.state().exists());
+        tried += 1;
+    }
+    // Not UTF-8, and no file at all.
+    let fixture = s.path("binary.jsonl");
+    std::fs::write(&fixture, b"\xff\xfe{}\n").unwrap();
+    fails(&replay(&fixture, &s.state(), &[]), 2, "cannot read fixture");
+    fails(
+        &replay(&s.path("missing.jsonl"), &s.state(), &[]),
+        2,
+        "cannot read fixture",
+    );
+    tried += 2;
+    assert!(!s.state().exists());
+
+    // A broken recording never disturbs a state that already holds work.
+    let fixture = s.fixture(
+        "good.jsonl",
+        &[deployment(REPLICA_SET_ID), event(1, "insert"), batch_end(1)],
+    );
+    ok(&replay(&fixture, &s.state(), &[]));
+    let before = inspect(&s.state());
+    let broken = s.path("broken.jsonl");
+    std::fs::write(
+        &broken,
+        format!("{}\n{}\n{}\n{{oops\n", good[0], good[1], event(2, "insert")),
+    )
+    .unwrap();
+    fails(
+        &replay(&broken, &s.state(), &[]),
+        2,
+        "fixture line 4: not JSON",
+    );
+    assert_eq!(inspect(&s.state()), before);
+    tried += 1;
+    eprintln!("{tried} broken recordings refused");
+}
+
+#[test]
+fn a_uri_with_credentials_never_shows_the_password() {
+    let live = Live::start();
+    let port = live.server.port();
+    let password = "Sup3rS3cretPw";
+    let cases = [
+        // The test server has no users: the credentials are refused.
+        (
+            format!("mongodb://alice:{password}@127.0.0.1:{port}/?replicaSet=rs0"),
+            11,
+        ),
+        (
+            format!("mongodb://{password}@127.0.0.1:{port}/?replicaSet=rs0"),
+            11,
+        ),
+        // Nothing listens on port 1.
+        (
+            format!("mongodb://alice:{password}@127.0.0.1:1/?connectTimeoutMS=200"),
+            10,
+        ),
+        // Broken connection strings.
+        (
+            format!("mongodb://alice:{password}@127.0.0.1:{port}/?bogusOption=1"),
+            2,
+        ),
+        (
+            format!("mongodb://alice:{password}@127.0.0.1:{port}/?authMechanism=BOGUS"),
+            2,
+        ),
+        (format!("mongodb://alice:{password}@/db"), 2),
+        (format!("mongodb://alice:p@{password}@127.0.0.1:{port}/"), 2),
+        (format!("mongodb://alice:{password}%@127.0.0.1:{port}/"), 2),
+        (
+            format!("mongodb://alice:{password}@127.0.0.1:{port}/?authMechanism=MONGODB-X509"),
+            2,
+        ),
+        (
+            format!(
+                "mongodb://alice:{password}@127.0.0.1:{port}/?tls=true&tlsCAFile=/nonexistent/{password}"
+            ),
+            2,
+        ),
+        (format!("http://alice:{password}@127.0.0.1:{port}/"), 2),
+        (
+            format!("mongodb+srv://alice:{password}@nonexistent.invalid/"),
+            2,
+        ),
+    ];
+    let mut tried = 0;
+    for (uri, code) in &cases {
+        for (as_flag, format) in [(false, "text"), (true, "json")] {
+            let mut command = handoff();
+            command
+                .args(["--log-format", format, "run"])
+                .env("HANDOFF_LOG", "trace")
+                .env("MAX_WAIT_SECONDS", "1");
+            if as_flag {
+                command.args(["--uri", uri]);
+            } else {
+                command.env("MONGODB_URI", uri);
+            }
+            let output = command.output().unwrap();
+            let all = format!(
+                "{}{}",
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            );
+            assert_eq!(output.status.code(), Some(*code), "{uri}: {all}");
+            assert!(all.contains("error["), "{uri}: no clear error: {all}");
+            assert!(!all.contains(password), "{uri}: the password leaked: {all}");
+            tried += 1;
+        }
+    }
+    // Neither help nor an argument error prints the URI taken from the environment.
+    for args in [&["run", "--help"][..], &["run", "--max-events"][..]] {
+        let output = handoff()
+            .args(args)
+            .env(
+                "MONGODB_URI",
+                format!("mongodb://alice:{password}@127.0.0.1:1/"),
+            )
+            .output()
+            .unwrap();
+        let all = format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert!(!all.contains(password), "{args:?}: {all}");
+        tried += 1;
+    }
+    assert_nothing_written(&live);
+    eprintln!("{tried} runs with credentials, none showed the password");
+}

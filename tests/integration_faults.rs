@@ -1,0 +1,297 @@
+//! Faults injected through the test server's fail points: each run either recovers with nothing
+//! lost or repeated, or stops with a clear error, its documented exit code, and a checkpoint that
+//! matches the outbox. The next unhindered run then hands off the rest exactly once.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use bson::{Document, doc};
+use mongo_sim::Config;
+use support::live::*;
+
+/// After a fault: an unhindered run hands off what is left, and the outbox holds every event of
+/// the stream after `start` exactly once, in order, with the checkpoint at the end.
+fn assert_all_handed_off_once(live: &Live, start: &Document, events: usize) {
+    support::ok(&live.run(&[]));
+    let stream = live.events_after(start);
+    assert_eq!(stream.len(), events);
+    assert_eq!(
+        outbox_event_ids(&live.outbox()),
+        stream.iter().map(event_id).collect::<Vec<_>>()
+    );
+    assert_checkpoint_at_end(live, stream.last().unwrap().get_document("_id").unwrap());
+}
+
+/// The outbox holds exactly the stream's events up to the checkpoint (an event's token or a
+/// high-water mark), each once and in order: nothing was skipped and nothing lies beyond it.
+fn assert_checkpoint_matches_outbox(live: &Live, start: &Document) {
+    // Checkpoint and outbox move together; read them until no commit lands in between.
+    let (checkpoint, outbox) = loop {
+        let before = live.checkpoint_token();
+        let outbox = live.outbox();
+        if live.checkpoint_token() == before {
+            break (before, outbox);
+        }
+    };
+    let at = token_hex(&checkpoint);
+    let stream = live.events_after(start);
+    let upto: Vec<String> = stream
+        .iter()
+        .filter(|e| token_hex(e.get_document("_id").unwrap()) <= at)
+        .map(event_id)
+        .collect();
+    assert_eq!(outbox_event_ids(&outbox), upto);
+    let is_event = stream
+        .iter()
+        .any(|e| e.get_document("_id").unwrap() == &checkpoint);
+    assert!(
+        checkpoint == *start || is_event || at.ends_with("02"),
+        "the checkpoint {at} is neither an event of the stream nor a high-water mark"
+    );
+}
+
+#[test]
+fn a_write_conflict_on_commit_is_retried_and_committed_once() {
+    let live = Live::start();
+    let start = live.start_consumer();
+    live.insert(0..4);
+    live.fail_point(
+        doc! {"times": 2}.into(),
+        doc! {"failCommands": ["commitTransaction"], "errorCode": 112, "errorLabels": ["TransientTransactionError"]},
+    );
+    let output = live.run(&[]);
+    let out = support::ok(&output);
+    assert_eq!(out["events_handed_off"], 4);
+    let retries = support::stderr(&output)
+        .matches("transient transaction error; retrying")
+        .count();
+    assert_eq!(retries, 2, "{}", support::stderr(&output));
+    assert_all_handed_off_once(&live, &start, 4);
+}
+
+#[test]
+fn a_connection_closed_on_get_more_is_resumed_without_loss_or_repeat() {
+    let live = Live::start();
+    let start = live.start_consumer();
+    live.insert(0..3);
+    // The stream is cut twice, after the run has read some events.
+    live.fail_point(
+        doc! {"skip": 1, "times": 2}.into(),
+        doc! {"failCommands": ["getMore"], "closeConnection": true},
+    );
+    let (tx, rx) = std::sync::mpsc::channel();
+    let writer = {
+        let uri = live.uri();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let client = mongodb::Client::with_uri_str(&uri).await.unwrap();
+                let orders = client.database(DB).collection::<Document>("orders");
+                rx.recv().unwrap();
+                for i in 3..12 {
+                    orders.insert_one(doc! {"_id": i}).await.unwrap();
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            })
+        })
+    };
+    let child = live.spawn(&["--max-wait-seconds", "2"]);
+    tx.send(()).unwrap();
+    let output = child.wait_with_output().unwrap();
+    writer.join().unwrap();
+    let out = support::ok(&output);
+    assert_eq!(live.fail_point_off(), 2, "the stream was not cut twice");
+    let handed_off = out["events_handed_off"].as_u64().unwrap() as usize;
+    assert_eq!(live.outbox_len(), handed_off);
+    assert_checkpoint_matches_outbox(&live, &start);
+    assert_all_handed_off_once(&live, &start, 12);
+}
+
+#[test]
+fn a_commit_slower_than_the_run_deadline_stops_the_run_with_the_checkpoint_intact() {
+    let live = Live::start();
+    let start = live.start_consumer();
+    live.insert(0..5);
+    live.fail_point(
+        doc! {"times": 1}.into(),
+        doc! {"failCommands": ["commitTransaction"], "blockConnection": true, "blockTimeMS": 2500},
+    );
+    let started = Instant::now();
+    let output = live.run(&["--run-timeout-seconds", "1"]);
+    let took = started.elapsed();
+    // The blocked commit was in flight when the deadline passed: the host stops waiting, says
+    // its outcome is unknown, and writes nothing more; whatever the server did with it stands.
+    support::fails(
+        &output,
+        10,
+        "the run deadline passed while a transaction was in flight",
+    );
+    eprintln!(
+        "slow commit: stopped after {took:?}: {}",
+        support::stderr(&output).trim()
+    );
+    assert!(took < Duration::from_secs(15), "stopping took {took:?}");
+    assert!(live.outbox_len() <= 1);
+    assert_checkpoint_matches_outbox(&live, &start);
+    // The server may still apply the abandoned commit while the next run starts; that run then
+    // loses its compare-and-set (exit 3) instead of writing anything twice, and a later run
+    // finishes the work.
+    let next = live.run(&[]);
+    assert!(
+        matches!(next.status.code(), Some(0 | 3)),
+        "{}",
+        support::stderr(&next)
+    );
+    assert_checkpoint_matches_outbox(&live, &start);
+    assert_all_handed_off_once(&live, &start, 5);
+}
+
+#[test]
+fn a_commit_blocked_far_past_the_run_deadline_does_not_hold_the_run() {
+    // The run's wall time includes its host calls: a commit the server holds for 8 s must not
+    // keep a 1 s run alive for 8 s. Whatever the commit's fate, the checkpoint matches the outbox.
+    let live = Live::start();
+    let start = live.start_consumer();
+    live.insert(0..3);
+    live.fail_point(
+        doc! {"times": 1}.into(),
+        doc! {"failCommands": ["commitTransaction"], "blockConnection": true, "blockTimeMS": 8000},
+    );
+    let started = Instant::now();
+    let output = live.run(&["--run-timeout-seconds", "1"]);
+    let took = started.elapsed();
+    assert_ne!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        support::stderr(&output)
+    );
+    assert!(!String::from_utf8_lossy(&output.stdout).contains("outputs"));
+    assert_eq!(live.fail_point_off(), 1, "the commit was never held");
+    assert_checkpoint_matches_outbox(&live, &start);
+    assert!(
+        took < Duration::from_secs(5),
+        "a 1 s run stopped only after {took:?}: {}",
+        support::stderr(&output).trim()
+    );
+}
+
+#[test]
+fn history_lost_while_a_run_reads_fails_with_the_checkpoint_untouched() {
+    let live = Live::with_config(Config {
+        history_limit: 5,
+        ..Config::default()
+    });
+    let start = live.start_consumer();
+    live.insert(0..2);
+    let mut child = live.command();
+    let mut child = child
+        .env("HANDOFF_LOG", "handoff=debug")
+        .args(["--max-wait-seconds", "5"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Once the run has committed the two events and waits for more, a burst pushes its resume
+    // point out of the retained history.
+    let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut log = String::new();
+    let mut committed = 0;
+    while committed < 2 {
+        let mut line = String::new();
+        assert!(
+            std::io::BufRead::read_line(&mut stderr, &mut line).unwrap() > 0,
+            "the run ended early: {log}"
+        );
+        committed += usize::from(line.contains("event committed"));
+        log.push_str(&line);
+    }
+    let before = live.checkpoint();
+    live.insert(100..140);
+    std::io::Read::read_to_string(&mut stderr, &mut log).unwrap();
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(6), "{log}");
+    assert!(log.contains("error[history_lost]"), "{log}");
+    assert!(log.contains("ChangeStreamHistoryLost"), "{log}");
+    assert!(
+        log.contains("reconcile from a verified snapshot before resetting this consumer"),
+        "{log}"
+    );
+    assert_eq!(live.checkpoint(), before);
+    // What the run committed stands: its two events, the checkpoint at the second.
+    let outbox = live.outbox();
+    assert_eq!(outbox_event_ids(&outbox).len(), 2);
+    assert_eq!(
+        outbox[1]
+            .get_document("event")
+            .unwrap()
+            .get_document("_id")
+            .unwrap(),
+        &live.checkpoint_token()
+    );
+    assert_ne!(live.checkpoint_token(), start);
+    // The next run fails the same way and still writes nothing: the gap is never skipped.
+    support::fails(&live.run(&[]), 6, "ChangeStreamHistoryLost");
+    assert_eq!(live.checkpoint(), before);
+    assert_eq!(live.outbox_len(), 2);
+}
+
+/// `NotWritablePrimary` on one command: the run either recovers with nothing lost or stops as
+/// unavailable (exit 10) with the checkpoint matching the outbox.
+fn not_writable_primary(command: &str, mode: Document) -> Option<i32> {
+    let live = Live::start();
+    let start = live.start_consumer();
+    live.insert(0..4);
+    live.fail_point(
+        mode.into(),
+        doc! {"failCommands": [command], "errorCode": 10107},
+    );
+    let output = live.run(&[]);
+    assert!(
+        live.fail_point_off() >= 1,
+        "{command}: the fail point never fired"
+    );
+    match output.status.code() {
+        Some(0) => {
+            let out = support::outputs(&output);
+            assert_eq!(out["events_handed_off"], 4);
+        }
+        Some(10) => {
+            let err = support::stderr(&output);
+            assert!(err.contains("error[unavailable]"), "{err}");
+            assert!(err.contains("NotWritablePrimary"), "{err}");
+            assert!(!String::from_utf8_lossy(&output.stdout).contains("outputs"));
+        }
+        other => panic!(
+            "{command}: unexpected exit {other:?}: {}",
+            support::stderr(&output)
+        ),
+    }
+    assert_checkpoint_matches_outbox(&live, &start);
+    assert_all_handed_off_once(&live, &start, 4);
+    output.status.code()
+}
+
+#[test]
+fn a_primary_refusing_writes_never_loses_or_repeats_an_event() {
+    let mut outcomes = Vec::new();
+    for (command, mode) in [
+        // The first update is the checkpoint upsert (a retryable write), the second the
+        // compare-and-set inside the first handoff transaction.
+        ("update", doc! {"times": 1}),
+        ("update", doc! {"skip": 1, "times": 1}),
+        ("insert", doc! {"times": 1}),
+        ("commitTransaction", doc! {"times": 1}),
+        ("commitTransaction", doc! {"skip": 2, "times": 3}),
+        ("update", doc! {"skip": 1, "times": 50}),
+    ] {
+        outcomes.push((command, mode.clone(), not_writable_primary(command, mode)));
+    }
+    eprintln!("{outcomes:?}");
+    // A refusal on every attempt cannot be recovered within the run: it stops as unavailable.
+    assert_eq!(outcomes.last().unwrap().2, Some(10));
+}
