@@ -142,7 +142,7 @@ fn batching_and_quarantine_swap_in_without_rebuilding_the_host() {
 
     let expected: Vec<String> = (1..=7).map(|seq| seed_event_id(&token(seq))).collect();
     assert_eq!(outbox_ids(&inspect(&s.path("default.redb")).1), expected);
-    // Batching: the same seed-compatible IDs and the same checkpoint, in fewer transactions.
+    // Batching: the baseline's IDs and the same checkpoint, in fewer transactions.
     let (checkpoint, outbox) = inspect(&s.path("batching.redb"));
     assert_eq!(outbox_ids(&outbox), expected);
     assert_eq!(checkpoint["token"], batch_end(7)["$postBatchResumeToken"]);

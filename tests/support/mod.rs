@@ -193,7 +193,7 @@ pub fn outbox_ids(outbox: &[Value]) -> Vec<String> {
         .collect()
 }
 
-/// The seed's event ID of a token: SHA-256 of PyMongo's `dumps(token, sort_keys=True)`.
+/// The baseline's event ID of a token: SHA-256 of PyMongo's `dumps(token, sort_keys=True)`.
 pub fn seed_event_id(token: &Value) -> String {
     use sha2::Digest;
     // Tokens built here have only `_data`, so the canonical text is simple to state.

@@ -139,7 +139,7 @@ pub fn status(handed_off: u32, invalidated: bool) -> Status {
     }
 }
 
-/// The seed-compatible event ID: lowercase hex SHA-256 of the canonical token text.
+/// The baseline's event ID: lowercase hex SHA-256 of the canonical token text.
 pub fn event_id(canonical_token: &str) -> String {
     hex::encode(Sha256::digest(canonical_token.as_bytes()))
 }
