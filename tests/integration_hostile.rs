@@ -45,7 +45,7 @@ fn hostile(
 fn default_policy_finishes(s: &Scratch, fixture: &std::path::Path, n: u32) {
     while ok(&replay(fixture, &s.state(), &["--max-events", "500"]))["events_handed_off"] != 0 {}
     let (checkpoint, outbox) = inspect(&s.state());
-    let expected: Vec<String> = (1..=n).map(|i| seed_event_id(&token(i))).collect();
+    let expected: Vec<String> = (1..=n).map(|i| baseline_event_id(&token(i))).collect();
     assert_eq!(outbox_ids(&outbox), expected);
     assert_eq!(checkpoint["token"], batch_end(n)["$postBatchResumeToken"]);
 }
@@ -165,7 +165,7 @@ fn committing_a_committed_event_a_second_time_is_refused() {
     ok(&replay(&fixture, &s.state(), &[]));
     let (checkpoint, outbox) = inspect(&s.state());
     let mut expected = vec!["first".to_string()];
-    expected.extend((2..=3).map(|i| seed_event_id(&token(i))));
+    expected.extend((2..=3).map(|i| baseline_event_id(&token(i))));
     assert_eq!(outbox_ids(&outbox), expected);
     assert_eq!(checkpoint["token"], batch_end(3)["$postBatchResumeToken"]);
 }

@@ -80,7 +80,7 @@ fn a_mismatch_prints_a_diff_and_fails_and_update_accepts_it() {
     assert!(text.contains("-      \"not-the-id\""), "{text}");
     assert!(
         text.lines()
-            .any(|l| l.starts_with('+') && l.contains(&seed_event_id(&token_of(&case, 2)))),
+            .any(|l| l.starts_with('+') && l.contains(&baseline_event_id(&token_of(&case, 2)))),
         "{text}"
     );
     assert!(text.contains("0 passed, 1 failed"));
@@ -140,7 +140,7 @@ fn batching_and_quarantine_swap_in_without_rebuilding_the_host() {
         .collect();
     assert_eq!(digests.len(), 3);
 
-    let expected: Vec<String> = (1..=7).map(|seq| seed_event_id(&token(seq))).collect();
+    let expected: Vec<String> = (1..=7).map(|seq| baseline_event_id(&token(seq))).collect();
     assert_eq!(outbox_ids(&inspect(&s.path("default.redb")).1), expected);
     // Batching: the baseline's IDs and the same checkpoint, in fewer transactions.
     let (checkpoint, outbox) = inspect(&s.path("batching.redb"));
@@ -158,7 +158,7 @@ fn batching_and_quarantine_swap_in_without_rebuilding_the_host() {
     assert_eq!(held[0]["token"], token(4));
     assert_eq!(
         held[0]["_id"],
-        format!("orders-to-outbox/{}", seed_event_id(&token(4)))
+        format!("orders-to-outbox/{}", baseline_event_id(&token(4)))
     );
     assert!(
         held[0]["reason"]
@@ -204,7 +204,7 @@ fn policy_check_tells_what_a_file_is_and_refuses_what_the_host_would() {
     ));
     assert_eq!(
         out["last_event_id"],
-        format!("v1-{}", &seed_event_id(&token(1))[..16])
+        format!("v1-{}", &baseline_event_id(&token(1))[..16])
     );
 
     for (file, needle) in [

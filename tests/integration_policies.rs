@@ -47,7 +47,7 @@ fn a_second_policy_is_loaded_from_a_file_without_rebuilding_the_host() {
     let ids = outbox_ids(&outbox);
     let expected: Vec<String> = [(1, "insert"), (2, "update"), (3, "delete")]
         .iter()
-        .map(|(seq, op)| format!("shop-{op}-{}", &seed_event_id(&token(*seq))[..16]))
+        .map(|(seq, op)| format!("shop-{op}-{}", &baseline_event_id(&token(*seq))[..16]))
         .collect();
     assert_eq!(ids, expected);
     assert_eq!(out["last_event_id"], expected[2]);

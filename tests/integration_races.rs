@@ -118,7 +118,7 @@ fn two_runs_on_one_store_one_cas_loses_and_no_event_is_duplicated() {
         .map(|r| r.get_str("_id").unwrap().to_string())
         .collect();
     let expected: Vec<String> = (1..=20)
-        .map(|i| format!("orders-to-outbox/{}", seed_event_id(&token(i))))
+        .map(|i| format!("orders-to-outbox/{}", baseline_event_id(&token(i))))
         .collect();
     // The winner committed a prefix or all of them; whatever it committed appears once.
     assert!(!ids.is_empty());
@@ -160,7 +160,7 @@ fn two_processes_on_one_state_file_never_duplicate() {
         }
     }
     let (_, outbox) = inspect(&s.state());
-    let expected: Vec<String> = (1..=20).map(|i| seed_event_id(&token(i))).collect();
+    let expected: Vec<String> = (1..=20).map(|i| baseline_event_id(&token(i))).collect();
     assert_eq!(outbox_ids(&outbox), expected);
     assert_eq!(handed_off, 20);
 }

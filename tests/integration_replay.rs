@@ -25,11 +25,11 @@ fn fresh_consumer_hands_off_every_operation_in_order() {
     assert_eq!(out["status"], "HANDED_OFF");
     assert_eq!(out["events_handed_off"], 4);
     assert_eq!(out["consumer_id"], "orders-to-outbox");
-    assert_eq!(out["last_event_id"], seed_event_id(&token(4)));
+    assert_eq!(out["last_event_id"], baseline_event_id(&token(4)));
     assert_eq!(out["policy_sha256"].as_str().map(str::len), Some(64));
 
     let (checkpoint, outbox) = inspect(&s.state());
-    let expected: Vec<String> = (1..=4).map(|i| seed_event_id(&token(i))).collect();
+    let expected: Vec<String> = (1..=4).map(|i| baseline_event_id(&token(i))).collect();
     assert_eq!(outbox_ids(&outbox), expected);
     for (record, seq) in outbox.iter().zip(1..) {
         assert_eq!(record["consumer"], "orders-to-outbox");
@@ -72,7 +72,7 @@ fn a_second_run_resumes_after_the_checkpoint_and_hands_off_only_new_events() {
     let out = ok(&replay(&grown, &s.state(), &[]));
     assert_eq!(out["events_handed_off"], 2);
     let (_, outbox) = inspect(&s.state());
-    let expected: Vec<String> = (1..=4).map(|i| seed_event_id(&token(i))).collect();
+    let expected: Vec<String> = (1..=4).map(|i| baseline_event_id(&token(i))).collect();
     assert_eq!(outbox_ids(&outbox), expected);
     // Nothing new: idle, nothing written twice.
     let out = ok(&replay(&grown, &s.state(), &[]));
@@ -97,7 +97,7 @@ fn max_events_caps_a_run_and_leaves_no_watermark_past_it() {
     assert_eq!(outbox.len(), 2);
     assert_eq!(checkpoint["token"], token(2));
     let out = ok(&replay(&fixture, &s.state(), &["--max-events", "2"]));
-    assert_eq!(out["last_event_id"], seed_event_id(&token(4)));
+    assert_eq!(out["last_event_id"], baseline_event_id(&token(4)));
     let out = ok(&replay(&fixture, &s.state(), &["--max-events", "2"]));
     assert_eq!(out["events_handed_off"], 1);
     let (checkpoint, outbox) = inspect(&s.state());
@@ -192,12 +192,12 @@ fn invalidate_saves_start_after_and_the_next_run_continues_on_the_new_collection
     // The invalidate itself has no outbox record; the drop has one.
     assert_eq!(
         outbox_ids(&outbox),
-        vec![seed_event_id(&token(1)), seed_event_id(&token(2))]
+        vec![baseline_event_id(&token(1)), baseline_event_id(&token(2))]
     );
 
     let out = ok(&replay(&fixture, &s.state(), &[]));
     assert_eq!(out["status"], "HANDED_OFF");
-    assert_eq!(out["last_event_id"], seed_event_id(&token(4)));
+    assert_eq!(out["last_event_id"], baseline_event_id(&token(4)));
     let (checkpoint, outbox) = inspect(&s.state());
     assert_eq!(outbox.len(), 3);
     assert_eq!(checkpoint["mode"], "resumeAfter");

@@ -12,7 +12,7 @@ from test_pymongo import run_handoff  # the baseline task's logic, run as a test
 CONSUMER = "orders-to-outbox"
 
 
-def seed_event_id(token):
+def baseline_event_id(token):
     return hashlib.sha256(json_util.dumps(token, sort_keys=True).encode()).hexdigest()
 
 
@@ -64,7 +64,7 @@ def test_switching_between_the_python_task_and_handoff_loses_and_repeats_nothing
     assert len(set(ids)) == len(ids)
     for record in records:
         # Both writers derive the same ID from the token, byte for byte.
-        assert record["_id"] == f"{CONSUMER}/{seed_event_id(record['event']['_id'])}"
+        assert record["_id"] == f"{CONSUMER}/{baseline_event_id(record['event']['_id'])}"
         assert record["consumer"] == CONSUMER and record["source"] == f"{db_name}.orders"
     client.close()
 

@@ -194,7 +194,7 @@ pub fn outbox_ids(outbox: &[Value]) -> Vec<String> {
 }
 
 /// The baseline's event ID of a token: SHA-256 of PyMongo's `dumps(token, sort_keys=True)`.
-pub fn seed_event_id(token: &Value) -> String {
+pub fn baseline_event_id(token: &Value) -> String {
     use sha2::Digest;
     // Tokens built here have only `_data`, so the canonical text is simple to state.
     let text = format!(
