@@ -338,7 +338,7 @@ def run_handoff(uri, db_name, source_name, consumer, checkpoint_name, outbox_nam
     return {"status": status, "events_handed_off": handed_off, "last_event_id": last_id, "consumer_id": consumer}
 
 
-def test_seed_handoff_end_to_end(server, client):
+def test_baseline_handoff_end_to_end(server, client):
     db_name = fresh("change_demo")
     args = dict(uri=server.uri, db_name=db_name, source_name="orders", consumer="orders-to-outbox",
                 checkpoint_name="kestra_change_checkpoints", outbox_name="kestra_change_outbox")
@@ -387,7 +387,7 @@ def test_seed_handoff_end_to_end(server, client):
     assert db.kestra_change_outbox.count_documents({}) == 8
 
 
-def test_seed_handoff_reports_history_loss(start_server):
+def test_baseline_handoff_reports_history_loss(start_server):
     s = start_server("--history-limit", "5")
     args = dict(uri=s.uri, db_name="change_demo", source_name="orders", consumer="c1",
                 checkpoint_name="checkpoints", outbox_name="outbox")
