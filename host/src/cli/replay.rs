@@ -43,12 +43,30 @@ pub fn run(args: ReplayArgs) -> Result<super::Outcome> {
             inputs.source()
         )));
     }
-    let (runtime, policy) = args.policy.load()?;
-    let store = RedbStore::open(
-        &args.state,
-        &inputs.collections(),
-        Duration::from_millis(args.state_lock_timeout_ms),
-    )?;
+    let collections = inputs.collections();
+    let open_store = || {
+        RedbStore::open(
+            &args.state,
+            &collections,
+            Duration::from_millis(args.state_lock_timeout_ms),
+        )
+    };
+    // An existing store is opened while the policy loads; a new one is created only once the
+    // policy is known to be usable, so that a refused policy leaves nothing behind.
+    let (loaded, opened) = std::thread::scope(|scope| {
+        let opening = args.state.exists().then(|| scope.spawn(open_store));
+        (args.policy.load(), opening.map(|handle| handle.join()))
+    });
+    let (runtime, policy) = loaded?;
+    let store = match opened {
+        Some(Ok(store)) => store?,
+        Some(Err(_)) => {
+            return Err(HandoffError::Internal(anyhow::anyhow!(
+                "opening the state store panicked"
+            )));
+        }
+        None => open_store()?,
+    };
     let job = Job {
         runtime: &runtime,
         policy: &policy,

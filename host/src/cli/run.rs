@@ -7,7 +7,7 @@ use clap::Args;
 
 use super::args::{InputArgs, PolicyArgs};
 use crate::backend::mongo::{Connection, MongoSource, MongoStore};
-use crate::error::Result;
+use crate::error::{HandoffError, Result};
 use crate::run::Job;
 
 #[derive(Args)]
@@ -25,8 +25,14 @@ pub fn run(args: RunArgs) -> Result<super::Outcome> {
     let started = Instant::now();
     let inputs = args.inputs.validate()?;
     let params = args.policy.params()?;
-    let (runtime, policy) = args.policy.load()?;
-    let connection = Connection::connect(&args.uri)?;
+    // The deployment is reached while the policy loads.
+    let (loaded, connected) = std::thread::scope(|scope| {
+        let connecting = scope.spawn(|| Connection::connect(&args.uri));
+        (args.policy.load(), connecting.join())
+    });
+    let connection = connected
+        .map_err(|_| HandoffError::Internal(anyhow::anyhow!("connecting to MongoDB panicked")))??;
+    let (runtime, policy) = loaded?;
     let limits = args.policy.limits();
     connection.limit_to(started + limits.run_timeout);
     let source = MongoSource::new(connection.clone(), &inputs.database, &inputs.collection);
