@@ -10,15 +10,9 @@ use crate::inputs::{Inputs, RawInputs};
 use crate::runtime::cache::ArtifactCache;
 use crate::runtime::{Limits, Policy, PolicySource, Runtime};
 
-/// The baseline task's inputs, from flags or its environment variables (defaults: the flow's).
+/// Where a consumer's state lives, from flags or the baseline's environment variables.
 #[derive(Args, Clone, Debug)]
-pub struct InputArgs {
-    /// Database of the watched collection and of the checkpoint and outbox collections.
-    #[arg(long, env = "SOURCE_DATABASE", default_value = "change_demo")]
-    pub database: String,
-    /// The watched collection.
-    #[arg(long, env = "SOURCE_COLLECTION", default_value = "orders")]
-    pub collection: String,
+pub struct ConsumerArgs {
     /// Stable consumer identity.
     #[arg(long, env = "CONSUMER_ID", default_value = "orders-to-outbox")]
     pub consumer_id: String,
@@ -43,6 +37,19 @@ pub struct InputArgs {
         default_value = "kestra_change_quarantine"
     )]
     pub quarantine_collection: String,
+}
+
+/// The baseline task's inputs, from flags or its environment variables (defaults: the flow's).
+#[derive(Args, Clone, Debug)]
+pub struct InputArgs {
+    /// Database of the watched collection and of the checkpoint and outbox collections.
+    #[arg(long, env = "SOURCE_DATABASE", default_value = "change_demo")]
+    pub database: String,
+    /// The watched collection.
+    #[arg(long, env = "SOURCE_COLLECTION", default_value = "orders")]
+    pub collection: String,
+    #[command(flatten)]
+    pub consumer: ConsumerArgs,
     /// Events per run, 1-500.
     #[arg(long, env = "MAX_EVENTS", default_value = "50")]
     pub max_events: String,
@@ -56,10 +63,10 @@ impl InputArgs {
         RawInputs {
             database: self.database.clone(),
             collection: self.collection.clone(),
-            consumer_id: self.consumer_id.clone(),
-            checkpoint_collection: self.checkpoint_collection.clone(),
-            outbox_collection: self.outbox_collection.clone(),
-            quarantine_collection: self.quarantine_collection.clone(),
+            consumer_id: self.consumer.consumer_id.clone(),
+            checkpoint_collection: self.consumer.checkpoint_collection.clone(),
+            outbox_collection: self.consumer.outbox_collection.clone(),
+            quarantine_collection: self.consumer.quarantine_collection.clone(),
             max_events: self.max_events.clone(),
             max_wait_seconds: self.max_wait_seconds.clone(),
         }

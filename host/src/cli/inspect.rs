@@ -13,39 +13,24 @@ use crate::backend::{CheckpointStore, Collections};
 use crate::error::{HandoffError, Result};
 use crate::inputs::valid_name;
 
+use super::args::ConsumerArgs;
+
 #[derive(Args)]
 pub struct InspectArgs {
     /// The embedded state store.
     #[arg(long)]
     pub state: PathBuf,
-    #[arg(long, env = "CONSUMER_ID", default_value = "orders-to-outbox")]
-    pub consumer_id: String,
-    #[arg(
-        long,
-        env = "CHECKPOINT_COLLECTION",
-        default_value = "kestra_change_checkpoints"
-    )]
-    pub checkpoint_collection: String,
-    #[arg(
-        long,
-        env = "OUTBOX_COLLECTION",
-        default_value = "kestra_change_outbox"
-    )]
-    pub outbox_collection: String,
-    #[arg(
-        long,
-        env = "QUARANTINE_COLLECTION",
-        default_value = "kestra_change_quarantine"
-    )]
-    pub quarantine_collection: String,
+    #[command(flatten)]
+    pub consumer: ConsumerArgs,
 }
 
 pub fn run(args: InspectArgs) -> Result<()> {
+    let c = args.consumer;
     for (key, value) in [
-        ("CONSUMER_ID", &args.consumer_id),
-        ("CHECKPOINT_COLLECTION", &args.checkpoint_collection),
-        ("OUTBOX_COLLECTION", &args.outbox_collection),
-        ("QUARANTINE_COLLECTION", &args.quarantine_collection),
+        ("CONSUMER_ID", &c.consumer_id),
+        ("CHECKPOINT_COLLECTION", &c.checkpoint_collection),
+        ("OUTBOX_COLLECTION", &c.outbox_collection),
+        ("QUARANTINE_COLLECTION", &c.quarantine_collection),
     ] {
         if !valid_name(value) {
             return Err(HandoffError::BadInput(format!(
@@ -60,13 +45,13 @@ pub fn run(args: InspectArgs) -> Result<()> {
         )));
     }
     let collections = Collections {
-        checkpoints: args.checkpoint_collection,
-        outbox: args.outbox_collection,
-        quarantine: args.quarantine_collection,
+        checkpoints: c.checkpoint_collection,
+        outbox: c.outbox_collection,
+        quarantine: c.quarantine_collection,
     };
     let store = RedbStore::open(&args.state, &collections, Duration::from_secs(10))?;
     let dump = store
-        .dump(&args.consumer_id)
+        .dump(&c.consumer_id)
         .map_err(|e| HandoffError::Unavailable(e.to_string()))?;
     let mut out = std::io::stdout().lock();
     for doc in dump
