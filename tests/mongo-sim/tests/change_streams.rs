@@ -3,7 +3,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use bson::{Bson, Document, doc};
-use common::{command, next_event, token_doc, token_hex, token_of};
+use common::{command, next_event, next_op, token_doc, token_hex, token_of};
 use mongo_sim::Config;
 use mongodb::error::ErrorKind;
 use mongodb::options::FullDocumentType;
@@ -376,13 +376,7 @@ async fn drop_invalidates_and_tokens_behave() {
         .with_type::<Document>();
     coll.insert_one(doc! {"_id": 1}).await.unwrap();
     coll.drop().await.unwrap();
-    assert_eq!(
-        next_event(&mut stream)
-            .await
-            .get_str("operationType")
-            .unwrap(),
-        "insert"
-    );
+    assert_eq!(next_op(&mut stream).await, "insert");
     let dropped = next_event(&mut stream).await;
     assert_eq!(dropped.get_str("operationType").unwrap(), "drop");
     assert_eq!(
@@ -418,13 +412,7 @@ async fn drop_invalidates_and_tokens_behave() {
         .await
         .unwrap()
         .with_type::<Document>();
-    assert_eq!(
-        next_event(&mut again)
-            .await
-            .get_str("operationType")
-            .unwrap(),
-        "invalidate"
-    );
+    assert_eq!(next_op(&mut again).await, "invalidate");
     server.shutdown().await;
 }
 
@@ -490,13 +478,7 @@ async fn rename_invalidates() {
         e.get_document("to").unwrap(),
         &doc! {"db": "cs", "coll": "after"}
     );
-    assert_eq!(
-        next_event(&mut stream)
-            .await
-            .get_str("operationType")
-            .unwrap(),
-        "invalidate"
-    );
+    assert_eq!(next_op(&mut stream).await, "invalidate");
     assert!(!stream.is_alive());
     server.shutdown().await;
 }
@@ -534,39 +516,15 @@ async fn database_level_stream() {
         next_event(&mut stream).await.get_document("ns").unwrap(),
         &doc! {"db": "csdb", "coll": "b"}
     );
-    assert_eq!(
-        next_event(&mut stream)
-            .await
-            .get_str("operationType")
-            .unwrap(),
-        "drop"
-    );
+    assert_eq!(next_op(&mut stream).await, "drop");
     assert!(
         stream.is_alive(),
         "dropping one collection does not invalidate a database stream"
     );
     db.drop().await.unwrap();
-    assert_eq!(
-        next_event(&mut stream)
-            .await
-            .get_str("operationType")
-            .unwrap(),
-        "drop"
-    );
-    assert_eq!(
-        next_event(&mut stream)
-            .await
-            .get_str("operationType")
-            .unwrap(),
-        "dropDatabase"
-    );
-    assert_eq!(
-        next_event(&mut stream)
-            .await
-            .get_str("operationType")
-            .unwrap(),
-        "invalidate"
-    );
+    assert_eq!(next_op(&mut stream).await, "drop");
+    assert_eq!(next_op(&mut stream).await, "dropDatabase");
+    assert_eq!(next_op(&mut stream).await, "invalidate");
     server.shutdown().await;
 }
 
@@ -583,13 +541,7 @@ async fn match_stage_filters_events() {
         .with_type::<Document>();
     coll.insert_one(doc! {"_id": 1}).await.unwrap();
     coll.delete_one(doc! {"_id": 1}).await.unwrap();
-    assert_eq!(
-        next_event(&mut stream)
-            .await
-            .get_str("operationType")
-            .unwrap(),
-        "delete"
-    );
+    assert_eq!(next_op(&mut stream).await, "delete");
     server.shutdown().await;
 }
 

@@ -37,6 +37,15 @@ pub async fn next_event(stream: &mut ChangeStream<Document>) -> Document {
     }
 }
 
+/// The `operationType` of the next event of a stream (waiting up to 10 s).
+pub async fn next_op(stream: &mut ChangeStream<Document>) -> String {
+    next_event(stream)
+        .await
+        .get_str("operationType")
+        .unwrap()
+        .to_string()
+}
+
 pub fn token_of(event: &Document) -> ResumeToken {
     bson::deserialize_from_bson(Bson::Document(event.get_document("_id").unwrap().clone())).unwrap()
 }
