@@ -15,45 +15,28 @@ pub fn run<H: Host>(
     checkpoint: Checkpoint,
     settings: &Settings,
 ) -> Result<Report, String> {
-    let mut token = checkpoint.token.clone();
-    let mut count: u32 = 0;
-    let mut handed_off: u32 = 0;
-    let mut last_id = String::new();
-    let mut status = Status::Idle;
-
+    let mut tally = Tally::new(&checkpoint);
     host.open(stream_start(&checkpoint))?;
     let mut deadline = host.now_ms().saturating_add(settings.max_wait_ms);
 
-    while count < settings.max_events && host.now_ms() < deadline {
+    while tally.events < settings.max_events && host.now_ms() < deadline {
         let Some(event) = host.next()? else {
             continue;
         };
         let id = event_id(&event.token);
         let mode = mode_after(&event);
         let outbox_id = (mode == Mode::ResumeAfter).then_some(id.as_str());
-        host.commit(token.as_deref(), &event.token, mode, outbox_id)?;
-        token = Some(event.token);
-        count += 1;
-        if mode == Mode::ResumeAfter {
-            handed_off += 1;
-            last_id = id;
-            status = Status::HandedOff;
-        } else {
-            status = Status::Invalidated;
+        host.commit(tally.token.as_deref(), &event.token, mode, outbox_id)?;
+        tally.token = Some(event.token);
+        tally.events += 1;
+        if mode == Mode::StartAfter {
+            tally.invalidated = true;
             break;
         }
+        tally.hand_off(id);
         deadline = host.now_ms().saturating_add(settings.max_wait_ms);
     }
-
-    if count < settings.max_events && status != Status::Invalidated {
-        save_idle_watermark(host, token.as_deref())?;
-    }
-
-    Ok(Report {
-        status,
-        events_handed_off: handed_off,
-        last_event_id: last_id,
-    })
+    tally.finish(host, settings)
 }
 
 #[cfg(target_arch = "wasm32")]

@@ -7,8 +7,7 @@
 //! default policy's.
 
 use handoff_policy_sdk::{
-    Checkpoint, Decision, Host, Mode, Report, Settings, event_id, mode_after, save_idle_watermark,
-    status, stream_start,
+    Checkpoint, Decision, Host, Mode, Report, Settings, Tally, event_id, mode_after, stream_start,
 };
 
 /// The largest batch the host accepts.
@@ -50,9 +49,7 @@ pub fn run<H: Host>(
     settings: &Settings,
 ) -> Result<Report, String> {
     let size = batch_size(settings)?;
-    let mut token = checkpoint.token.clone();
-    let (mut count, mut handed_off, mut last_id, mut invalidated) =
-        (0u32, 0u32, String::new(), false);
+    let mut tally = Tally::new(&checkpoint);
     let mut batch = Batch {
         last: None,
         decisions: Vec::new(),
@@ -60,39 +57,31 @@ pub fn run<H: Host>(
 
     host.open(stream_start(&checkpoint))?;
     let mut deadline = host.now_ms().saturating_add(settings.max_wait_ms);
-    while count < settings.max_events && host.now_ms() < deadline {
+    while tally.events < settings.max_events && host.now_ms() < deadline {
         let Some(event) = host.next()? else {
             // Caught up for now: do not hold delivered events back.
-            batch.flush(host, &mut token)?;
+            batch.flush(host, &mut tally.token)?;
             continue;
         };
         let mode = mode_after(&event);
-        count += 1;
+        tally.events += 1;
         if mode == Mode::StartAfter {
             batch.decisions.push(Decision::Skip("invalidate".into()));
             batch.last = Some((event.token, mode));
-            invalidated = true;
+            tally.invalidated = true;
             break;
         }
         let id = event_id(&event.token);
         batch.decisions.push(Decision::HandOff(id.clone()));
         batch.last = Some((event.token, mode));
-        handed_off += 1;
-        last_id = id;
+        tally.hand_off(id);
         if batch.decisions.len() >= size {
-            batch.flush(host, &mut token)?;
+            batch.flush(host, &mut tally.token)?;
         }
         deadline = host.now_ms().saturating_add(settings.max_wait_ms);
     }
-    batch.flush(host, &mut token)?;
-    if count < settings.max_events && !invalidated {
-        save_idle_watermark(host, token.as_deref())?;
-    }
-    Ok(Report {
-        status: status(handed_off, invalidated),
-        events_handed_off: handed_off,
-        last_event_id: last_id,
-    })
+    batch.flush(host, &mut tally.token)?;
+    tally.finish(host, settings)
 }
 
 #[cfg(target_arch = "wasm32")]

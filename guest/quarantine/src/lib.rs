@@ -6,8 +6,7 @@
 //! invalidation and the idle watermark are the default policy's.
 
 use handoff_policy_sdk::{
-    Checkpoint, Decision, Host, Mode, Report, Settings, event_id, mode_after, save_idle_watermark,
-    status, stream_start,
+    Checkpoint, Decision, Host, Mode, Report, Settings, Tally, event_id, mode_after, stream_start,
 };
 
 /// The supported schema versions from the `supported` parameter.
@@ -49,12 +48,10 @@ pub fn run<H: Host>(
     settings: &Settings,
 ) -> Result<Report, String> {
     let supported = supported(settings)?;
-    let mut token = checkpoint.token.clone();
-    let (mut count, mut handed_off, mut last_id, mut invalidated) =
-        (0u32, 0u32, String::new(), false);
+    let mut tally = Tally::new(&checkpoint);
     host.open(stream_start(&checkpoint))?;
     let mut deadline = host.now_ms().saturating_add(settings.max_wait_ms);
-    while count < settings.max_events && host.now_ms() < deadline {
+    while tally.events < settings.max_events && host.now_ms() < deadline {
         let Some(event) = host.next()? else { continue };
         let mode = mode_after(&event);
         let id = event_id(&event.token);
@@ -74,27 +71,19 @@ pub fn run<H: Host>(
             }
         };
         let handed = matches!(decision, Decision::HandOff(_));
-        host.commit_batch(token.as_deref(), &event.token, mode, vec![decision])?;
-        token = Some(event.token);
-        count += 1;
+        host.commit_batch(tally.token.as_deref(), &event.token, mode, vec![decision])?;
+        tally.token = Some(event.token);
+        tally.events += 1;
         if mode == Mode::StartAfter {
-            invalidated = true;
+            tally.invalidated = true;
             break;
         }
         if handed {
-            handed_off += 1;
-            last_id = id;
+            tally.hand_off(id);
         }
         deadline = host.now_ms().saturating_add(settings.max_wait_ms);
     }
-    if count < settings.max_events && !invalidated {
-        save_idle_watermark(host, token.as_deref())?;
-    }
-    Ok(Report {
-        status: status(handed_off, invalidated),
-        events_handed_off: handed_off,
-        last_event_id: last_id,
-    })
+    tally.finish(host, settings)
 }
 
 #[cfg(target_arch = "wasm32")]

@@ -128,6 +128,45 @@ pub fn save_idle_watermark<H: Host>(host: &mut H, token: Option<&str>) -> Result
     }
 }
 
+/// What a run has taken so far; [`Tally::finish`] ends it as the baseline does.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Tally {
+    /// The checkpoint token the run holds.
+    pub token: Option<String>,
+    /// Events taken from the stream (handed off, skipped or quarantined).
+    pub events: u32,
+    pub handed_off: u32,
+    pub last_event_id: String,
+    pub invalidated: bool,
+}
+
+impl Tally {
+    pub fn new(checkpoint: &Checkpoint) -> Tally {
+        Tally {
+            token: checkpoint.token.clone(),
+            ..Tally::default()
+        }
+    }
+
+    /// Records an event handed off under `id`.
+    pub fn hand_off(&mut self, id: String) {
+        self.handed_off += 1;
+        self.last_event_id = id;
+    }
+
+    /// Saves the idle watermark unless the run hit `max_events` or was invalidated, then reports.
+    pub fn finish<H: Host>(self, host: &mut H, settings: &Settings) -> Result<Report, String> {
+        if self.events < settings.max_events && !self.invalidated {
+            save_idle_watermark(host, self.token.as_deref())?;
+        }
+        Ok(Report {
+            status: status(self.handed_off, self.invalidated),
+            events_handed_off: self.handed_off,
+            last_event_id: self.last_event_id,
+        })
+    }
+}
+
 /// The status a run reports, from what it committed.
 pub fn status(handed_off: u32, invalidated: bool) -> Status {
     if invalidated {
