@@ -9,6 +9,7 @@ use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 use super::limits::Limiter;
 use super::session::{self, Session};
 use crate::backend::Mode;
+use crate::output::text::escape_untrusted;
 
 /// The generated bindings, kept in their own module: the WIT package's `handoff` namespace would
 /// otherwise shadow this crate's name.
@@ -75,31 +76,6 @@ fn commit_error(failure: session::CommitFailure) -> types::CommitError {
         session::CommitFailure::Rejected(m) => types::CommitError::Rejected(m),
         session::CommitFailure::Unavailable(m) => types::CommitError::Unavailable(m),
     }
-}
-
-/// Replaces what looks like a raw resume token (a run of 16 or more uppercase hex digits, the
-/// shape of a token's `_data`) so that a policy's log lines never carry one.
-fn scrub_tokens(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut run = String::new();
-    let flush = |run: &mut String, out: &mut String| {
-        if run.len() >= 16 {
-            out.push_str("<token>");
-        } else {
-            out.push_str(run);
-        }
-        run.clear();
-    };
-    for c in text.chars() {
-        if c.is_ascii_digit() || ('A'..='F').contains(&c) {
-            run.push(c);
-        } else {
-            flush(&mut run, &mut out);
-            out.push(c);
-        }
-    }
-    flush(&mut run, &mut out);
-    out
 }
 
 impl RunState {
@@ -225,17 +201,11 @@ impl wit_host::Host for RunState {
     }
 
     fn log(&mut self, level: types::LogLevel, message: String, fields: Vec<(String, String)>) {
-        let message = scrub_tokens(&message.chars().take(1024).collect::<String>());
+        let message = escape_untrusted(&message, 1024);
         let fields: Vec<String> = fields
             .into_iter()
             .take(16)
-            .map(|(k, v)| {
-                format!(
-                    "{}={}",
-                    k.chars().take(64).collect::<String>(),
-                    scrub_tokens(&v.chars().take(256).collect::<String>())
-                )
-            })
+            .map(|(k, v)| format!("{}={}", escape_untrusted(&k, 64), escape_untrusted(&v, 256)))
             .collect();
         let fields = fields.join(" ");
         match level {
@@ -290,13 +260,3 @@ impl wit_host::HostChangeStream for RunState {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn raw_tokens_never_reach_the_log() {
-        let line = super::scrub_tokens(
-            r#"saw {"_data": "826AE70DA0000000012B0429296E1404"} at 2026, id 6c44a91c"#,
-        );
-        assert_eq!(line, r#"saw {"_data": "<token>"} at 2026, id 6c44a91c"#);
-    }
-}

@@ -1,0 +1,110 @@
+//! Untrusted text made safe to print.
+//!
+//! A policy's error string, log message and fields, and skip or quarantine reasons, and a server's
+//! error message, all reach stdout or stderr, where the workflow engine reads every line that
+//! starts with `::` as a protocol line (Kestra reads stderr too). Such text is printed only after
+//! [`escape_untrusted`]: control and line-breaking characters escaped, raw resume tokens replaced,
+//! length bounded. Only the host ever starts a line.
+
+/// Marks text cut at its bound.
+const ELLIPSIS: &str = "…";
+
+/// `text` as one printable line: control characters (C0, DEL, C1), line and paragraph separators,
+/// bidirectional overrides and other format characters are written as `\u{…}` (`\n`, `\r`, `\t`
+/// as themselves escaped), raw resume tokens become `<token>`, and at most `max_chars` characters
+/// of the input are kept.
+pub fn escape_untrusted(text: &str, max_chars: usize) -> String {
+    let mut kept: String = text.chars().take(max_chars).collect();
+    let cut = kept.len() < text.len();
+    kept = scrub_tokens(&kept);
+    let mut out = String::with_capacity(kept.len() + 8);
+    for c in kept.chars() {
+        match c {
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\\' => out.push_str("\\\\"),
+            c if needs_escape(c) => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    if cut {
+        out.push_str(ELLIPSIS);
+    }
+    out
+}
+
+/// Characters that could end a line, move the cursor, reorder text or hide in a terminal.
+fn needs_escape(c: char) -> bool {
+    c.is_control()
+        || matches!(
+            c,
+            '\u{2028}' | '\u{2029}' // line and paragraph separators
+                | '\u{200b}'..='\u{200f}' // zero-width and direction marks
+                | '\u{202a}'..='\u{202e}' // bidirectional embeddings and overrides
+                | '\u{2066}'..='\u{2069}' // bidirectional isolates
+                | '\u{feff}' // byte-order mark
+        )
+}
+
+/// Replaces what looks like a raw resume token (a run of 16 or more uppercase hex digits, the
+/// shape of a token's `_data`) so that a printed line never carries one.
+pub fn scrub_tokens(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut run = String::new();
+    let flush = |run: &mut String, out: &mut String| {
+        if run.len() >= 16 {
+            out.push_str("<token>");
+        } else {
+            out.push_str(run);
+        }
+        run.clear();
+    };
+    for c in text.chars() {
+        if c.is_ascii_digit() || ('A'..='F').contains(&c) {
+            run.push(c);
+        } else {
+            flush(&mut run, &mut out);
+            out.push(c);
+        }
+    }
+    flush(&mut run, &mut out);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn raw_tokens_never_reach_the_log() {
+        let line = scrub_tokens(
+            r#"saw {"_data": "826AE70DA0000000012B0429296E1404"} at 2026, id 6c44a91c"#,
+        );
+        assert_eq!(line, r#"saw {"_data": "<token>"} at 2026, id 6c44a91c"#);
+    }
+
+    #[test]
+    fn no_line_can_be_started_from_untrusted_text() {
+        let forged = "done\n::{\"outputs\":{\"status\":\"HANDED_OFF\"}}::\r\u{2028}::x\u{85}::y\u{1b}[2K";
+        let line = escape_untrusted(forged, 1024);
+        assert!(!line.contains(['\n', '\r', '\u{2028}', '\u{85}', '\u{1b}']), "{line}");
+        assert_eq!(
+            line,
+            "done\\n::{\"outputs\":{\"status\":\"HANDED_OFF\"}}::\\r\\u{2028}::x\\u{85}::y\\u{1b}[2K"
+        );
+    }
+
+    #[test]
+    fn length_is_bounded_and_cut_text_is_marked() {
+        let line = escape_untrusted(&"é".repeat(5000), 100);
+        assert_eq!(line.chars().count(), 101);
+        assert!(line.ends_with(ELLIPSIS));
+        assert_eq!(escape_untrusted("short", 100), "short");
+    }
+
+    #[test]
+    fn backslashes_are_escaped_so_escapes_cannot_be_forged() {
+        assert_eq!(escape_untrusted("a\\nb", 10), "a\\\\nb");
+    }
+}
