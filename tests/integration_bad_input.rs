@@ -319,7 +319,7 @@ fn malformed_or_foreign_checkpoints_are_refused_and_left_as_they_are() {
 }
 
 #[test]
-fn a_checkpoint_token_the_server_cannot_resume_is_refused_and_left_as_it_is() {
+fn a_checkpoint_token_of_another_shape_is_malformed_and_left_as_it_is() {
     let live = Live::start();
     live.start_consumer();
     live.insert(0..3);
@@ -329,17 +329,18 @@ fn a_checkpoint_token_the_server_cannot_resume_is_refused_and_left_as_it_is() {
         ("token-data-int", doc! {"_data": 5}),
         ("token-other-key", doc! {"x": 1}),
         ("token-empty", doc! {}),
+        ("token-data-empty", doc! {"_data": ""}),
+        ("token-extra-key", doc! {"_data": "826AE7", "x": 1}),
     ] {
         let mut stored = checkpoint_doc(&live, consumer);
         stored.insert("token", token);
         live.wait(live.coll(CHECKPOINTS).insert_one(stored.clone()))
             .unwrap();
+        // Refused on load, before the server is asked to resume from it.
         let output = live.run(&["--consumer-id", consumer]);
-        fails(&output, 7, "error[invalid_token]");
+        fails(&output, 5, "error[malformed_checkpoint]");
         assert!(
-            stderr(&output).contains(
-                "if the token cannot resume, reconcile from a verified snapshot before resetting this consumer"
-            ),
+            stderr(&output).contains("restore a verified token before retrying"),
             "{consumer}: {}",
             stderr(&output)
         );

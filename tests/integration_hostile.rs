@@ -227,14 +227,26 @@ fn a_policy_reading_the_environment_gets_nothing() {
 }
 
 #[test]
-fn a_policy_that_never_commits_what_it_reads_is_stopped_by_the_pending_bound() {
+fn a_policy_that_never_commits_what_it_reads_is_stopped_at_max_events() {
     let s = Scratch::new();
     let fixture = stream(&s, "many.jsonl", 1005);
+    // The host itself enforces the run's max_events: reading one more is refused.
     let output = hostile(&fixture, &s, handoff_test_policies::HOARD, &[]);
     fails(
         &output,
         9,
-        "policy decision rejected: 1000 delivered events are waiting for their commit",
+        "policy decision rejected: the run already read max_events = 50 events",
+    );
+    let output = hostile(
+        &fixture,
+        &s,
+        handoff_test_policies::HOARD,
+        &["--max-events", "500"],
+    );
+    fails(
+        &output,
+        9,
+        "policy decision rejected: the run already read max_events = 500 events",
     );
     let (checkpoint, outbox) = inspect(&s.state());
     assert!(outbox.is_empty());

@@ -186,6 +186,8 @@ fn invalidate_saves_start_after_and_the_next_run_continues_on_the_new_collection
     let out = ok(&replay(&fixture, &s.state(), &[]));
     assert_eq!(out["status"], "INVALIDATED");
     assert_eq!(out["events_handed_off"], 2);
+    // As the baseline reports it: the ID of the last committed event, the invalidate itself.
+    assert_eq!(out["last_event_id"], baseline_event_id(&token(3)));
     let (checkpoint, outbox) = inspect(&s.state());
     assert_eq!(checkpoint["token"], token(3));
     assert_eq!(checkpoint["mode"], "startAfter");
@@ -480,4 +482,32 @@ fn a_warm_start_uses_the_artifact_cache_and_survives_a_corrupt_one() {
         std::fs::metadata(&artifacts[0]).unwrap().len() > 1000,
         "the corrupt artifact was replaced"
     );
+}
+
+#[test]
+fn a_state_store_in_missing_folders_is_created_with_them() {
+    let s = Scratch::new();
+    let fixture = s.fixture(
+        "one.jsonl",
+        &[deployment(REPLICA_SET_ID), event(1, "insert"), batch_end(1)],
+    );
+    let state = s.path("a/b/c.redb");
+    let out = ok(&replay(&fixture, &state, &[]));
+    assert_eq!(out["events_handed_off"], 1);
+    assert_eq!(inspect(&state).1.len(), 1);
+}
+
+#[test]
+fn a_refused_policy_creates_no_state_folder() {
+    let s = Scratch::new();
+    let fixture = s.fixture(
+        "one.jsonl",
+        &[deployment(REPLICA_SET_ID), event(1, "insert")],
+    );
+    let junk = s.path("junk.wasm");
+    std::fs::write(&junk, b"not a component").unwrap();
+    let state = s.path("x/y/state.redb");
+    let output = replay(&fixture, &state, &["--policy", junk.to_str().unwrap()]);
+    fails(&output, 9, "not a WebAssembly component");
+    assert!(!s.path("x").exists());
 }

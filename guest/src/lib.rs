@@ -27,12 +27,13 @@ pub fn run<H: Host>(
         let mode = mode_after(&event);
         let outbox_id = (mode == Mode::ResumeAfter).then_some(id.as_str());
         host.commit(tally.token.as_deref(), &event.token, mode, outbox_id)?;
-        tally.token = Some(event.token);
         tally.events += 1;
         if mode == Mode::StartAfter {
-            tally.invalidated = true;
+            tally.invalidate(&event.token);
+            tally.token = Some(event.token);
             break;
         }
+        tally.token = Some(event.token);
         tally.hand_off(id);
         deadline = host.now_ms().saturating_add(settings.max_wait_ms);
     }

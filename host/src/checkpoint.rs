@@ -43,10 +43,29 @@ pub fn validate(stored: &Document, source: &str, replica_set_id: &str) -> Result
     };
     let token = match stored.get("token") {
         None | Some(Bson::Null) => None,
-        Some(Bson::Document(token)) => Some(token.clone()),
+        Some(Bson::Document(token)) if is_resume_token(token) => Some(token.clone()),
         Some(_) => return Err(malformed()),
     };
     Ok(Checkpoint { token, mode })
+}
+
+/// The longest `_data` accepted (a real token is well under 1 KiB; one naming a large
+/// document key can be longer).
+const MAX_TOKEN_DATA: usize = 64 << 10;
+
+/// A resume token as MongoDB writes it: `_data`, a non-empty string of hex digits, and optionally
+/// `_typeBits` (binary), nothing else.
+pub fn is_resume_token(token: &Document) -> bool {
+    let data_ok = matches!(token.get("_data"), Some(Bson::String(data))
+        if !data.is_empty()
+            && data.len() <= MAX_TOKEN_DATA
+            && data.bytes().all(|b| b.is_ascii_hexdigit()));
+    data_ok
+        && token.iter().all(|(key, value)| match key.as_str() {
+            "_data" => true,
+            "_typeBits" => matches!(value, Bson::Binary(_)),
+            _ => false,
+        })
 }
 
 #[cfg(test)]
@@ -93,6 +112,37 @@ mod tests {
                 "{key}"
             );
         }
+    }
+
+    #[test]
+    fn tokens_of_another_shape_are_malformed() {
+        let binary = Bson::Binary(bson::Binary {
+            subtype: bson::spec::BinarySubtype::Generic,
+            bytes: vec![1],
+        });
+        for token in [
+            doc! {},
+            doc! {"_data": ""},
+            doc! {"_data": "82zz"},
+            doc! {"_data": 82},
+            doc! {"_data": "82", "extra": 1},
+            doc! {"_data": "82", "_typeBits": "x"},
+            doc! {"_data": "8".repeat(MAX_TOKEN_DATA + 1)},
+            doc! {"_typeBits": binary.clone()},
+        ] {
+            let mut c = initial("c", "db.c", RS);
+            c.insert("token", token.clone());
+            assert!(
+                matches!(
+                    validate(&c, "db.c", RS),
+                    Err(HandoffError::MalformedCheckpoint(_))
+                ),
+                "{token}"
+            );
+        }
+        let mut c = initial("c", "db.c", RS);
+        c.insert("token", doc! {"_data": "826AE70DA0", "_typeBits": binary});
+        assert!(validate(&c, "db.c", RS).unwrap().token.is_some());
     }
 
     #[test]

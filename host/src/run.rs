@@ -72,7 +72,8 @@ impl Job<'_> {
             store,
             Some(started + self.limits.run_timeout),
         )
-        .with_stop(self.stop.clone());
+        .with_stop(self.stop.clone())
+        .with_max_events(self.inputs.max_events);
         let summary = self
             .runtime
             .run(self.policy, session, &self.settings(), &self.limits)?;

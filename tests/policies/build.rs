@@ -24,6 +24,7 @@ const POLICIES: &[&str] = &[
     "legacy_v1_0",
     "future_minor",
     "future_major",
+    "forge_output",
 ];
 
 /// Policies shipped with the project: (package, artifact, constant).

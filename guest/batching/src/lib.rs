@@ -67,8 +67,8 @@ pub fn run<H: Host>(
         tally.events += 1;
         if mode == Mode::StartAfter {
             batch.decisions.push(Decision::Skip("invalidate".into()));
+            tally.invalidate(&event.token);
             batch.last = Some((event.token, mode));
-            tally.invalidated = true;
             break;
         }
         let id = event_id(&event.token);

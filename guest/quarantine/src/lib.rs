@@ -72,12 +72,13 @@ pub fn run<H: Host>(
         };
         let handed = matches!(decision, Decision::HandOff(_));
         host.commit_batch(tally.token.as_deref(), &event.token, mode, vec![decision])?;
-        tally.token = Some(event.token);
         tally.events += 1;
         if mode == Mode::StartAfter {
-            tally.invalidated = true;
+            tally.invalidate(&event.token);
+            tally.token = Some(event.token);
             break;
         }
+        tally.token = Some(event.token);
         if handed {
             tally.hand_off(id);
         }

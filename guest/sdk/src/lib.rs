@@ -148,6 +148,13 @@ impl Tally {
         }
     }
 
+    /// Records the invalidation that ends the run; like the baseline, the run then reports the
+    /// invalidate event's own ID as its last event ID.
+    pub fn invalidate(&mut self, canonical_token: &str) {
+        self.invalidated = true;
+        self.last_event_id = event_id(canonical_token);
+    }
+
     /// Records an event handed off under `id`.
     pub fn hand_off(&mut self, id: String) {
         self.handed_off += 1;

@@ -69,8 +69,9 @@ impl std::fmt::Display for ServerError {
         let code = self
             .code
             .map_or_else(|| "n/a".to_string(), |c| c.to_string());
-        let message: String = self.message.chars().take(180).collect();
-        write!(f, "{} (code {code}): {message}", self.code_name)
+        let message = crate::output::text::escape_untrusted(&self.message, 180);
+        let code_name = crate::output::text::escape_untrusted(&self.code_name, 64);
+        write!(f, "{code_name} (code {code}): {message}")
     }
 }
 

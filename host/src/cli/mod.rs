@@ -103,8 +103,10 @@ enum Command {
 fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("HANDOFF_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    // Colours only on a terminal: a workflow engine stores the bytes as they are.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Text => builder.try_init(),
@@ -144,7 +146,13 @@ pub fn main() -> ExitCode {
             ExitCode::from(crate::error::STOPPED_EXIT_CODE)
         }
         Err(error) => {
-            eprintln!("error[{}]: {error}", error.kind());
+            // Messages carry server and policy text, escaped where it entered; escaping again
+            // here guarantees that no line of ours can be made to start a protocol line.
+            eprintln!(
+                "error[{}]: {}",
+                error.kind(),
+                crate::output::text::escape_untrusted(&error.to_string(), 8192)
+            );
             error.to_exit_code()
         }
     }

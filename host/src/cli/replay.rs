@@ -65,7 +65,17 @@ pub fn run(args: ReplayArgs) -> Result<super::Outcome> {
                 "opening the state store panicked"
             )));
         }
-        None => open_store()?,
+        None => {
+            if let Some(parent) = args.state.parent().filter(|p| !p.as_os_str().is_empty()) {
+                std::fs::create_dir_all(parent).map_err(|e| {
+                    HandoffError::BadInput(format!(
+                        "cannot create the folder of the state store {}: {e}",
+                        parent.display()
+                    ))
+                })?;
+            }
+            open_store()?
+        }
     };
     let job = Job {
         runtime: &runtime,

@@ -65,6 +65,7 @@ mod tests {
                 last_event_id: "ab".into(),
                 invalidated: false,
                 watermark_saved: true,
+                ..Committed::default()
             },
             consumer_id: "c".into(),
             stopped: false,

@@ -12,7 +12,8 @@ const ELLIPSIS: &str = "…";
 /// `text` as one printable line: control characters (C0, DEL, C1), line and paragraph separators,
 /// bidirectional overrides and other format characters are written as `\u{…}` (`\n`, `\r`, `\t`
 /// as themselves escaped), raw resume tokens become `<token>`, and at most `max_chars` characters
-/// of the input are kept.
+/// of the input are kept. Escaping escaped text again changes nothing, so a message can be
+/// escaped where it enters and again where it is printed.
 pub fn escape_untrusted(text: &str, max_chars: usize) -> String {
     let mut kept: String = text.chars().take(max_chars).collect();
     let cut = kept.len() < text.len();
@@ -23,7 +24,6 @@ pub fn escape_untrusted(text: &str, max_chars: usize) -> String {
             '\n' => out.push_str("\\n"),
             '\r' => out.push_str("\\r"),
             '\t' => out.push_str("\\t"),
-            '\\' => out.push_str("\\\\"),
             c if needs_escape(c) => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
             c => out.push(c),
         }
@@ -86,9 +86,13 @@ mod tests {
 
     #[test]
     fn no_line_can_be_started_from_untrusted_text() {
-        let forged = "done\n::{\"outputs\":{\"status\":\"HANDED_OFF\"}}::\r\u{2028}::x\u{85}::y\u{1b}[2K";
+        let forged =
+            "done\n::{\"outputs\":{\"status\":\"HANDED_OFF\"}}::\r\u{2028}::x\u{85}::y\u{1b}[2K";
         let line = escape_untrusted(forged, 1024);
-        assert!(!line.contains(['\n', '\r', '\u{2028}', '\u{85}', '\u{1b}']), "{line}");
+        assert!(
+            !line.contains(['\n', '\r', '\u{2028}', '\u{85}', '\u{1b}']),
+            "{line}"
+        );
         assert_eq!(
             line,
             "done\\n::{\"outputs\":{\"status\":\"HANDED_OFF\"}}::\\r\\u{2028}::x\\u{85}::y\\u{1b}[2K"
@@ -104,7 +108,8 @@ mod tests {
     }
 
     #[test]
-    fn backslashes_are_escaped_so_escapes_cannot_be_forged() {
-        assert_eq!(escape_untrusted("a\\nb", 10), "a\\\\nb");
+    fn escaping_twice_changes_nothing() {
+        let once = escape_untrusted("a\nb\u{2028}c 826AE70DA0000000012B0429296E1404", 1024);
+        assert_eq!(escape_untrusted(&once, 4096), once);
     }
 }

@@ -25,16 +25,47 @@ use crate::backend::{
     StreamStart,
 };
 use crate::error::{HandoffError, RECONCILE_GUIDANCE};
+use crate::output::text::escape_untrusted;
 use crate::token::{canonical_text, value_text};
+use sha2::{Digest, Sha256};
 
 /// The longest outbox ID a policy may choose.
 pub const MAX_ID_LEN: usize = 200;
 /// How many delivered events may wait for their commit.
 pub const MAX_PENDING: usize = 1000;
+/// How many bytes of delivered events may wait for their commit.
+pub const MAX_PENDING_BYTES: usize = 256 << 20;
 /// How many events one commit may cover.
 pub const MAX_BATCH: usize = 500;
+/// MongoDB's document size limit: no outbox or quarantine record may exceed it.
+pub const MAX_RECORD_BYTES: usize = 16 << 20;
+/// The records one transaction writes at most, in bytes. A commit whose records exceed it is
+/// written as consecutive transactions, each moving the checkpoint to its own last event: every
+/// event still lands atomically with its checkpoint, and a failure between two leaves a
+/// checkpoint that matches the outbox.
+pub const MAX_TRANSACTION_BYTES: usize = 16 << 20;
 /// How many committed events stay readable through `field`.
 const RECENT: usize = 16;
+
+/// The byte and count bounds a session enforces (the constants above by default).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Bounds {
+    pub max_pending: usize,
+    pub max_pending_bytes: usize,
+    pub max_record_bytes: usize,
+    pub max_transaction_bytes: usize,
+}
+
+impl Default for Bounds {
+    fn default() -> Self {
+        Bounds {
+            max_pending: MAX_PENDING,
+            max_pending_bytes: MAX_PENDING_BYTES,
+            max_record_bytes: MAX_RECORD_BYTES,
+            max_transaction_bytes: MAX_TRANSACTION_BYTES,
+        }
+    }
+}
 
 /// The checkpoint as loaded and validated before the run.
 #[derive(Clone, Debug, PartialEq)]
@@ -111,9 +142,15 @@ pub struct Committed {
     pub handed_off: u32,
     pub skipped: u32,
     pub quarantined: u32,
+    /// The ID of the last committed event, as the baseline reports it: the last outbox ID, or
+    /// for an invalidated run the invalidate event's ID (SHA-256 of its canonical token).
     pub last_event_id: String,
+    /// The last outbox ID handed off (what a policy built before the invalidate ID may report).
+    pub last_outbox_id: String,
     pub invalidated: bool,
     pub watermark_saved: bool,
+    /// The stream's starting position was saved before any event was delivered.
+    pub start_saved: bool,
 }
 
 /// What a commit does with one delivered event.
@@ -141,6 +178,28 @@ struct Delivered {
     text: String,
     event: Document,
     invalidate: bool,
+    /// The event's BSON size.
+    bytes: usize,
+}
+
+/// One delivered event as a commit will write it.
+#[derive(Default)]
+struct Planned {
+    token: Document,
+    text: String,
+    outbox: Option<Document>,
+    quarantine: Option<Document>,
+    handed_off: Option<String>,
+    skipped: bool,
+    quarantined: bool,
+    invalidate: bool,
+    /// The size of its record.
+    bytes: usize,
+}
+
+/// The BSON size of a document (0 if it cannot be encoded, which a delivered event always can).
+fn bson_size(document: &Document) -> usize {
+    document.to_vec().map_or(0, |bytes| bytes.len())
 }
 
 pub struct Session {
@@ -153,12 +212,20 @@ pub struct Session {
     mode: Mode,
     stream_open: bool,
     pending: VecDeque<Delivered>,
+    pending_bytes: usize,
     recent: VecDeque<Delivered>,
     committed: Committed,
     failure: Option<HandoffError>,
     deadline: Option<Instant>,
     stop: StopSignal,
     stopped: bool,
+    /// Events delivered so far, and how many the run may take.
+    delivered: u32,
+    max_events: Option<u32>,
+    /// The host saved the stream's starting position while the policy still holds "no token":
+    /// until its first commit, the policy's `expected: none` stands for that position.
+    start_saved_for_policy: bool,
+    bounds: Bounds,
 }
 
 fn rejected(what: impl std::fmt::Display) -> String {
@@ -192,13 +259,30 @@ impl Session {
             mode: checkpoint.mode,
             stream_open: false,
             pending: VecDeque::new(),
+            pending_bytes: 0,
             recent: VecDeque::new(),
             committed: Committed::default(),
             failure: None,
             deadline,
             stop: StopSignal::default(),
             stopped: false,
+            delivered: 0,
+            max_events: None,
+            start_saved_for_policy: false,
+            bounds: Bounds::default(),
         }
+    }
+
+    /// Replaces the default byte and count bounds.
+    pub fn with_bounds(mut self, bounds: Bounds) -> Self {
+        self.bounds = bounds;
+        self
+    }
+
+    /// Refuses to deliver more than `max` events in this run (the `max_events` input).
+    pub fn with_max_events(mut self, max: u32) -> Self {
+        self.max_events = Some(max);
+        self
     }
 
     /// Ends the run gracefully when `stop` is raised.
@@ -296,7 +380,10 @@ impl Session {
             return Err(StreamFailure::Rejected(m));
         }
         let (text, start_after) = match start {
-            Start::Now if self.token.is_none() => return self.open_source(StreamStart::Now),
+            Start::Now if self.token.is_none() => {
+                self.open_source(StreamStart::Now)?;
+                return self.save_start_position();
+            }
             Start::Now => {
                 let m = self.fail(HandoffError::Policy(rejected(
                     "a consumer with a saved token cannot start from now: that would skip history",
@@ -315,6 +402,13 @@ impl Session {
                 return Err(StreamFailure::Rejected(m));
             }
         };
+        if start_after != (self.mode == Mode::StartAfter) {
+            let m = self.fail(HandoffError::Policy(rejected(format!(
+                "the checkpoint's token was saved for {}; the stream must open with that mode",
+                self.mode.as_str()
+            ))));
+            return Err(StreamFailure::Rejected(m));
+        }
         self.open_source(if start_after {
             StreamStart::StartAfter(token)
         } else {
@@ -332,6 +426,48 @@ impl Session {
         }
     }
 
+    /// A fresh consumer's stream opened "now": its starting position (the first post-batch resume
+    /// token) is saved with a compare-and-set before any event is delivered, so that a run that
+    /// fails before its first commit cannot make the next one open "now" again and lose the
+    /// events in between. A source that reports no position (a recording played from its start)
+    /// has nothing to lose.
+    fn save_start_position(&mut self) -> Result<(), StreamFailure> {
+        let Some(start) = self.source.watermark() else {
+            return Ok(());
+        };
+        let step = Commit {
+            consumer: &self.consumer,
+            expected: None,
+            next: &start,
+            mode: Mode::ResumeAfter,
+            outbox: Vec::new(),
+            quarantine: Vec::new(),
+        };
+        match self.store.commit(&step) {
+            Ok(()) => {}
+            Err(CommitError::Conflict | CommitError::Duplicate(_)) => {
+                let m = self.fail(HandoffError::Conflict(
+                    "Checkpoint changed while saving the stream's starting position; retry from the current token"
+                        .into(),
+                ));
+                return Err(StreamFailure::Rejected(m));
+            }
+            Err(CommitError::Unavailable(detail)) => {
+                let m = self.fail(HandoffError::Unavailable(format!(
+                    "Could not save the stream's starting position; nothing was handed off. Store error: {detail}"
+                )));
+                return Err(StreamFailure::Unavailable(m));
+            }
+        }
+        tracing::debug!("stream starting position saved");
+        self.token_text = Some(canonical_text(&start));
+        self.token = Some(start);
+        self.mode = Mode::ResumeAfter;
+        self.start_saved_for_policy = true;
+        self.committed.start_saved = true;
+        Ok(())
+    }
+
     pub fn next_event(&mut self) -> Result<Option<EventView>, StreamFailure> {
         self.gate().map_err(StreamFailure::Rejected)?;
         if !self.stream_open {
@@ -340,9 +476,24 @@ impl Session {
             )));
             return Err(StreamFailure::Rejected(m));
         }
-        if self.pending.len() >= MAX_PENDING {
+        let bounds = self.bounds;
+        if self.pending.len() >= bounds.max_pending
+            || self.pending_bytes >= bounds.max_pending_bytes
+        {
             let m = self.fail(HandoffError::Policy(rejected(format!(
-                "{MAX_PENDING} delivered events are waiting for their commit"
+                "{} delivered events ({} bytes) are waiting for their commit (at most {} events or {} bytes)",
+                self.pending.len(),
+                self.pending_bytes,
+                bounds.max_pending,
+                bounds.max_pending_bytes
+            ))));
+            return Err(StreamFailure::Rejected(m));
+        }
+        if let Some(max) = self.max_events
+            && self.delivered >= max
+        {
+            let m = self.fail(HandoffError::Policy(rejected(format!(
+                "the run already read max_events = {max} events"
             ))));
             return Err(StreamFailure::Rejected(m));
         }
@@ -380,11 +531,15 @@ impl Session {
             namespace,
             cluster_time,
         };
-        tracing::debug!(operation_type = %operation_type, "event delivered");
+        let bytes = bson_size(&event);
+        tracing::debug!(operation_type = %escape_untrusted(&operation_type, 64), bytes, "event delivered");
+        self.delivered += 1;
+        self.pending_bytes += bytes;
         self.pending.push_back(Delivered {
             text,
             event,
             invalidate: operation_type == "invalidate",
+            bytes,
         });
         Ok(Some(view))
     }
@@ -418,7 +573,9 @@ impl Session {
     }
 
     fn check_expected(&mut self, expected: Option<&str>) -> Result<(), CommitFailure> {
-        if expected != self.token_text.as_deref() {
+        let holds = expected == self.token_text.as_deref()
+            || (self.start_saved_for_policy && expected.is_none());
+        if !holds {
             let m = self.fail(HandoffError::Policy(rejected(
                 "`expected` is not the checkpoint token this run holds",
             )));
@@ -492,10 +649,8 @@ impl Session {
             };
             return Err(self.reject_commit(what));
         }
-        let mut outbox = Vec::new();
-        let mut quarantine = Vec::new();
+        let mut plan = Vec::with_capacity(count);
         let mut ids = std::collections::HashSet::new();
-        let (mut handed_off, mut skipped, mut last_id) = (0u32, 0u32, None);
         for (index, decision) in decisions.iter().enumerate() {
             let delivered = &self.pending[index];
             if delivered.invalidate {
@@ -512,6 +667,11 @@ impl Session {
             let Ok(token) = delivered.event.get_document("_id") else {
                 return Err(self.reject_commit("the event has no token"));
             };
+            let mut step = Planned {
+                token: token.clone(),
+                text: delivered.text.clone(),
+                ..Planned::default()
+            };
             match decision {
                 Decision::HandOff(id) | Decision::Quarantine { id, .. } => {
                     if !valid_id(id) {
@@ -526,41 +686,95 @@ impl Session {
                             self.reject_commit(format!("the ID {id} appears twice in one commit"))
                         );
                     }
-                    if let Decision::Quarantine { reason, .. } = decision {
+                    let record = if let Decision::Quarantine { reason, .. } = decision {
                         let reason: String = reason.chars().take(1024).collect();
-                        quarantine.push(doc! {
+                        doc! {
                             "_id": key,
                             "consumer": &self.consumer.consumer,
                             "source": &self.consumer.source,
                             "token": token.clone(),
                             "reason": reason,
                             "event": delivered.event.clone(),
-                        });
+                        }
                     } else {
-                        handed_off += 1;
-                        last_id = Some(id.clone());
-                        outbox.push(doc! {
+                        step.handed_off = Some(id.clone());
+                        doc! {
                             "_id": key,
                             "consumer": &self.consumer.consumer,
                             "source": &self.consumer.source,
                             "event": delivered.event.clone(),
-                        });
+                        }
+                    };
+                    step.bytes = bson_size(&record);
+                    if step.bytes > self.bounds.max_record_bytes {
+                        return Err(self.record_too_large(id, step.bytes));
+                    }
+                    if kind {
+                        step.outbox = Some(record);
+                    } else {
+                        step.quarantine = Some(record);
+                        step.quarantined = true;
                     }
                 }
                 Decision::Skip(reason) => {
                     if !delivered.invalidate {
-                        skipped += 1;
-                        let reason: String = reason.chars().take(200).collect();
-                        tracing::info!(reason = %reason, "event skipped by the policy");
+                        step.skipped = true;
+                        tracing::info!(
+                            reason = %escape_untrusted(reason, 200),
+                            "event skipped by the policy"
+                        );
                     }
                 }
             }
+            step.invalidate = delivered.invalidate;
+            plan.push(step);
         }
-        let Ok(next_token) = self.pending[count - 1].event.get_document("_id").cloned() else {
-            return Err(self.reject_commit("the event has no token"));
+        // Consecutive transactions of at most `max_transaction_bytes` of records each.
+        let limit = self.bounds.max_transaction_bytes;
+        let mut chunk_end = 0;
+        while chunk_end < plan.len() {
+            let chunk_start = chunk_end;
+            let mut bytes = 0;
+            while chunk_end < plan.len()
+                && (chunk_end == chunk_start || bytes + plan[chunk_end].bytes <= limit)
+            {
+                bytes += plan[chunk_end].bytes;
+                chunk_end += 1;
+            }
+            let last = chunk_end == plan.len();
+            let chunk_mode = if last { mode } else { Mode::ResumeAfter };
+            self.commit_planned(&mut plan[chunk_start..chunk_end], chunk_mode)?;
+        }
+        tracing::debug!(
+            events = self.committed.events,
+            batch = count,
+            "event committed"
+        );
+        Ok(())
+    }
+
+    /// A record over MongoDB's document limit: nothing of the commit is written.
+    fn record_too_large(&mut self, id: &str, bytes: usize) -> CommitFailure {
+        let m = self.fail(HandoffError::Policy(rejected(format!(
+            "the record {id} would be {bytes} bytes, over the {}-byte document limit",
+            self.bounds.max_record_bytes
+        ))));
+        CommitFailure::Rejected(m)
+    }
+
+    /// Writes the records of consecutive pending events and moves the checkpoint to the last
+    /// of them, in one transaction; then takes them off the pending queue.
+    fn commit_planned(&mut self, steps: &mut [Planned], mode: Mode) -> Result<(), CommitFailure> {
+        let Some(last) = steps.last() else {
+            return Ok(());
         };
-        let invalidated = self.pending[count - 1].invalidate;
-        let quarantined = quarantine.len() as u32;
+        let next_token = last.token.clone();
+        let next_text = last.text.clone();
+        let outbox: Vec<Document> = steps.iter_mut().filter_map(|s| s.outbox.take()).collect();
+        let quarantine: Vec<Document> = steps
+            .iter_mut()
+            .filter_map(|s| s.quarantine.take())
+            .collect();
         let step = Commit {
             consumer: &self.consumer,
             expected: self.token.as_ref(),
@@ -590,25 +804,37 @@ impl Session {
                 return Err(CommitFailure::Unavailable(m));
             }
         }
-        for done in self.pending.drain(..count) {
+        for done in self.pending.drain(..steps.len()) {
+            self.pending_bytes = self.pending_bytes.saturating_sub(done.bytes);
             self.recent.push_back(done);
         }
         while self.recent.len() > RECENT {
             self.recent.pop_front();
         }
-        self.token_text = Some(next.to_string());
+        self.token_text = Some(next_text);
         self.token = Some(next_token);
         self.mode = mode;
+        self.start_saved_for_policy = false;
         let c = &mut self.committed;
-        c.events += count as u32;
-        c.handed_off += handed_off;
-        c.skipped += skipped;
-        c.quarantined += quarantined;
-        if let Some(id) = last_id {
-            c.last_event_id = id;
+        for step in steps.iter() {
+            c.events += 1;
+            if let Some(id) = &step.handed_off {
+                c.handed_off += 1;
+                c.last_event_id = id.clone();
+                c.last_outbox_id = id.clone();
+            }
+            if step.skipped {
+                c.skipped += 1;
+            }
+            if step.quarantined {
+                c.quarantined += 1;
+            }
+            if step.invalidate {
+                c.invalidated = true;
+                // The baseline reports the invalidate event's own ID.
+                c.last_event_id = hex::encode(Sha256::digest(step.text.as_bytes()));
+            }
         }
-        c.invalidated |= invalidated;
-        tracing::debug!(events = c.events, batch = count, "event committed");
         Ok(())
     }
 
@@ -678,12 +904,17 @@ impl Session {
         if self.stopped || self.stop.requested() {
             return Ok(self.stopped_summary());
         }
-        let report = outcome.map_err(HandoffError::Policy)?;
+        let report =
+            outcome.map_err(|message| HandoffError::Policy(escape_untrusted(&message, 1024)))?;
         let c = &self.committed;
         let expected_status = self.stopped_summary().status;
+        // An invalidated run reports the invalidate event's ID; a policy built before the host
+        // reported it may still report its last outbox ID.
+        let id_matches = report.last_event_id == c.last_event_id
+            || (c.invalidated && report.last_event_id == c.last_outbox_id);
         if report.status != expected_status
             || report.events_handed_off != c.handed_off
-            || report.last_event_id != c.last_event_id
+            || !id_matches
         {
             return Err(HandoffError::Policy(format!(
                 "the policy's report ({} event(s), status {}) disagrees with what was committed ({} event(s), status {}); \
@@ -717,5 +948,302 @@ impl Session {
             consumer_id: self.consumer.consumer.clone(),
             stopped: true,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::backend::memory::MemoryStore;
+    use crate::backend::replay::ReplaySource;
+    use crate::backend::{Dump, StreamStart};
+    use crate::fixture::Fixture;
+
+    /// A memory store that remembers the size of every transaction it committed.
+    #[derive(Default)]
+    struct Counting {
+        inner: MemoryStore,
+        transactions: Mutex<Vec<(usize, usize)>>,
+    }
+
+    impl CheckpointStore for Counting {
+        fn ensure_checkpoint(
+            &self,
+            consumer: &str,
+            initial: Document,
+        ) -> Result<Document, CommitError> {
+            self.inner.ensure_checkpoint(consumer, initial)
+        }
+        fn commit(&self, commit: &Commit<'_>) -> Result<(), CommitError> {
+            self.inner.commit(commit)?;
+            let bytes = commit.outbox.iter().map(bson_size).sum();
+            self.transactions
+                .lock()
+                .unwrap()
+                .push((commit.outbox.len(), bytes));
+            Ok(())
+        }
+        fn dump(&self, consumer: &str) -> Result<Dump, CommitError> {
+            self.inner.dump(consumer)
+        }
+    }
+
+    fn token(seq: u32) -> Document {
+        doc! {"_data": format!("82{seq:08X}2B0429296E1404")}
+    }
+
+    /// A recording of `sizes.len()` inserts, the n-th carrying a string of `sizes[n]` bytes.
+    fn fixture(sizes: &[usize], last_invalidate: bool) -> Arc<Fixture> {
+        let mut text = String::new();
+        for (n, size) in sizes.iter().enumerate() {
+            let seq = n as u32 + 1;
+            let op = if last_invalidate && n + 1 == sizes.len() {
+                "invalidate"
+            } else {
+                "insert"
+            };
+            let event = doc! {
+                "_id": token(seq),
+                "operationType": op,
+                "ns": {"db": "d", "coll": "c"},
+                "fullDocument": {"_id": seq, "pad": "x".repeat(*size)},
+            };
+            let json = bson::Bson::Document(event).into_relaxed_extjson();
+            text.push_str(&json.to_string());
+            text.push('\n');
+        }
+        Arc::new(Fixture::parse(&text).expect("fixture"))
+    }
+
+    fn session(
+        fixture: Arc<Fixture>,
+        store: Arc<dyn CheckpointStore>,
+        token: Option<Document>,
+        mode: Mode,
+    ) -> Session {
+        let consumer = Consumer {
+            consumer: "c".into(),
+            source: "d.c".into(),
+        };
+        let mut initial = crate::checkpoint::initial("c", "d.c", "0");
+        if let Some(t) = &token {
+            initial.insert("token", t.clone());
+            initial.insert("mode", mode.as_str());
+        }
+        store.ensure_checkpoint("c", initial).unwrap();
+        Session::new(
+            consumer,
+            Deployment {
+                set_name: "rs".into(),
+                replica_set_id: "0".into(),
+            },
+            Checkpoint { token, mode },
+            Box::new(ReplaySource::new(fixture)),
+            store,
+            None,
+        )
+    }
+
+    fn deliver(session: &mut Session, n: usize) -> Vec<String> {
+        (0..n)
+            .map(|_| session.next_event().unwrap().expect("an event").token)
+            .collect()
+    }
+
+    #[test]
+    fn a_batch_over_the_transaction_bound_is_written_as_consecutive_transactions() {
+        let store = Arc::new(Counting::default());
+        let mut s = session(
+            fixture(&[3000; 10], false),
+            store.clone(),
+            None,
+            Mode::ResumeAfter,
+        )
+        .with_bounds(Bounds {
+            max_transaction_bytes: 10_000,
+            ..Bounds::default()
+        });
+        s.open_stream(Start::Now).unwrap();
+        let tokens = deliver(&mut s, 10);
+        let decisions = (0..10)
+            .map(|i| Decision::HandOff(format!("e{i}")))
+            .collect();
+        s.commit_batch(None, &tokens[9], Mode::ResumeAfter, decisions)
+            .unwrap();
+        let transactions = store.transactions.lock().unwrap().clone();
+        assert!(transactions.len() >= 4, "{transactions:?}");
+        assert_eq!(transactions.iter().map(|t| t.0).sum::<usize>(), 10);
+        assert!(
+            transactions.iter().all(|t| t.1 <= 10_000),
+            "{transactions:?}"
+        );
+        assert_eq!(s.committed().handed_off, 10);
+        assert_eq!(s.checkpoint().0.as_deref(), Some(tokens[9].as_str()));
+        let dump = store.dump("c").unwrap();
+        assert_eq!(dump.outbox.len(), 10);
+    }
+
+    #[test]
+    fn a_record_over_the_document_limit_writes_nothing() {
+        let store = Arc::new(Counting::default());
+        let mut s = session(
+            fixture(&[100, 5000], false),
+            store.clone(),
+            None,
+            Mode::ResumeAfter,
+        )
+        .with_bounds(Bounds {
+            max_record_bytes: 4000,
+            ..Bounds::default()
+        });
+        s.open_stream(Start::Now).unwrap();
+        let tokens = deliver(&mut s, 2);
+        let decisions = vec![Decision::HandOff("a".into()), Decision::HandOff("b".into())];
+        let error = s
+            .commit_batch(None, &tokens[1], Mode::ResumeAfter, decisions)
+            .unwrap_err();
+        assert!(format!("{error:?}").contains("document limit"), "{error:?}");
+        assert!(store.transactions.lock().unwrap().is_empty());
+        assert!(store.dump("c").unwrap().outbox.is_empty());
+    }
+
+    #[test]
+    fn pending_events_are_bounded_by_bytes() {
+        let store = Arc::new(MemoryStore::new());
+        let mut s = session(fixture(&[3000; 5], false), store, None, Mode::ResumeAfter)
+            .with_bounds(Bounds {
+                max_pending_bytes: 7000,
+                ..Bounds::default()
+            });
+        s.open_stream(Start::Now).unwrap();
+        deliver(&mut s, 3);
+        let error = s.next_event().unwrap_err();
+        assert!(
+            matches!(error, StreamFailure::Rejected(ref m) if m.contains("waiting for their commit")),
+            "{error:?}"
+        );
+        assert!(matches!(s.failure(), Some(HandoffError::Policy(_))));
+    }
+
+    #[test]
+    fn the_host_enforces_max_events() {
+        let store = Arc::new(MemoryStore::new());
+        let mut s =
+            session(fixture(&[10; 5], false), store, None, Mode::ResumeAfter).with_max_events(2);
+        s.open_stream(Start::Now).unwrap();
+        deliver(&mut s, 2);
+        let error = s.next_event().unwrap_err();
+        assert!(
+            matches!(error, StreamFailure::Rejected(ref m) if m.contains("max_events = 2")),
+            "{error:?}"
+        );
+    }
+
+    #[test]
+    fn the_stream_opens_only_with_the_saved_mode() {
+        for (saved, asked) in [
+            (
+                Mode::StartAfter,
+                Start::ResumeAfter(canonical_text(&token(1))),
+            ),
+            (
+                Mode::ResumeAfter,
+                Start::StartAfter(canonical_text(&token(1))),
+            ),
+        ] {
+            let store = Arc::new(MemoryStore::new());
+            let mut s = session(fixture(&[10; 3], false), store, Some(token(1)), saved);
+            let error = s.open_stream(asked).unwrap_err();
+            assert!(
+                matches!(error, StreamFailure::Rejected(ref m) if m.contains("must open with that mode")),
+                "{error:?}"
+            );
+        }
+        let store = Arc::new(MemoryStore::new());
+        let mut s = session(
+            fixture(&[10; 3], false),
+            store,
+            Some(token(1)),
+            Mode::StartAfter,
+        );
+        s.open_stream(Start::StartAfter(canonical_text(&token(1))))
+            .unwrap();
+    }
+
+    /// A source whose "now" has a position, as a live stream's first post-batch token.
+    struct Positioned(ReplaySource, Document);
+
+    impl ChangeSource for Positioned {
+        fn deployment(&mut self) -> crate::error::Result<Deployment> {
+            self.0.deployment()
+        }
+        fn open(&mut self, start: StreamStart) -> Result<(), StreamError> {
+            self.0.open(start)
+        }
+        fn next(&mut self) -> Result<Option<Document>, StreamError> {
+            self.0.next()
+        }
+        fn watermark(&self) -> Option<Document> {
+            self.0.watermark().or_else(|| Some(self.1.clone()))
+        }
+        fn now_ms(&self) -> u64 {
+            self.0.now_ms()
+        }
+    }
+
+    #[test]
+    fn a_fresh_stream_saves_its_starting_position_before_delivering_anything() {
+        let store = Arc::new(MemoryStore::new());
+        let mut s = session(
+            fixture(&[10; 2], false),
+            store.clone(),
+            None,
+            Mode::ResumeAfter,
+        );
+        s.source = Box::new(Positioned(
+            ReplaySource::new(fixture(&[10; 2], false)),
+            token(0),
+        ));
+        s.open_stream(Start::Now).unwrap();
+        // Saved before any event is read: a run that fails now leaves the position behind.
+        let saved = store.dump("c").unwrap().checkpoint.unwrap();
+        assert_eq!(saved.get_document("token").unwrap(), &token(0));
+        assert!(s.committed().start_saved);
+        // The policy still holds "no token" and may commit from it.
+        let tokens = deliver(&mut s, 1);
+        s.commit(None, &tokens[0], Mode::ResumeAfter, Some("a"))
+            .unwrap();
+        // After its first commit, only the real token is accepted.
+        let tokens = deliver(&mut s, 1);
+        assert!(
+            s.commit(None, &tokens[0], Mode::ResumeAfter, Some("b"))
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn an_invalidated_run_reports_the_invalidate_events_id() {
+        let store = Arc::new(MemoryStore::new());
+        let mut s = session(fixture(&[10; 2], true), store, None, Mode::ResumeAfter);
+        s.open_stream(Start::Now).unwrap();
+        let tokens = deliver(&mut s, 2);
+        s.commit(None, &tokens[0], Mode::ResumeAfter, Some("a"))
+            .unwrap();
+        s.commit(Some(&tokens[0]), &tokens[1], Mode::StartAfter, None)
+            .unwrap();
+        let invalidate_id = hex::encode(Sha256::digest(tokens[1].as_bytes()));
+        assert_eq!(s.committed().last_event_id, invalidate_id);
+        let report = |id: &str| Report {
+            status: Status::Invalidated,
+            events_handed_off: 1,
+            last_event_id: id.into(),
+        };
+        // Both the baseline's ID and, from older policies, the last outbox ID are accepted.
+        let summary = s.finish(Ok(report(&invalidate_id))).unwrap();
+        assert_eq!(summary.committed.last_event_id, invalidate_id);
+        assert!(s.finish(Ok(report("a"))).is_ok());
+        assert!(s.finish(Ok(report("zz"))).is_err());
     }
 }

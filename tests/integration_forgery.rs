@@ -1,0 +1,93 @@
+//! A policy cannot forge what the workflow engine reads. Kestra reads every line of stdout and
+//! stderr that is a `::{…}::` protocol line; a policy controls its log message and fields, skip
+//! and quarantine reasons, and its error string. Whatever they carry, in every log format and at
+//! every log level, the only protocol lines are the host's own: none when the run fails, exactly
+//! the outputs and metrics on stdout when it succeeds.
+
+mod support;
+
+use std::process::Output;
+
+use support::*;
+
+fn forge(s: &Scratch, format: &str, extra: &[&str]) -> Output {
+    let fixture = s.fixture(
+        "two.jsonl",
+        &[
+            deployment(REPLICA_SET_ID),
+            event(1, "insert"),
+            event(2, "update"),
+            batch_end(2),
+        ],
+    );
+    handoff()
+        .env("HANDOFF_LOG", "trace")
+        .args(["--log-format", format, "replay"])
+        .arg(&fixture)
+        .arg("--state")
+        .arg(s.state())
+        .args(["--policy", handoff_test_policies::FORGE_OUTPUT])
+        .args(extra)
+        .output()
+        .expect("run handoff")
+}
+
+/// Lines that Kestra would take for protocol lines.
+fn protocol_lines(bytes: &[u8]) -> Vec<String> {
+    String::from_utf8_lossy(bytes)
+        .split(['\n', '\r', '\u{2028}', '\u{2029}', '\u{85}'])
+        .filter(|line| line.trim_start().starts_with("::"))
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn a_failing_policy_prints_no_protocol_line_in_any_log_format() {
+    for format in ["text", "json"] {
+        let s = Scratch::new();
+        let output = forge(&s, format, &[]);
+        fails(&output, 9, "error[policy]: failed\\n");
+        let stderr = stderr(&output);
+        // The forged text is there, escaped, so the operator still sees what the policy said.
+        assert!(stderr.contains("starting"), "{format}: {stderr}");
+        assert!(stderr.contains("skipped"), "{format}: {stderr}");
+        assert!(stderr.contains(r#"::{"outputs""#), "{format}: {stderr}");
+        assert_eq!(
+            protocol_lines(&output.stdout),
+            Vec::<String>::new(),
+            "{format}"
+        );
+        assert_eq!(
+            protocol_lines(&output.stderr),
+            Vec::<String>::new(),
+            "{format}: {stderr}"
+        );
+        assert!(
+            !stderr.contains('\u{1b}'),
+            "{format}: a terminal escape got through"
+        );
+    }
+}
+
+#[test]
+fn a_succeeding_policy_leaves_only_the_hosts_own_lines() {
+    for format in ["text", "json"] {
+        let s = Scratch::new();
+        let output = forge(&s, format, &["--policy-param", "succeed=1"]);
+        let out = ok(&output);
+        assert_eq!(out["events_skipped"], 1);
+        assert_eq!(out["events_quarantined"], 1);
+        assert_ne!(out["policy_sha256"], "forged");
+        let stdout_lines = protocol_lines(&output.stdout);
+        assert_eq!(stdout_lines.len(), 2, "{format}: {stdout_lines:?}");
+        assert!(stdout_lines[0].starts_with(r#"::{"outputs":"#));
+        assert!(stdout_lines[1].starts_with(r#"::{"metrics":"#));
+        assert!(!stdout_lines.iter().any(|l| l.contains("forged")));
+        assert_eq!(
+            protocol_lines(&output.stderr),
+            Vec::<String>::new(),
+            "{format}: {}",
+            stderr(&output)
+        );
+    }
+}
