@@ -29,7 +29,7 @@ mod policy {
             let checkpoint = host::load_checkpoint();
             let stream =
                 host::open_stream(&types::StreamStart::Now).map_err(|e| format!("{e:?}"))?;
-            let first = stream
+            let _first = stream
                 .next()
                 .map_err(|e| format!("{e:?}"))?
                 .ok_or("no event")?;
