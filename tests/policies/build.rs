@@ -24,6 +24,9 @@ const POLICIES: &[&str] = &[
     "legacy_v1_0",
     "future_minor",
     "future_major",
+    "sleep_forever",
+    "poll_forever",
+    "clocks_and_random",
 ];
 
 /// Policies shipped with the project: (package, artifact, constant).
