@@ -152,10 +152,9 @@ impl WaitView<'_> {
     ) -> wasmtime::Result<T> {
         let waits = self.waits;
         if let Clock::Virtual(clock) = &waits.clock {
-            match self.virtual_wait(clock, &make)? {
-                Some(result) => return Ok(result),
-                // Waiting on something other than the clock: bounded in real time below.
-                None => {}
+            // `None`: waiting on something other than the clock, bounded in real time below.
+            if let Some(result) = self.virtual_wait(clock, &make)? {
+                return Ok(result);
             }
         }
         let bound = self
