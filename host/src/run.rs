@@ -9,7 +9,7 @@ use crate::checkpoint;
 use crate::error::{HandoffError, Result};
 use crate::inputs::Inputs;
 use crate::runtime::session::{Session, Summary};
-use crate::runtime::{Limits, Policy, Runtime, Settings, StopSignal};
+use crate::runtime::{Limits, Policy, Runtime, Sandbox, Settings, StopSignal};
 
 /// Everything a run needs besides its backends.
 pub struct Job<'a> {
@@ -38,6 +38,11 @@ impl Job<'_> {
         store: Arc<dyn CheckpointStore>,
     ) -> Result<Summary> {
         let started = Instant::now();
+        crate::runtime::watchdog::extend(started + self.limits.run_timeout);
+        let sandbox = Sandbox {
+            virtual_time: source.virtual_time(),
+            stop: self.stop.clone(),
+        };
         let deployment = source.deployment()?;
         let consumer = Consumer {
             consumer: self.inputs.consumer_id.clone(),
@@ -74,9 +79,13 @@ impl Job<'_> {
         )
         .with_stop(self.stop.clone())
         .with_max_events(self.inputs.max_events);
-        let summary = self
-            .runtime
-            .run(self.policy, session, &self.settings(), &self.limits)?;
+        let summary = self.runtime.run_in(
+            self.policy,
+            session,
+            &self.settings(),
+            &self.limits,
+            &sandbox,
+        )?;
         tracing::info!(
             status = summary.status.as_str(),
             events_handed_off = summary.committed.handed_off,

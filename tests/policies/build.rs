@@ -25,6 +25,9 @@ const POLICIES: &[&str] = &[
     "future_minor",
     "future_major",
     "forge_output",
+    "sleep_forever",
+    "poll_forever",
+    "clocks_and_random",
 ];
 
 /// Policies shipped with the project: (package, artifact, constant).

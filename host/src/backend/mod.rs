@@ -121,6 +121,11 @@ pub trait ChangeSource: Send {
     fn watermark(&self) -> Option<Document>;
     /// Milliseconds on the source's monotonic clock (virtual for a replay).
     fn now_ms(&self) -> u64;
+    /// The virtual time of a recorded stream, which the policy's WASI clocks and random sources
+    /// then follow; `None` (real time) for a live stream.
+    fn virtual_time(&self) -> Option<crate::runtime::clock::VirtualTime> {
+        None
+    }
 }
 
 /// Identifies a consumer's checkpoint.

@@ -10,13 +10,18 @@
 //!
 //! The clock is virtual: it advances by the await bound whenever `next` finds nothing, so a
 //! caught-up replay ends its idle wait at once while keeping the policy's timing logic intact.
+//! The policy's WASI clocks follow it (a sleep moves it instead of waiting), its wall clock starts
+//! at the first event's `clusterTime`, and its random sources are seeded from the recording (see
+//! [`crate::runtime::clock`]).
 
 use std::sync::Arc;
 
 use bson::Document;
+use sha2::{Digest, Sha256};
 
 use super::{ChangeSource, Deployment, ServerError, StreamError, StreamStart};
 use crate::fixture::{Entry, Fixture};
+use crate::runtime::clock::{DEFAULT_WALL_EPOCH_SECS, VirtualClock, VirtualTime};
 use crate::token::canonical_text;
 
 /// The await bound a live stream uses (`maxAwaitTimeMS`), applied to the virtual clock.
@@ -32,7 +37,7 @@ pub struct ReplaySource {
     opened: bool,
     closed: bool,
     watermark: Option<Document>,
-    clock_ms: u64,
+    clock: VirtualClock,
 }
 
 impl ReplaySource {
@@ -43,7 +48,7 @@ impl ReplaySource {
             opened: false,
             closed: false,
             watermark: None,
-            clock_ms: 0,
+            clock: VirtualClock::new(),
         }
     }
 
@@ -109,7 +114,7 @@ impl ChangeSource for ReplaySource {
 
     fn next(&mut self) -> Result<Option<Document>, StreamError> {
         if !self.opened || self.closed {
-            self.clock_ms += AWAIT_MS;
+            self.clock.advance_ms(AWAIT_MS);
             return Ok(None);
         }
         while let Some(entry) = self.fixture.entries.get(self.position) {
@@ -142,7 +147,7 @@ impl ChangeSource for ReplaySource {
                 }
             }
         }
-        self.clock_ms += AWAIT_MS;
+        self.clock.advance_ms(AWAIT_MS);
         Ok(None)
     }
 
@@ -151,6 +156,32 @@ impl ChangeSource for ReplaySource {
     }
 
     fn now_ms(&self) -> u64 {
-        self.clock_ms
+        self.clock.now_ms()
+    }
+
+    fn virtual_time(&self) -> Option<VirtualTime> {
+        let first_event_time = self.fixture.entries.iter().find_map(|entry| match entry {
+            Entry::Event { event, .. } => event.get_timestamp("clusterTime").ok(),
+            _ => None,
+        });
+        let mut digest = Sha256::new();
+        if let Some(deployment) = &self.fixture.deployment {
+            digest.update(deployment.replica_set_id.as_bytes());
+            digest.update(deployment.source.as_bytes());
+        }
+        for entry in &self.fixture.entries {
+            match entry {
+                Entry::Event { token_text, .. } => digest.update(format!("e{token_text}\n")),
+                Entry::PostBatch { token_text, .. } => digest.update(format!("p{token_text}\n")),
+                Entry::Error(error) => digest.update(format!("x{error:?}\n")),
+            }
+        }
+        Some(VirtualTime {
+            clock: self.clock.clone(),
+            wall_epoch: std::time::Duration::from_secs(
+                first_event_time.map_or(DEFAULT_WALL_EPOCH_SECS, |t| u64::from(t.time)),
+            ),
+            recording_digest: digest.finalize().into(),
+        })
     }
 }

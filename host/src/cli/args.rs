@@ -95,6 +95,10 @@ pub struct PolicyArgs {
     /// Do not read or write the compiled-artifact cache.
     #[arg(long)]
     pub no_cache: bool,
+    /// How long past the run deadline the watchdog waits before it ends the process (exit 14),
+    /// in seconds.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3_600))]
+    pub watchdog_grace_seconds: u64,
 }
 
 impl PolicyArgs {
@@ -104,6 +108,19 @@ impl PolicyArgs {
             slice: Duration::from_millis(self.policy_slice_ms),
             run_timeout: Duration::from_secs(self.run_timeout_seconds),
         }
+    }
+
+    /// Arms the watchdog from process start: the run deadline plus the grace period, which also
+    /// bounds the policy's compilation.
+    pub fn arm_watchdog(&self) {
+        let start = crate::runtime::PROCESS_START
+            .get()
+            .copied()
+            .unwrap_or_else(std::time::Instant::now);
+        crate::runtime::watchdog::arm(
+            start + Duration::from_secs(self.run_timeout_seconds),
+            Duration::from_secs(self.watchdog_grace_seconds),
+        );
     }
 
     pub fn params(&self) -> Result<Vec<(String, String)>> {

@@ -59,9 +59,16 @@ impl Outcome {
     }
 }
 
-/// The stop flag raised by SIGTERM and SIGINT.
+/// The process's stop flag, raised by SIGTERM and SIGINT (registered once, at the first call; a
+/// second signal then ends the process at once).
 fn stop_signal() -> crate::error::Result<crate::runtime::StopSignal> {
-    crate::runtime::StopSignal::on_signals().map_err(|e| HandoffError::Internal(e.into()))
+    static STOP: std::sync::OnceLock<crate::runtime::StopSignal> = std::sync::OnceLock::new();
+    if let Some(stop) = STOP.get() {
+        return Ok(stop.clone());
+    }
+    let stop =
+        crate::runtime::StopSignal::on_signals().map_err(|e| HandoffError::Internal(e.into()))?;
+    Ok(STOP.get_or_init(|| stop).clone())
 }
 
 #[derive(Parser)]
@@ -130,6 +137,29 @@ pub fn main() -> ExitCode {
     };
     init_logging(cli.log_format);
     tracing::debug!(target: "handoff::startup", "arguments parsed");
+    // A run that outlives its deadline (compilation included) plus a grace period ends here;
+    // signals stop a run from the start (a second one ends the process at once).
+    if matches!(&cli.command, Command::Run(_) | Command::Replay(_))
+        && let Err(error) = stop_signal()
+    {
+        eprintln!("error[{}]: {error}", error.kind());
+        return error.to_exit_code();
+    }
+    match &cli.command {
+        Command::Run(args) => args.policy.arm_watchdog(),
+        Command::Replay(args) => args.policy.arm_watchdog(),
+        Command::Policy(policy::PolicyCommand::Test { .. }) => {
+            let start = crate::runtime::PROCESS_START
+                .get()
+                .copied()
+                .unwrap_or_else(std::time::Instant::now);
+            crate::runtime::watchdog::arm(
+                start + crate::runtime::Limits::default().run_timeout,
+                std::time::Duration::from_secs(policy::TEST_WATCHDOG_GRACE_SECONDS),
+            );
+        }
+        _ => {}
+    }
     let result = match cli.command {
         Command::Run(args) => run::run(args),
         Command::Replay(args) => replay::run(args),

@@ -9,6 +9,9 @@ use crate::kit::cases::Case;
 use crate::kit::{check, scaffold};
 use crate::runtime::{PolicySource, Runtime};
 
+/// The watchdog's grace period past each case run's deadline under `policy test`.
+pub const TEST_WATCHDOG_GRACE_SECONDS: u64 = 30;
+
 #[derive(Subcommand)]
 pub enum PolicyCommand {
     /// Creates a policy crate NAME (Rust, wit-bindgen, wasm32-wasip2) that builds and passes its

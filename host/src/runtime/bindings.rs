@@ -42,6 +42,8 @@ pub struct RunState {
     pub slice_started: Instant,
     /// Why the host interrupted the guest, when it did.
     pub interrupted: Option<String>,
+    /// What bounds the policy's waits in WASI.
+    pub waits: super::wasi::Waits,
 }
 
 impl WasiView for RunState {

@@ -8,13 +8,13 @@ use std::time::{Duration, Instant};
 
 use wasmtime::component::{HasSelf, Linker, ResourceTable};
 use wasmtime::{Config, Engine, Store, UpdateDeadline};
-use wasmtime_wasi::WasiCtx;
 
 use super::bindings::{HandoffPolicy, RunState, export, types};
 use super::cache::ArtifactCache;
 use super::limits::{Limiter, Limits};
 use super::policy::{Policy, PolicySource, check_contract};
 use super::session::{Report, Session, Status, Summary};
+use super::wasi::Sandbox;
 use crate::error::{HandoffError, Result};
 
 /// How often the epoch advances; the granularity of the compute slice and run deadline.
@@ -49,6 +49,8 @@ impl Runtime {
         tracing::debug!(target: "handoff::startup", "engine built");
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
+            .map_err(|e| HandoffError::Internal(e.into()))?;
+        super::wasi::add_bounded_waits(&mut linker)
             .map_err(|e| HandoffError::Internal(e.into()))?;
         HandoffPolicy::add_to_linker::<_, HasSelf<_>>(&mut linker, |state| state)
             .map_err(|e| HandoffError::Internal(e.into()))?;
@@ -107,7 +109,8 @@ impl Runtime {
         })
     }
 
-    /// Runs a policy over a session within the limits, then verifies its report.
+    /// Runs a policy over a session within the limits, with real clocks and random sources,
+    /// then verifies its report.
     pub fn run(
         &self,
         policy: &Policy,
@@ -115,20 +118,34 @@ impl Runtime {
         settings: &Settings,
         limits: &Limits,
     ) -> Result<Summary> {
+        self.run_in(policy, session, settings, limits, &Sandbox::default())
+    }
+
+    /// Runs a policy over a session within the limits and the sandbox's clocks, random sources
+    /// and stop flag, then verifies its report.
+    pub fn run_in(
+        &self,
+        policy: &Policy,
+        session: Session,
+        settings: &Settings,
+        limits: &Limits,
+        sandbox: &Sandbox,
+    ) -> Result<Summary> {
+        let slice = limits.slice;
+        let run_timeout = limits.run_timeout;
+        let run_deadline = Instant::now() + run_timeout;
         let state = RunState {
             session,
             // Nothing is granted: no preopens, environment, arguments, network or stdio.
-            wasi: WasiCtx::builder().build(),
+            wasi: sandbox.wasi_ctx(&policy.sha256),
             table: ResourceTable::new(),
             limiter: Limiter::new(limits),
             slice_started: Instant::now(),
             interrupted: None,
+            waits: sandbox.waits(slice, run_timeout, run_deadline),
         };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|state| &mut state.limiter);
-        let slice = limits.slice;
-        let run_timeout = limits.run_timeout;
-        let run_deadline = Instant::now() + run_timeout;
         store.set_epoch_deadline(1);
         store.epoch_deadline_callback(move |mut hook| {
             let state = hook.data_mut();

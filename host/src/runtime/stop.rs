@@ -1,8 +1,11 @@
 //! Graceful stop: SIGTERM or SIGINT ends a run after its in-flight commit.
 //!
-//! The flag is checked at every policy call into the host and by the epoch callback while the
-//! policy computes; a commit already under way always finishes. The run then reports what it
-//! committed and exits with its own code.
+//! The flag is checked at every policy call into the host, by the epoch callback while the
+//! policy computes and every few milliseconds while it waits in WASI; a commit already under way
+//! always finishes. The run then reports what it committed and exits with its own code.
+//!
+//! A second SIGTERM or SIGINT ends the process at once, with 128 + the signal's number (143 for
+//! SIGTERM, 130 for SIGINT), as a shell reports a process a signal ended.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,10 +14,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 pub struct StopSignal(Arc<AtomicBool>);
 
 impl StopSignal {
-    /// A flag raised by SIGTERM and SIGINT.
+    /// A flag raised by SIGTERM and SIGINT; a second one ends the process at once.
     pub fn on_signals() -> std::io::Result<StopSignal> {
         let stop = StopSignal::default();
         for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+            // Registered first, so it sees the flag as the first signal left it.
+            signal_hook::flag::register_conditional_shutdown(signal, 128 + signal, stop.0.clone())?;
             signal_hook::flag::register(signal, stop.0.clone())?;
         }
         Ok(stop)

@@ -5,6 +5,8 @@
 //!   the host must refuse;
 //! - `READ_FILE`, `READ_ENV`: policies reaching for host files and environment, which the sandbox
 //!   withholds;
+//! - `SLEEP_FOREVER`, `POLL_FOREVER`: policies waiting in WASI for days, which the host must bound;
+//! - `CLOCKS_AND_RANDOM`: outbox IDs made of WASI clock and random readings (replay determinism);
 //! - `NET_CLIENT`: a component importing sockets, which the host must refuse to load.
 
 include!(concat!(env!("OUT_DIR"), "/paths.rs"));
