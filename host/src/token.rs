@@ -263,20 +263,18 @@ fn write_string(s: &str, out: &mut String) {
     out.push('"');
 }
 
-/// Python's `repr(float)`: the shortest round-tripping digits, fixed notation for exponents in
-/// -4..16 and `1e+16` style otherwise. Non-finite values never reach here (they are written as
+/// Python's `repr(float)`: the shortest digits that round-trip, the nearest to the exact value
+/// (ties to even, as David Gay's `dtoa` does; the standard library's formatting breaks some ties
+/// the other way, the `ryu` algorithm behind `serde_json` does not), fixed notation for exponents
+/// in -4..16 and `1e+16` style otherwise. Non-finite values never reach here (they are written as
 /// `$numberDouble`).
 fn python_float_repr(f: f64) -> String {
     if f == 0.0 {
         return if f.is_sign_negative() { "-0.0" } else { "0.0" }.to_string();
     }
-    // `{:e}` gives the shortest round-tripping digits: "-1.2345e-7".
-    let sci = format!("{f:e}");
-    let (mantissa, exp) = sci.split_once('e').unwrap_or((&sci, "0"));
-    let exp: i32 = exp.parse().unwrap_or(0);
-    let negative = mantissa.starts_with('-');
-    let digits: String = mantissa.chars().filter(|c| c.is_ascii_digit()).collect();
-    let sign = if negative { "-" } else { "" };
+    let shortest = serde_json::to_string(&f).unwrap_or_else(|_| format!("{f:e}"));
+    let (digits, exp) = shortest_digits(&shortest);
+    let sign = if f.is_sign_negative() { "-" } else { "" };
     if (-4..16).contains(&exp) {
         let point = exp + 1; // position of the decimal point within `digits`
         let body = if point <= 0 {
@@ -298,6 +296,23 @@ fn python_float_repr(f: f64) -> String {
         let exp_sign = if exp < 0 { '-' } else { '+' };
         format!("{sign}{mantissa}e{exp_sign}{:02}", exp.abs())
     }
+}
+
+/// The significant digits (no leading or trailing zeros, at least one digit) and the decimal
+/// exponent of the first digit, of a number printed as `-12.5`, `0.00012` or `1.5e-7`.
+fn shortest_digits(text: &str) -> (String, i32) {
+    let (mantissa, exp) = text.split_once(['e', 'E']).unwrap_or((text, "0"));
+    let exp: i32 = exp.parse().unwrap_or(0);
+    let (int, frac) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    let int: String = int.chars().filter(char::is_ascii_digit).collect();
+    let all = format!("{int}{frac}");
+    let leading = all.chars().take_while(|c| *c == '0').count();
+    let digits = all[leading..].trim_end_matches('0');
+    if digits.is_empty() {
+        return ("0".to_string(), 0);
+    }
+    // The first significant digit stands `int.len() - 1 - leading` places from the point.
+    (digits.to_string(), exp + int.len() as i32 - 1 - leading as i32)
 }
 
 #[cfg(test)]
@@ -349,6 +364,12 @@ mod tests {
             (0.0001, "0.0001"),
             (123456789.125, "123456789.125"),
             (1e15, "1000000000000000.0"),
+            (-205948727949881.62, "-205948727949881.62"),
+            (5e-324, "5e-324"),
+            (1.7976931348623157e308, "1.7976931348623157e+308"),
+            (0.00012, "0.00012"),
+            (1e-5, "1e-05"),
+            (123456789012345680.0, "1.2345678901234568e+17"),
         ] {
             assert_eq!(python_float_repr(value), expected);
         }
