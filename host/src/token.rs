@@ -57,8 +57,11 @@ fn write_document(doc: &Document, embedded: bool, out: &mut String) {
     out.push('}');
 }
 
+/// A wrapper's key and the writer of its value.
+type Field<'a> = (&'a str, &'a dyn Fn(&mut String));
+
 /// Writes `{"k1": v1, "k2": v2}` for a wrapper whose keys are already sorted.
-fn write_wrapper(out: &mut String, fields: &[(&str, &dyn Fn(&mut String))]) {
+fn write_wrapper(out: &mut String, fields: &[Field<'_>]) {
     out.push('{');
     for (i, (key, write)) in fields.iter().enumerate() {
         if i > 0 {
@@ -102,18 +105,15 @@ fn write_bson(value: &Bson, out: &mut String) {
                 .collect();
             write_wrapper(
                 out,
-                &[(
-                    "$regularExpression",
-                    &|out| {
-                        write_wrapper(
-                            out,
-                            &[
-                                ("options", &|out| write_string(&options, out)),
-                                ("pattern", &|out| write_string(regex.pattern.as_str(), out)),
-                            ],
-                        )
-                    },
-                )],
+                &[("$regularExpression", &|out| {
+                    write_wrapper(
+                        out,
+                        &[
+                            ("options", &|out| write_string(&options, out)),
+                            ("pattern", &|out| write_string(regex.pattern.as_str(), out)),
+                        ],
+                    )
+                })],
             );
         }
         Bson::JavaScriptCode(code) => {
@@ -128,18 +128,15 @@ fn write_bson(value: &Bson, out: &mut String) {
         ),
         Bson::Timestamp(ts) => write_wrapper(
             out,
-            &[(
-                "$timestamp",
-                &|out| {
-                    write_wrapper(
-                        out,
-                        &[
-                            ("i", &|out| out.push_str(&ts.increment.to_string())),
-                            ("t", &|out| out.push_str(&ts.time.to_string())),
-                        ],
-                    )
-                },
-            )],
+            &[("$timestamp", &|out| {
+                write_wrapper(
+                    out,
+                    &[
+                        ("i", &|out| out.push_str(&ts.increment.to_string())),
+                        ("t", &|out| out.push_str(&ts.time.to_string())),
+                    ],
+                )
+            })],
         ),
         Bson::Binary(binary) => {
             // The bson crate's relaxed form carries the standard, padded base64 PyMongo prints.
@@ -148,18 +145,15 @@ fn write_bson(value: &Bson, out: &mut String) {
             let subtype = format!("{:02x}", u8::from(binary.subtype));
             write_wrapper(
                 out,
-                &[(
-                    "$binary",
-                    &|out| {
-                        write_wrapper(
-                            out,
-                            &[
-                                ("base64", &|out| write_string(base64, out)),
-                                ("subType", &|out| write_string(&subtype, out)),
-                            ],
-                        )
-                    },
-                )],
+                &[("$binary", &|out| {
+                    write_wrapper(
+                        out,
+                        &[
+                            ("base64", &|out| write_string(base64, out)),
+                            ("subType", &|out| write_string(&subtype, out)),
+                        ],
+                    )
+                })],
             );
         }
         Bson::ObjectId(oid) => {
@@ -174,10 +168,9 @@ fn write_bson(value: &Bson, out: &mut String) {
                 let text = millis.to_string();
                 write_wrapper(
                     out,
-                    &[(
-                        "$date",
-                        &|out| write_wrapper(out, &[("$numberLong", &|out| write_string(&text, out))]),
-                    )],
+                    &[("$date", &|out| {
+                        write_wrapper(out, &[("$numberLong", &|out| write_string(&text, out))])
+                    })],
                 );
             }
         }
@@ -196,10 +189,9 @@ fn write_bson(value: &Bson, out: &mut String) {
             write_wrapper(
                 out,
                 &[
-                    (
-                        "$id",
-                        &|out| write_wrapper(out, &[("$oid", &|out| write_string(oid, out))]),
-                    ),
+                    ("$id", &|out| {
+                        write_wrapper(out, &[("$oid", &|out| write_string(oid, out))])
+                    }),
                     ("$ref", &|out| write_string(namespace, out)),
                 ],
             );
@@ -312,7 +304,10 @@ fn shortest_digits(text: &str) -> (String, i32) {
         return ("0".to_string(), 0);
     }
     // The first significant digit stands `int.len() - 1 - leading` places from the point.
-    (digits.to_string(), exp + int.len() as i32 - 1 - leading as i32)
+    (
+        digits.to_string(),
+        exp + int.len() as i32 - 1 - leading as i32,
+    )
 }
 
 #[cfg(test)]
@@ -386,10 +381,7 @@ mod tests {
     #[test]
     fn del_and_every_non_printable_character_are_escaped() {
         let token = doc! { "s": "a\u{7f}b\u{1f}\u{2028}~ " };
-        assert_eq!(
-            canonical_text(&token),
-            r#"{"s": "a\u007fb\u001f\u2028~ "}"#
-        );
+        assert_eq!(canonical_text(&token), r#"{"s": "a\u007fb\u001f\u2028~ "}"#);
     }
 
     #[test]
@@ -448,7 +440,10 @@ mod tests {
         token.insert("arr", vec![Bson::Document(dbref.clone())]);
         token.insert(
             "c",
-            bson::JavaScriptCodeWithScope { code: "x".into(), scope: dbref.clone() },
+            bson::JavaScriptCodeWithScope {
+                code: "x".into(),
+                scope: dbref.clone(),
+            },
         );
         assert_eq!(
             canonical_text(&token),

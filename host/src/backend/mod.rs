@@ -208,8 +208,7 @@ pub(crate) fn compare_and_set(
 /// since a token holding a NaN double would never equal itself (a server's equality match, and
 /// PyMongo's, take NaN as equal to NaN).
 fn same_token(saved: &Document, expected: &Document) -> bool {
-    saved == expected
-        || matches!((saved.to_vec(), expected.to_vec()), (Ok(a), Ok(b)) if a == b)
+    saved == expected || matches!((saved.to_vec(), expected.to_vec()), (Ok(a), Ok(b)) if a == b)
 }
 
 /// The `_id`s of records, which must be strings.
@@ -234,7 +233,13 @@ mod tests {
     fn a_token_holding_nan_is_the_same_token() {
         let token = doc! { "_data": "8201", "n": f64::NAN, "a": [f64::NAN] };
         assert!(same_token(&token, &token.clone()));
-        assert!(!same_token(&token, &doc! { "_data": "8201", "n": f64::NAN, "a": [1.0] }));
-        assert!(!same_token(&doc! { "_data": "8201" }, &doc! { "_data": "8202" }));
+        assert!(!same_token(
+            &token,
+            &doc! { "_data": "8201", "n": f64::NAN, "a": [1.0] }
+        ));
+        assert!(!same_token(
+            &doc! { "_data": "8201" },
+            &doc! { "_data": "8202" }
+        ));
     }
 }
