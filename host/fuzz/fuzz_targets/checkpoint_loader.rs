@@ -23,7 +23,10 @@ fuzz_target!(|data: &[u8]| {
         .to_string();
     if let Ok(checkpoint) = handoff::checkpoint::validate(&stored, &source, &replica_set) {
         match (stored.get("token"), &checkpoint.token) {
-            (Some(Bson::Document(saved)), Some(token)) => assert_eq!(saved, token),
+            (Some(Bson::Document(saved)), Some(token)) => {
+                // As BSON: `Document` equality fails for a token holding NaN.
+                assert_eq!(saved.to_vec().ok(), token.to_vec().ok(), "{saved:?}")
+            }
             (None | Some(Bson::Null), None) => {}
             (saved, token) => panic!("token {saved:?} loaded as {token:?}"),
         }
