@@ -367,6 +367,7 @@ def test_the_generator_writes_bson_that_pymongo_reads_back_as_written():
 
 
 def test_random_tokens_print_byte_identically_to_pymongo(tmp_path):
+    print(f"seeds {SEEDS}, {DOCS} tokens each (HANDOFF_TOKEN_SEED, HANDOFF_TOKEN_DOCS)")
     for seed in SEEDS:
         rng = random.Random(seed)
         tokens = [rand_token(rng, i) for i in range(DOCS)]
