@@ -509,6 +509,35 @@ fn broken_fixture_lines_are_refused_with_their_line_number_and_nothing_written()
     );
     assert_eq!(inspect(&s.state()), before);
     tried += 1;
+
+    // An event that repeats an earlier event's token: refused, and neither a new state nor one
+    // that already holds work is touched.
+    let repeated = s.path("repeated.jsonl");
+    std::fs::write(
+        &repeated,
+        format!(
+            "{}\n{}\n{}\n{}\n",
+            good[0],
+            event(7, "insert"),
+            event(8, "insert"),
+            event(7, "update")
+        ),
+    )
+    .unwrap();
+    let fresh = s.path("fresh.redb");
+    fails(
+        &replay(&repeated, &fresh, &[]),
+        2,
+        "fixture line 4: the event repeats the resume token of line 2",
+    );
+    assert!(!fresh.exists(), "the state store was created");
+    fails(
+        &replay(&repeated, &s.state(), &[]),
+        2,
+        "fixture line 4: the event repeats the resume token of line 2",
+    );
+    assert_eq!(inspect(&s.state()), before);
+    tried += 2;
     eprintln!("{tried} broken recordings refused");
 }
 

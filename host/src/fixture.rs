@@ -6,7 +6,11 @@
 //!   fails the stream at this point;
 //! - `{"$deployment": {"setName": …, "replicaSetId": …, "source": "db.coll"}}`: optional, first line only.
 //!
-//! Blank lines are ignored. Anything else is refused with its line number.
+//! Blank lines are ignored. Anything else is refused with its line number, and so is an event whose
+//! resume token (by its canonical text, hence its event ID) repeats an earlier event's: a stream
+//! never delivers one token twice, and a resume could not tell the two apart.
+
+use std::collections::HashMap;
 
 use bson::{Bson, Document};
 use serde_json::Value;
@@ -65,6 +69,7 @@ impl Fixture {
     pub fn parse(text: &str) -> Result<Fixture> {
         let mut fixture = Fixture::default();
         let mut seen_content = false;
+        let mut event_lines: HashMap<String, usize> = HashMap::new();
         for (index, raw) in text.lines().enumerate() {
             let line = index + 1;
             if raw.trim().is_empty() {
@@ -132,6 +137,12 @@ impl Fixture {
                     return Err(bad(line, "an event needs a string `operationType`"));
                 }
                 let token_text = canonical_text(token);
+                if let Some(first) = event_lines.insert(token_text.clone(), line) {
+                    return Err(bad(
+                        line,
+                        format!("the event repeats the resume token of line {first}"),
+                    ));
+                }
                 fixture.entries.push(Entry::Event { event, token_text });
             }
             seen_content = true;
@@ -214,6 +225,30 @@ mod tests {
             assert!(matches!(error, HandoffError::BadInput(_)));
             assert!(error.to_string().contains(needle), "{text}: {error}");
         }
+    }
+
+    #[test]
+    fn refuses_an_event_that_repeats_a_token() {
+        // The same token with its keys in another order is the same token (the same event ID).
+        let text = concat!(
+            "{\"_id\": {\"_data\": \"8201\", \"k\": 1}, \"operationType\": \"insert\"}\n",
+            "{\"$postBatchResumeToken\": {\"k\": 1, \"_data\": \"8201\"}}\n",
+            "{\"_id\": {\"_data\": \"8202\"}, \"operationType\": \"insert\"}\n",
+            "\n",
+            "{\"_id\": {\"k\": 1, \"_data\": \"8201\"}, \"operationType\": \"update\"}\n",
+        );
+        let error = Fixture::parse(text).unwrap_err();
+        assert!(matches!(error, HandoffError::BadInput(_)));
+        assert_eq!(
+            error.to_string(),
+            HandoffError::BadInput(
+                "fixture line 5: the event repeats the resume token of line 1".into()
+            )
+            .to_string()
+        );
+        // A batch end may carry the last event's token, as a server's does.
+        let fixture = Fixture::parse(&text[..text.rfind("{\"_id\"").unwrap()]).unwrap();
+        assert_eq!(fixture.entries.len(), 3);
     }
 
     proptest::proptest! {

@@ -197,7 +197,7 @@ pub(crate) fn compare_and_set(
 ) -> Result<Document, CommitError> {
     let token_matches = match (stored.get("token"), commit.expected) {
         (None | Some(bson::Bson::Null), None) => true,
-        (Some(bson::Bson::Document(saved)), Some(expected)) => saved == expected,
+        (Some(bson::Bson::Document(saved)), Some(expected)) => same_token(saved, expected),
         _ => false,
     };
     let source_matches = stored.get_str("source").ok() == Some(commit.consumer.source.as_str());
@@ -208,6 +208,13 @@ pub(crate) fn compare_and_set(
     updated.insert("token", commit.next.clone());
     updated.insert("mode", commit.mode.as_str());
     Ok(updated)
+}
+
+/// Whether the saved token is the expected one: the same BSON. `Document` equality is not enough,
+/// since a token holding a NaN double would never equal itself (a server's equality match, and
+/// PyMongo's, take NaN as equal to NaN).
+fn same_token(saved: &Document, expected: &Document) -> bool {
+    saved == expected || matches!((saved.to_vec(), expected.to_vec()), (Ok(a), Ok(b)) if a == b)
 }
 
 /// The `_id`s of records, which must be strings.
@@ -221,4 +228,24 @@ pub(crate) fn record_ids(records: &[Document]) -> Result<Vec<String>, CommitErro
                 .map_err(|_| CommitError::Unavailable("a record without a string _id".into()))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bson::doc;
+
+    #[test]
+    fn a_token_holding_nan_is_the_same_token() {
+        let token = doc! { "_data": "8201", "n": f64::NAN, "a": [f64::NAN] };
+        assert!(same_token(&token, &token.clone()));
+        assert!(!same_token(
+            &token,
+            &doc! { "_data": "8201", "n": f64::NAN, "a": [1.0] }
+        ));
+        assert!(!same_token(
+            &doc! { "_data": "8201" },
+            &doc! { "_data": "8202" }
+        ));
+    }
 }
