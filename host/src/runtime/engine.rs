@@ -11,7 +11,7 @@ use wasmtime::{Config, Engine, Store, UpdateDeadline};
 use wasmtime_wasi::WasiCtx;
 
 use super::bindings::{HandoffPolicy, RunState, export, types};
-use super::cache::ArtifactCache;
+use super::cache::{ArtifactCache, Lookup};
 use super::limits::{Limiter, Limits};
 use super::policy::{Policy, PolicySource, check_contract};
 use super::session::{Report, Session, Status, Summary};
@@ -75,30 +75,30 @@ impl Runtime {
         &self.engine
     }
 
-    /// Compiles (or loads from the cache) and checks a policy.
+    /// Compiles (or loads from the cache) and checks a policy. Only a component that passed the
+    /// contract check is cached.
     pub fn load(&self, source: &PolicySource) -> Result<Policy> {
         source.check_format()?;
-        let cached = self
-            .cache
-            .as_ref()
-            .and_then(|c| c.load(&self.engine, &source.sha256));
-        let component = match cached {
-            Some(component) => component,
-            None => {
-                let component = wasmtime::component::Component::new(&self.engine, &source.bytes)
-                    .map_err(|e| {
-                        HandoffError::Policy(format!(
-                            "the policy {} does not compile: {e:#}",
-                            source.origin
-                        ))
-                    })?;
-                if let Some(cache) = &self.cache {
-                    cache.store(&source.sha256, &component);
-                }
-                component
+        let lookup = match &self.cache {
+            Some(cache) => cache.load(&self.engine, &source.sha256),
+            None => Lookup::Refused,
+        };
+        let store = matches!(lookup, Lookup::Miss);
+        let component = match lookup {
+            Lookup::Hit(component) => component,
+            Lookup::Miss | Lookup::Refused => {
+                wasmtime::component::Component::new(&self.engine, &source.bytes).map_err(|e| {
+                    HandoffError::Policy(format!(
+                        "the policy {} does not compile: {e:#}",
+                        source.origin
+                    ))
+                })?
             }
         };
         let contract = check_contract(&self.engine, &component, &source.origin)?;
+        if let (true, Some(cache)) = (store, &self.cache) {
+            cache.store(&source.sha256, &component);
+        }
         Ok(Policy {
             component,
             sha256: source.sha256.clone(),
