@@ -2,6 +2,7 @@
 //! folder of the effective user, never through a symlink, only after its contents are verified
 //! against the policy and the engine, only for components that passed the contract check, and
 //! within a size bound. Whatever is refused is logged and the run goes on, compiling in memory.
+//! And the binary that loads it keeps address-space randomisation.
 
 mod support;
 
@@ -441,4 +442,22 @@ fn no_cache_leaves_no_folder() {
     );
     assert!(!dir.exists());
     assert!(!err.contains("WARN"), "{err}");
+}
+
+/// The process that compiles untrusted code and holds database credentials keeps address-space
+/// randomisation: the binary is a position-independent executable (ELF type `ET_DYN`, where a
+/// position-dependent one is `ET_EXEC`), so the kernel loads it at a random address.
+#[test]
+fn the_binary_is_position_independent() {
+    let elf = std::fs::read(env!("CARGO_BIN_EXE_handoff")).expect("read the binary");
+    assert_eq!(&elf[..4], b"\x7fELF", "not an ELF file");
+    let e_type = match elf[5] {
+        1 => u16::from_le_bytes([elf[16], elf[17]]),
+        2 => u16::from_be_bytes([elf[16], elf[17]]),
+        other => panic!("unknown ELF data encoding {other}"),
+    };
+    const ET_EXEC: u16 = 2;
+    const ET_DYN: u16 = 3;
+    assert_ne!(e_type, ET_EXEC, "the binary is linked position-dependent");
+    assert_eq!(e_type, ET_DYN);
 }
