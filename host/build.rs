@@ -9,11 +9,6 @@ use std::process::Command;
 use sha2::{Digest, Sha256};
 
 fn main() {
-    // A position-dependent executable needs no load-time relocations: tens of thousands fewer
-    // page writes at every start, the largest part of a warm start.
-    if std::env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("linux") {
-        println!("cargo:rustc-link-arg-bin=handoff=-no-pie");
-    }
     let manifest_dir =
         PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR"));
     let workspace = manifest_dir.parent().expect("workspace root").to_path_buf();

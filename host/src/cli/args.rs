@@ -152,9 +152,8 @@ impl PolicyArgs {
         } else {
             ArtifactCache::default_dir()
         };
-        let runtime = Runtime::new(cache)?;
+        let (runtime, policy) = Runtime::with_policy(cache, &source)?;
         tracing::debug!(target: "handoff::startup", "engine ready");
-        let policy = runtime.load(&source)?;
         tracing::debug!(target: "handoff::startup", contract = %policy.contract, "policy loaded");
         Ok((runtime, policy))
     }

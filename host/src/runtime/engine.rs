@@ -10,7 +10,7 @@ use wasmtime::component::{HasSelf, Linker, ResourceTable};
 use wasmtime::{Config, Engine, Store, UpdateDeadline};
 
 use super::bindings::{HandoffPolicy, RunState, export, types};
-use super::cache::ArtifactCache;
+use super::cache::{ArtifactCache, Lookup};
 use super::limits::{Limiter, Limits};
 use super::policy::{Policy, PolicySource, check_contract};
 use super::session::{Report, Session, Status, Summary};
@@ -39,32 +39,8 @@ pub struct Runtime {
 impl Runtime {
     /// Builds the engine. `cache_dir: None` disables the artifact cache.
     pub fn new(cache_dir: Option<PathBuf>) -> Result<Runtime> {
-        let mut config = Config::new();
-        config
-            .wasm_component_model(true)
-            .concurrency_support(false)
-            .epoch_interruption(true)
-            .max_wasm_stack(MAX_WASM_STACK);
-        let engine = Engine::new(&config).map_err(|e| HandoffError::Internal(e.into()))?;
-        tracing::debug!(target: "handoff::startup", "engine built");
-        let mut linker = Linker::new(&engine);
-        wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
-            .map_err(|e| HandoffError::Internal(e.into()))?;
-        super::wasi::add_bounded_waits(&mut linker)
-            .map_err(|e| HandoffError::Internal(e.into()))?;
-        HandoffPolicy::add_to_linker::<_, HasSelf<_>>(&mut linker, |state| state)
-            .map_err(|e| HandoffError::Internal(e.into()))?;
-        let weak = engine.weak();
-        std::thread::Builder::new()
-            .name("epoch-ticker".into())
-            .spawn(move || {
-                while let Some(engine) = weak.upgrade() {
-                    engine.increment_epoch();
-                    drop(engine);
-                    std::thread::sleep(TICK);
-                }
-            })
-            .map_err(|e| HandoffError::Internal(e.into()))?;
+        let engine = build_engine()?;
+        let linker = build_linker(&engine)?;
         let cache = cache_dir.map(|dir| ArtifactCache::new(&engine, dir));
         Ok(Runtime {
             engine,
@@ -73,40 +49,50 @@ impl Runtime {
         })
     }
 
+    /// Builds the engine and loads a policy, as `new` then `load` do, but defines the host's
+    /// imports on another thread while the policy is read (from the cache), verified and checked:
+    /// the two are independent, and each is a large part of a warm start.
+    pub fn with_policy(
+        cache_dir: Option<PathBuf>,
+        source: &PolicySource,
+    ) -> Result<(Runtime, Policy)> {
+        let engine = build_engine()?;
+        let cache = cache_dir.map(|dir| ArtifactCache::new(&engine, dir));
+        let (linker, policy) = std::thread::scope(|scope| {
+            let linker = std::thread::Builder::new()
+                .name("linker".into())
+                .spawn_scoped(scope, || build_linker(&engine));
+            let policy = load_policy(&engine, cache.as_ref(), source);
+            let linker = match linker {
+                Ok(handle) => handle.join().unwrap_or_else(|_| {
+                    Err(HandoffError::Internal(anyhow::anyhow!(
+                        "defining the host's imports panicked"
+                    )))
+                }),
+                // No thread to spare: define them here.
+                Err(_) => build_linker(&engine),
+            };
+            (linker, policy)
+        });
+        let policy = policy?;
+        Ok((
+            Runtime {
+                engine,
+                linker: linker?,
+                cache,
+            },
+            policy,
+        ))
+    }
+
     pub fn engine(&self) -> &Engine {
         &self.engine
     }
 
-    /// Compiles (or loads from the cache) and checks a policy.
+    /// Compiles (or loads from the cache) and checks a policy. Only a component that passed the
+    /// contract check is cached.
     pub fn load(&self, source: &PolicySource) -> Result<Policy> {
-        source.check_format()?;
-        let cached = self
-            .cache
-            .as_ref()
-            .and_then(|c| c.load(&self.engine, &source.sha256));
-        let component = match cached {
-            Some(component) => component,
-            None => {
-                let component = wasmtime::component::Component::new(&self.engine, &source.bytes)
-                    .map_err(|e| {
-                        HandoffError::Policy(format!(
-                            "the policy {} does not compile: {e:#}",
-                            source.origin
-                        ))
-                    })?;
-                if let Some(cache) = &self.cache {
-                    cache.store(&source.sha256, &component);
-                }
-                component
-            }
-        };
-        let contract = check_contract(&self.engine, &component, &source.origin)?;
-        Ok(Policy {
-            component,
-            sha256: source.sha256.clone(),
-            origin: source.origin.clone(),
-            contract,
-        })
+        load_policy(&self.engine, self.cache.as_ref(), source)
     }
 
     /// Runs a policy over a session within the limits, with real clocks and random sources,
@@ -203,6 +189,78 @@ impl Runtime {
             },
         }
     }
+}
+
+/// The engine: component model without concurrency, epoch interruption driven by a ticker thread,
+/// a bounded guest stack.
+fn build_engine() -> Result<Engine> {
+    let mut config = Config::new();
+    config
+        .wasm_component_model(true)
+        .concurrency_support(false)
+        .epoch_interruption(true)
+        .max_wasm_stack(MAX_WASM_STACK);
+    let engine = Engine::new(&config).map_err(|e| HandoffError::Internal(e.into()))?;
+    tracing::debug!(target: "handoff::startup", "engine built");
+    let weak = engine.weak();
+    std::thread::Builder::new()
+        .name("epoch-ticker".into())
+        .spawn(move || {
+            while let Some(engine) = weak.upgrade() {
+                engine.increment_epoch();
+                drop(engine);
+                std::thread::sleep(TICK);
+            }
+        })
+        .map_err(|e| HandoffError::Internal(e.into()))?;
+    Ok(engine)
+}
+
+/// What the host grants a policy: the WASI interfaces (without capabilities) and the contract.
+fn build_linker(engine: &Engine) -> Result<Linker<RunState>> {
+    let mut linker = Linker::new(engine);
+    wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
+        .map_err(|e| HandoffError::Internal(e.into()))?;
+    super::wasi::add_bounded_waits(&mut linker).map_err(|e| HandoffError::Internal(e.into()))?;
+    HandoffPolicy::add_to_linker::<_, HasSelf<_>>(&mut linker, |state| state)
+        .map_err(|e| HandoffError::Internal(e.into()))?;
+    Ok(linker)
+}
+
+/// Compiles (or loads from the cache) and checks a policy. Only a component that passed the
+/// contract check is cached.
+fn load_policy(
+    engine: &Engine,
+    cache: Option<&ArtifactCache>,
+    source: &PolicySource,
+) -> Result<Policy> {
+    source.check_format()?;
+    let lookup = match cache {
+        Some(cache) => cache.load(engine, &source.sha256),
+        None => Lookup::Refused,
+    };
+    let store = matches!(lookup, Lookup::Miss);
+    let component = match lookup {
+        Lookup::Hit(component) => component,
+        Lookup::Miss | Lookup::Refused => {
+            wasmtime::component::Component::new(engine, &source.bytes).map_err(|e| {
+                HandoffError::Policy(format!(
+                    "the policy {} does not compile: {e:#}",
+                    source.origin
+                ))
+            })?
+        }
+    };
+    let contract = check_contract(engine, &component, &source.origin)?;
+    if let (true, Some(cache)) = (store, cache) {
+        cache.store(&source.sha256, &component);
+    }
+    Ok(Policy {
+        component,
+        sha256: source.sha256.clone(),
+        origin: source.origin.clone(),
+        contract,
+    })
 }
 
 fn report_from(report: export::Report) -> Report {
