@@ -84,6 +84,7 @@ impl Server {
             failpoints: Mutex::new(FailPoints::default()),
             next_connection_id: AtomicI64::new(1),
             commands_served: AtomicU64::new(0),
+            received: Default::default(),
             config,
         });
         let (stop_tx, stop_rx) = watch::channel(false);
@@ -272,6 +273,28 @@ impl ServerHandle {
 
     pub fn set_name(&self) -> &str {
         &self.shared.config.set_name
+    }
+
+    /// What the last commands received asked for, oldest first: `{command, db, collection?,
+    /// writeConcern?, readConcern?, $readPreference?, startTransaction?, autocommit?, txnNumber?,
+    /// documents?}` (`documents` is an insert's document count). Handshakes and monitoring
+    /// (`hello`, `isMaster`) are included like any other command.
+    pub fn received_commands(&self) -> Vec<bson::Document> {
+        let received = self
+            .shared
+            .received
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        received.iter().cloned().collect()
+    }
+
+    /// Forgets the commands received so far.
+    pub fn clear_received_commands(&self) {
+        self.shared
+            .received
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
     }
 
     /// Number of change events currently retained.

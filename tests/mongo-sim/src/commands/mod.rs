@@ -297,6 +297,7 @@ async fn run_command(
             CommandError::failed_to_parse("empty command").to_document(LabelContext::default()),
         );
     };
+    shared.record_command(&db, &name, &body);
     let session = session_args(&body);
     let mut label_ctx = LabelContext {
         is_commit: name == "commitTransaction",
@@ -457,9 +458,7 @@ async fn dispatch(ctx: &Ctx<'_>) -> CmdResult<Document> {
         "replSetGetStatus" => admin::repl_set_get_status(ctx),
         "serverStatus" => Ok(admin::server_status(ctx)),
         "getCmdLineOpts" => Ok(doc! {"argv": ["mongo-sim"], "parsed": {}}),
-        "getParameter" => {
-            Ok(doc! {"featureCompatibilityVersion": {"version": "7.0"}, "enableTestCommands": true})
-        }
+        "getParameter" => admin::get_parameter(ctx),
         "setParameter" => Ok(doc! {"was": Bson::Null}),
         "connectionStatus" => {
             Ok(doc! {"authInfo": {"authenticatedUsers": [], "authenticatedUserRoles": []}})
