@@ -21,10 +21,10 @@ use bson::{Bson, Document, doc};
 
 use super::stop::StopSignal;
 use crate::backend::{
-    ChangeSource, CheckpointStore, Commit, CommitError, Consumer, Deployment, Mode, StreamError,
-    StreamStart,
+    BSON_OBJECT_TOO_LARGE, ChangeSource, CheckpointStore, Commit, CommitError, Consumer,
+    Deployment, Mode, StreamError, StreamStart,
 };
-use crate::error::{HandoffError, RECONCILE_GUIDANCE};
+use crate::error::{EVENT_TOO_LARGE_GUIDANCE, HandoffError, RECONCILE_GUIDANCE};
 use crate::token::{canonical_text, value_text};
 
 /// The longest outbox ID a policy may choose.
@@ -285,6 +285,13 @@ impl Session {
             }
             StreamError::Unavailable(_) => {
                 StreamFailure::Unavailable(self.fail(HandoffError::Unavailable(message)))
+            }
+            // The server's text names the event's token: only its code is repeated.
+            StreamError::TooLarge(e) => {
+                StreamFailure::Fatal(self.fail(HandoffError::EventTooLarge(format!(
+                    "{EVENT_TOO_LARGE_GUIDANCE} MongoDB error: {} (code {BSON_OBJECT_TOO_LARGE})",
+                    e.code_name
+                ))))
             }
         }
     }
@@ -589,6 +596,12 @@ impl Session {
                 )));
                 return Err(CommitFailure::Unavailable(m));
             }
+            Err(CommitError::TooLarge(id)) => {
+                let m = self.fail(HandoffError::EventTooLarge(format!(
+                    "{EVENT_TOO_LARGE_GUIDANCE} The record {id} is over the limit."
+                )));
+                return Err(CommitFailure::Rejected(m));
+            }
         }
         for done in self.pending.drain(..count) {
             self.recent.push_back(done);
@@ -652,7 +665,7 @@ impl Session {
                 ));
                 return Err(CommitFailure::Conflict(m));
             }
-            Err(CommitError::Unavailable(detail)) => {
+            Err(CommitError::Unavailable(detail) | CommitError::TooLarge(detail)) => {
                 let m = self.fail(HandoffError::Unavailable(format!(
                     "{RECONCILE_GUIDANCE} Store error: {detail}"
                 )));
