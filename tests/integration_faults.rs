@@ -243,7 +243,12 @@ fn history_lost_while_a_run_reads_fails_with_the_checkpoint_untouched() {
 /// `NotWritablePrimary` on one command: the run either recovers with nothing lost or stops as
 /// unavailable (exit 10) with the checkpoint matching the outbox.
 fn not_writable_primary(command: &str, mode: Document) -> Option<i32> {
-    let live = Live::start();
+    // Transient errors are retried for the server's transaction lifetime plus 15 s: a 1 s
+    // lifetime keeps a refusal on every attempt to about 16 s of retries.
+    let live = Live::with_config(Config {
+        transaction_lifetime: Duration::from_secs(1),
+        ..Config::default()
+    });
     let start = live.start_consumer();
     live.insert(0..4);
     live.fail_point(

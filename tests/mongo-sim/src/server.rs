@@ -130,6 +130,7 @@ async fn serve_connection(
     let conn = ConnInfo {
         id: shared.next_connection_id.fetch_add(1, Ordering::Relaxed),
         peer: peer.to_string(),
+        app_name: Default::default(),
     };
     debug!(connection_id = conn.id, peer = %conn.peer, "connection accepted");
     let (rd, mut wr) = stream.into_split();
@@ -275,9 +276,10 @@ impl ServerHandle {
         &self.shared.config.set_name
     }
 
-    /// What the last commands received asked for, oldest first: `{command, db, collection?,
+    /// What the last commands received asked for, oldest first: `{command, db, app?, collection?,
     /// writeConcern?, readConcern?, $readPreference?, startTransaction?, autocommit?, txnNumber?,
-    /// documents?}` (`documents` is an insert's document count). Handshakes and monitoring
+    /// documents?}` (`app` is the handshake's `client.application.name` on the command's
+    /// connection, `documents` an insert's document count). Handshakes and monitoring
     /// (`hello`, `isMaster`) are included like any other command.
     pub fn received_commands(&self) -> Vec<bson::Document> {
         let received = self

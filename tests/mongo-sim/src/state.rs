@@ -252,11 +252,15 @@ impl Shared {
         !self.config.standalone
     }
 
-    /// Notes what a command asked for, for tests: its name, database and collection, the concerns
-    /// and read preference it carried, its transaction fields and, for an insert, how many
-    /// documents it held. Never the documents themselves. The last [`RECEIVED_KEPT`] are kept.
-    pub fn record_command(&self, db: &str, name: &str, body: &Document) {
+    /// Notes what a command asked for, for tests: the application name its connection gave in
+    /// its handshake, its name, database and collection, the concerns and read preference it
+    /// carried, its transaction fields and, for an insert, how many documents it held. Never the
+    /// documents themselves. The last [`RECEIVED_KEPT`] are kept.
+    pub fn record_command(&self, app: Option<&str>, db: &str, name: &str, body: &Document) {
         let mut seen = doc! {"command": name, "db": db};
+        if let Some(app) = app {
+            seen.insert("app", app);
+        }
         if let Some(Bson::String(target)) = body.get(name) {
             seen.insert("collection", target.clone());
         }

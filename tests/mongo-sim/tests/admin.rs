@@ -302,6 +302,10 @@ async fn received_commands_note_concerns_and_read_preference_but_no_documents() 
         .find(|c| c.get_str("command").ok() == Some("insert"))
         .expect("the insert was noted");
     assert_eq!(insert.get_str("db").unwrap(), "d");
+    assert!(
+        insert.get_str("app").is_err(),
+        "the client named no application"
+    );
     assert_eq!(insert.get_str("collection").unwrap(), "c");
     assert_eq!(insert.get_i64("documents").unwrap(), 2);
     assert_eq!(insert.get_document("writeConcern").unwrap(), &doc! {"w": 1});

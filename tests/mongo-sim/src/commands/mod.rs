@@ -23,6 +23,8 @@ use crate::wire::{self, Message};
 pub struct ConnInfo {
     pub id: i64,
     pub peer: String,
+    /// The `client.application.name` of the connection's handshake, if it sent one.
+    pub app_name: std::sync::OnceLock<String>,
 }
 
 /// What the connection does after a request.
@@ -297,7 +299,15 @@ async fn run_command(
             CommandError::failed_to_parse("empty command").to_document(LabelContext::default()),
         );
     };
-    shared.record_command(&db, &name, &body);
+    if matches!(name.as_str(), "hello" | "isMaster" | "ismaster")
+        && let Ok(app) = body
+            .get_document("client")
+            .and_then(|c| c.get_document("application"))
+            .and_then(|a| a.get_str("name"))
+    {
+        let _ = conn.app_name.set(app.to_string());
+    }
+    shared.record_command(conn.app_name.get().map(String::as_str), &db, &name, &body);
     let session = session_args(&body);
     let mut label_ctx = LabelContext {
         is_commit: name == "commitTransaction",
