@@ -312,6 +312,7 @@ fn a_failed_commit_leaves_no_transaction_open_for_the_next_run() {
         doc! {"times": 1}.into(),
         doc! {"failCommands": ["commitTransaction"], "errorCode": 8},
     );
+    live.server.clear_received_commands();
     let failed = live.command().env("HANDOFF_LOG", "warn").output().unwrap();
     assert_eq!(
         failed.status.code(),
@@ -320,6 +321,21 @@ fn a_failed_commit_leaves_no_transaction_open_for_the_next_run() {
         support::stderr(&failed)
     );
     assert_eq!(live.fail_point_off(), 1);
+    // The failed run ended its transaction, then its sessions, before it exited.
+    let sent: Vec<String> = live
+        .server
+        .received_commands()
+        .iter()
+        .filter(|c| c.get_str("app").ok() == Some("handoff"))
+        .filter_map(|c| c.get_str("command").ok().map(str::to_string))
+        .collect();
+    let commit = sent.iter().position(|c| c == "commitTransaction");
+    let abort = sent.iter().rposition(|c| c == "abortTransaction");
+    let ended = sent.iter().rposition(|c| c == "endSessions");
+    assert!(
+        commit < abort && abort < ended && commit.is_some(),
+        "{sent:?}"
+    );
     assert_eq!(live.outbox_len(), 0, "the failed commit wrote records");
     assert_eq!(
         live.checkpoint_token(),

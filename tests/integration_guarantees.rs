@@ -256,3 +256,29 @@ fn a_batch_of_large_events_is_inserted_a_batch_at_a_time_and_handed_off_once() {
         inserts.len()
     );
 }
+
+#[test]
+fn a_duplicate_in_a_batch_names_that_record_and_writes_nothing() {
+    let live = Live::start();
+    let start = live.start_consumer();
+    live.insert(0..3);
+    let events = live.events_after(&start);
+    let taken = format!("{CONSUMER}/{}", event_id(&events[1]));
+    live.wait(live.coll(OUTBOX).insert_one(doc! {"_id": &taken}))
+        .expect("insert");
+    let output = live
+        .command()
+        .args([
+            "--policy",
+            handoff_test_policies::BATCHING,
+            "--policy-param",
+            "batch_size=3",
+        ])
+        .output()
+        .unwrap();
+    support::fails(&output, 3, &format!("A record {taken} already exists"));
+    // The batch's transaction is gone whole: the record before the duplicate is not there.
+    let outbox = live.outbox();
+    assert_eq!(outbox.len(), 1, "{outbox:?}");
+    assert_eq!(live.checkpoint_token(), start, "the checkpoint moved");
+}
