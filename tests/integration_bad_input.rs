@@ -588,6 +588,48 @@ fn a_uri_with_credentials_never_shows_the_password() {
             format!("mongodb+srv://alice:{password}@nonexistent.invalid/"),
             2,
         ),
+        // A password holding `?`, `@`, `/` and `:`, percent-encoded: refused by the server.
+        (
+            format!("mongodb://alice:{password}%3F%40%2F%3A@127.0.0.1:{port}/?replicaSet=rs0"),
+            11,
+        ),
+        (
+            format!("mongodb://alice:%3F{password}%40@127.0.0.1:{port}/?replicaSet=rs0"),
+            11,
+        ),
+        // The same characters left raw break the URI.
+        (
+            format!("mongodb://alice:pa?ss{password}@127.0.0.1:{port}/"),
+            2,
+        ),
+        (
+            format!("mongodb://alice:pa/ss{password}@127.0.0.1:{port}/"),
+            2,
+        ),
+        // Secrets in the query string.
+        (
+            format!(
+                "mongodb://AKIAEXAMPLE:x@127.0.0.1:{port}/?authMechanism=MONGODB-AWS&authMechanismProperties=AWS_SESSION_TOKEN:{password}"
+            ),
+            2,
+        ),
+        (
+            format!(
+                "mongodb://127.0.0.1:{port}/?authMechanismProperties=AWS_SESSION_TOKEN={password}"
+            ),
+            2,
+        ),
+        (
+            format!(
+                "mongodb://127.0.0.1:{port}/?tls=true&tlsCertificateKeyFile=/nonexistent.pem&tlsCertificateKeyFilePassword={password}"
+            ),
+            2,
+        ),
+        (
+            format!("mongodb://127.0.0.1:{port}/?readPreference={password}"),
+            2,
+        ),
+        (format!("mongodb://127.0.0.1:{port}/?{password}=1"), 2),
     ];
     let mut tried = 0;
     for (uri, code) in &cases {
@@ -634,4 +676,48 @@ fn a_uri_with_credentials_never_shows_the_password() {
     }
     assert_nothing_written(&live);
     eprintln!("{tried} runs with credentials, none showed the password");
+}
+
+#[test]
+fn a_uri_the_driver_cannot_parse_gets_a_fixed_message_that_echoes_nothing_of_it() {
+    let live = Live::start();
+    let port = live.server.port();
+    let secret = "Zq7SecretPart";
+    for uri in [
+        format!("mongodb://alice:{secret}@/db"),
+        format!("mongodb://alice:pa?ss{secret}@127.0.0.1:{port}/"),
+        format!("mongodb://alice:{secret}%@127.0.0.1:{port}/"),
+        format!("mongodb://127.0.0.1:{port}/?authMechanismProperties=AWS_SESSION_TOKEN={secret}"),
+        format!("mongodb://127.0.0.1:{port}/?readPreference={secret}"),
+        format!("mongodb://127.0.0.1:{port}/?{secret}=1"),
+        format!(
+            "mongodb://127.0.0.1:{port}/?tls=true&tlsCertificateKeyFile=/k.pem&tlsCertificateKeyFilePassword={secret}"
+        ),
+    ] {
+        let output = run_with(
+            &live,
+            &[],
+            &[("MONGODB_URI", &uri), ("HANDOFF_LOG", "debug")],
+        );
+        let all = format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert_eq!(output.status.code(), Some(2), "{uri}: {all}");
+        assert!(
+            all.contains("error[bad_input]: MONGODB_URI is not a valid MongoDB connection string"),
+            "{uri}: {all}"
+        );
+        for fragment in [
+            secret,
+            "alice",
+            "AWS_SESSION_TOKEN",
+            "readPreference",
+            "tlsCertificateKeyFilePassword",
+        ] {
+            assert!(!all.contains(fragment), "{uri}: {fragment} echoed: {all}");
+        }
+    }
+    assert_nothing_written(&live);
 }

@@ -243,7 +243,12 @@ fn history_lost_while_a_run_reads_fails_with_the_checkpoint_untouched() {
 /// `NotWritablePrimary` on one command: the run either recovers with nothing lost or stops as
 /// unavailable (exit 10) with the checkpoint matching the outbox.
 fn not_writable_primary(command: &str, mode: Document) -> Option<i32> {
-    let live = Live::start();
+    // Transient errors are retried for the server's transaction lifetime plus 15 s: a 1 s
+    // lifetime keeps a refusal on every attempt to about 16 s of retries.
+    let live = Live::with_config(Config {
+        transaction_lifetime: Duration::from_secs(1),
+        ..Config::default()
+    });
     let start = live.start_consumer();
     live.insert(0..4);
     live.fail_point(
@@ -294,4 +299,91 @@ fn a_primary_refusing_writes_never_loses_or_repeats_an_event() {
     eprintln!("{outcomes:?}");
     // A refusal on every attempt cannot be recovered within the run: it stops as unavailable.
     assert_eq!(outcomes.last().unwrap().2, Some(10));
+}
+
+#[test]
+fn a_failed_commit_leaves_no_transaction_open_for_the_next_run() {
+    let live = Live::start();
+    let start = live.start_consumer();
+    live.insert(0..3);
+    // A non-transient failure in front of the commit: the transaction stays open on the server
+    // unless the run ends it.
+    live.fail_point(
+        doc! {"times": 1}.into(),
+        doc! {"failCommands": ["commitTransaction"], "errorCode": 8},
+    );
+    live.server.clear_received_commands();
+    let failed = live.command().env("HANDOFF_LOG", "warn").output().unwrap();
+    assert_eq!(
+        failed.status.code(),
+        Some(10),
+        "{}",
+        support::stderr(&failed)
+    );
+    assert_eq!(live.fail_point_off(), 1);
+    // The failed run ended its transaction, then its sessions, before it exited.
+    let sent: Vec<String> = live
+        .server
+        .received_commands()
+        .iter()
+        .filter(|c| c.get_str("app").ok() == Some("handoff"))
+        .filter_map(|c| c.get_str("command").ok().map(str::to_string))
+        .collect();
+    let commit = sent.iter().position(|c| c == "commitTransaction");
+    let abort = sent.iter().rposition(|c| c == "abortTransaction");
+    let ended = sent.iter().rposition(|c| c == "endSessions");
+    assert!(
+        commit < abort && abort < ended && commit.is_some(),
+        "{sent:?}"
+    );
+    assert_eq!(live.outbox_len(), 0, "the failed commit wrote records");
+    assert_eq!(
+        live.checkpoint_token(),
+        start,
+        "the failed commit moved the checkpoint"
+    );
+    // The next run at once: its compare-and-set meets no transaction left open.
+    let next = live.command().env("HANDOFF_LOG", "warn").output().unwrap();
+    let out = support::ok(&next);
+    assert_eq!(out["events_handed_off"], 3);
+    let log = support::stderr(&next);
+    assert!(
+        !log.contains("transient transaction error; retrying"),
+        "the next run met the failed run's transaction: {log}"
+    );
+    assert_all_handed_off_once(&live, &start, 3);
+}
+
+#[test]
+fn a_transaction_a_killed_run_left_open_is_waited_out_within_the_server_lifetime() {
+    // Longer than the fixed retry window of earlier versions (15 s), shorter than MongoDB's 60 s.
+    let live = Live::with_config(Config {
+        transaction_lifetime: Duration::from_secs(20),
+        ..Config::default()
+    });
+    let start = live.start_consumer();
+    live.insert(0..2);
+    // What a killed run leaves behind: a transaction holding the checkpoint that nobody ends.
+    let mut holder = live.wait(live.client.start_session()).unwrap();
+    live.wait(holder.start_transaction()).unwrap();
+    live.wait(
+        live.coll(CHECKPOINTS)
+            .update_one(doc! {"_id": CONSUMER}, doc! {"$set": {"held": true}})
+            .session(&mut holder),
+    )
+    .unwrap();
+    std::mem::forget(holder);
+    let output = live.command().env("HANDOFF_LOG", "warn").output().unwrap();
+    let out = support::ok(&output);
+    assert_eq!(out["events_handed_off"], 2);
+    assert!(
+        support::stderr(&output).contains("transient transaction error; retrying"),
+        "the run never met the open transaction: {}",
+        support::stderr(&output)
+    );
+    assert!(
+        live.checkpoint().unwrap().get("held").is_none(),
+        "the abandoned transaction's write was applied"
+    );
+    assert_all_handed_off_once(&live, &start, 2);
 }

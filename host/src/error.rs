@@ -9,6 +9,12 @@ use std::process::ExitCode;
 pub const RECONCILE_GUIDANCE: &str = "Change-stream read or atomic handoff failed. Check MongoDB and the oplog window; \
      if the token cannot resume, reconcile from a verified snapshot before resetting this consumer.";
 
+/// What to do about an event (or its outbox / quarantine record) over MongoDB's document limit.
+pub const EVENT_TOO_LARGE_GUIDANCE: &str = "The change event exceeds MongoDB's 16 MiB document limit (BSONObjectTooLarge); \
+     the checkpoint was not moved and nothing was written, so every run stops at this event. \
+     Reduce the document that produced it, or exclude it or its large fields from the stream with a pipeline \
+     ($match / $project); a later option will split large events with $changeStreamSplitLargeEvent.";
+
 /// The exit code of a run stopped by SIGTERM or SIGINT: what it reported as committed stands.
 pub const STOPPED_EXIT_CODE: u8 = 12;
 
@@ -44,6 +50,10 @@ pub enum HandoffError {
     /// The server refused the credentials.
     #[error("{0}")]
     Authentication(String),
+    /// A change event, or the outbox / quarantine record that carries it, is over MongoDB's
+    /// 16 MiB document limit (code 10334). Nothing was written.
+    #[error("{0}")]
+    EventTooLarge(String),
     /// Anything else: a defect of this tool.
     #[error(transparent)]
     Internal(#[from] anyhow::Error),
@@ -64,6 +74,7 @@ impl HandoffError {
             HandoffError::Policy(_) => 9,
             HandoffError::Unavailable(_) => 10,
             HandoffError::Authentication(_) => 11,
+            HandoffError::EventTooLarge(_) => 13,
         }
     }
 
@@ -81,6 +92,7 @@ impl HandoffError {
             HandoffError::Policy(_) => "policy",
             HandoffError::Unavailable(_) => "unavailable",
             HandoffError::Authentication(_) => "authentication",
+            HandoffError::EventTooLarge(_) => "event_too_large",
         }
     }
 

@@ -86,7 +86,14 @@ pub enum StreamError {
     Fatal(ServerError),
     #[error("{0}")]
     Unavailable(ServerError),
+    /// An event is over the 16 MiB document limit (`BSONObjectTooLarge`, 10334): the server
+    /// cannot return it, so the stream cannot pass it.
+    #[error("{0}")]
+    TooLarge(ServerError),
 }
+
+/// MongoDB's `BSONObjectTooLarge`: a document (a change event, an inserted record) over 16 MiB.
+pub const BSON_OBJECT_TOO_LARGE: i32 = 10334;
 
 impl StreamError {
     /// Classifies a server error code the way drivers and operators do.
@@ -95,6 +102,7 @@ impl StreamError {
             Some(286) => StreamError::HistoryLost(error),
             Some(260) => StreamError::InvalidToken(error),
             Some(280) => StreamError::Fatal(error),
+            Some(BSON_OBJECT_TOO_LARGE) => StreamError::TooLarge(error),
             _ => StreamError::Unavailable(error),
         }
     }
@@ -104,7 +112,8 @@ impl StreamError {
             StreamError::HistoryLost(e)
             | StreamError::InvalidToken(e)
             | StreamError::Fatal(e)
-            | StreamError::Unavailable(e) => e,
+            | StreamError::Unavailable(e)
+            | StreamError::TooLarge(e) => e,
         }
     }
 }
@@ -167,6 +176,10 @@ pub enum CommitError {
     /// The store failed; the transaction did not commit.
     #[error("{0}")]
     Unavailable(String),
+    /// The outbox or quarantine record with this `_id` is over the store's document limit
+    /// (MongoDB's 16 MiB); the transaction did not commit.
+    #[error("the record {0} is over the 16 MiB document limit")]
+    TooLarge(String),
 }
 
 /// A consumer's state, in commit order.

@@ -36,7 +36,9 @@ pub fn run(args: RecordArgs) -> Result<()> {
         max_wait: Duration::from_secs(u64::from(inputs.max_wait_seconds)),
         redact: &args.redact,
     };
-    let count = record(&connection, &recording, &args.out)?;
+    let recorded = record(&connection, &recording, &args.out);
+    connection.close();
+    let count = recorded?;
     eprintln!("recorded {count} event(s) into {}", args.out.display());
     Ok(())
 }

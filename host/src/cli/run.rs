@@ -36,7 +36,7 @@ pub fn run(args: RunArgs) -> Result<super::Outcome> {
     let limits = args.policy.limits();
     connection.limit_to(started + limits.run_timeout);
     let source = MongoSource::new(connection.clone(), &inputs.database, &inputs.collection);
-    let store = MongoStore::new(connection, &inputs.database, &inputs.collections());
+    let store = MongoStore::new(connection.clone(), &inputs.database, &inputs.collections());
     let job = Job {
         runtime: &runtime,
         policy: &policy,
@@ -45,7 +45,11 @@ pub fn run(args: RunArgs) -> Result<super::Outcome> {
         limits,
         stop: super::stop_signal()?,
     };
-    let summary = job.execute(Box::new(source), Arc::new(store))?;
+    // The stream and the store are dropped with the job's session; then the connection ends its
+    // sessions on the server, whatever the outcome, so no transaction outlives the run.
+    let executed = job.execute(Box::new(source), Arc::new(store));
+    connection.close();
+    let summary = executed?;
     super::emit(&summary, &policy, &inputs, started);
     Ok(super::Outcome::of(&summary))
 }

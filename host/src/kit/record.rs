@@ -71,7 +71,6 @@ fn line(value: Bson) -> String {
 /// Records into `out`; returns the number of events recorded.
 pub fn record(connection: &Connection, what: &Recording<'_>, out: &Path) -> Result<u32> {
     let collection = connection
-        .client()
         .database(what.database)
         .collection::<Document>(what.collection);
     let deployment = connection.deployment();

@@ -21,10 +21,10 @@ use bson::{Bson, Document, doc};
 
 use super::stop::StopSignal;
 use crate::backend::{
-    ChangeSource, CheckpointStore, Commit, CommitError, Consumer, Deployment, Mode, StreamError,
-    StreamStart,
+    BSON_OBJECT_TOO_LARGE, ChangeSource, CheckpointStore, Commit, CommitError, Consumer,
+    Deployment, Mode, StreamError, StreamStart,
 };
-use crate::error::{HandoffError, RECONCILE_GUIDANCE};
+use crate::error::{EVENT_TOO_LARGE_GUIDANCE, HandoffError, RECONCILE_GUIDANCE};
 use crate::output::text::escape_untrusted;
 use crate::token::{canonical_text, value_text};
 use sha2::{Digest, Sha256};
@@ -370,6 +370,13 @@ impl Session {
             StreamError::Unavailable(_) => {
                 StreamFailure::Unavailable(self.fail(HandoffError::Unavailable(message)))
             }
+            // The server's text names the event's token: only its code is repeated.
+            StreamError::TooLarge(e) => {
+                StreamFailure::Fatal(self.fail(HandoffError::EventTooLarge(format!(
+                    "{EVENT_TOO_LARGE_GUIDANCE} MongoDB error: {} (code {BSON_OBJECT_TOO_LARGE})",
+                    e.code_name
+                ))))
+            }
         }
     }
 
@@ -452,7 +459,7 @@ impl Session {
                 ));
                 return Err(StreamFailure::Rejected(m));
             }
-            Err(CommitError::Unavailable(detail)) => {
+            Err(CommitError::Unavailable(detail) | CommitError::TooLarge(detail)) => {
                 let m = self.fail(HandoffError::Unavailable(format!(
                     "Could not save the stream's starting position; nothing was handed off. Store error: {detail}"
                 )));
@@ -755,10 +762,10 @@ impl Session {
 
     /// A record over MongoDB's document limit: nothing of the commit is written.
     fn record_too_large(&mut self, id: &str, bytes: usize) -> CommitFailure {
-        let m = self.fail(HandoffError::Policy(rejected(format!(
-            "the record {id} would be {bytes} bytes, over the {}-byte document limit",
+        let m = self.fail(HandoffError::EventTooLarge(format!(
+            "{EVENT_TOO_LARGE_GUIDANCE} The record {id} would be {bytes} bytes, over the {}-byte document limit.",
             self.bounds.max_record_bytes
-        ))));
+        )));
         CommitFailure::Rejected(m)
     }
 
@@ -802,6 +809,12 @@ impl Session {
                     "{RECONCILE_GUIDANCE} Store error: {detail}"
                 )));
                 return Err(CommitFailure::Unavailable(m));
+            }
+            Err(CommitError::TooLarge(id)) => {
+                let m = self.fail(HandoffError::EventTooLarge(format!(
+                    "{EVENT_TOO_LARGE_GUIDANCE} The record {id} is over the limit."
+                )));
+                return Err(CommitFailure::Rejected(m));
             }
         }
         for done in self.pending.drain(..steps.len()) {
@@ -878,7 +891,7 @@ impl Session {
                 ));
                 return Err(CommitFailure::Conflict(m));
             }
-            Err(CommitError::Unavailable(detail)) => {
+            Err(CommitError::Unavailable(detail) | CommitError::TooLarge(detail)) => {
                 let m = self.fail(HandoffError::Unavailable(format!(
                     "{RECONCILE_GUIDANCE} Store error: {detail}"
                 )));

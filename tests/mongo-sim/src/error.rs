@@ -13,6 +13,9 @@ pub const RESUMABLE_CS: &str = "ResumableChangeStreamError";
 /// Label telling drivers a change stream must not resume.
 pub const NON_RESUMABLE_CS: &str = "NonResumableChangeStreamError";
 
+/// The largest document the server stores or returns (`maxBsonObjectSize`, 16 MiB).
+pub const MAX_BSON_OBJECT_SIZE: usize = 16 * 1024 * 1024;
+
 /// An error returned to the client as a command failure.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[error("{code_name} ({code}): {message}")]
@@ -52,6 +55,15 @@ impl CommandError {
     }
     pub fn namespace_not_found(msg: impl Into<String>) -> Self {
         Self::new(26, msg)
+    }
+    /// A document over `maxBsonObjectSize`, as the server words it.
+    pub fn object_too_large(size: usize, first_element: &str) -> Self {
+        Self::new(
+            10334,
+            format!(
+                "BSONObj size: {size} (0x{size:X}) is invalid. Size must be between 0 and {MAX_BSON_OBJECT_SIZE}(16MB) First element: {first_element}"
+            ),
+        )
     }
     pub fn write_conflict() -> Self {
         Self::new(
@@ -198,6 +210,7 @@ pub fn code_name(code: i32) -> &'static str {
         280 => "ChangeStreamFatalError",
         286 => "ChangeStreamHistoryLost",
         9001 => "SocketException",
+        10334 => "BSONObjectTooLarge",
         10107 => "NotWritablePrimary",
         11000 => "DuplicateKey",
         11600 => "InterruptedAtShutdown",

@@ -84,6 +84,7 @@ impl Server {
             failpoints: Mutex::new(FailPoints::default()),
             next_connection_id: AtomicI64::new(1),
             commands_served: AtomicU64::new(0),
+            received: Default::default(),
             config,
         });
         let (stop_tx, stop_rx) = watch::channel(false);
@@ -129,6 +130,7 @@ async fn serve_connection(
     let conn = ConnInfo {
         id: shared.next_connection_id.fetch_add(1, Ordering::Relaxed),
         peer: peer.to_string(),
+        app_name: Default::default(),
     };
     debug!(connection_id = conn.id, peer = %conn.peer, "connection accepted");
     let (rd, mut wr) = stream.into_split();
@@ -272,6 +274,29 @@ impl ServerHandle {
 
     pub fn set_name(&self) -> &str {
         &self.shared.config.set_name
+    }
+
+    /// What the last commands received asked for, oldest first: `{command, db, app?, collection?,
+    /// writeConcern?, readConcern?, $readPreference?, startTransaction?, autocommit?, txnNumber?,
+    /// documents?}` (`app` is the handshake's `client.application.name` on the command's
+    /// connection, `documents` an insert's document count). Handshakes and monitoring
+    /// (`hello`, `isMaster`) are included like any other command.
+    pub fn received_commands(&self) -> Vec<bson::Document> {
+        let received = self
+            .shared
+            .received
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        received.iter().cloned().collect()
+    }
+
+    /// Forgets the commands received so far.
+    pub fn clear_received_commands(&self) {
+        self.shared
+            .received
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
     }
 
     /// Number of change events currently retained.

@@ -1,11 +1,11 @@
 //! Server-wide state shared by all connections.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicI64, AtomicU64};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use bson::{Document, oid::ObjectId};
+use bson::{Bson, Document, doc, oid::ObjectId};
 use tokio::sync::Notify;
 
 use crate::commands::change_stream::ChangeCursor;
@@ -235,6 +235,8 @@ pub struct Shared {
     pub failpoints: Mutex<FailPoints>,
     pub next_connection_id: AtomicI64,
     pub commands_served: AtomicU64,
+    /// What the last commands received asked for (see [`Shared::record_command`]).
+    pub received: Mutex<VecDeque<Document>>,
 }
 
 impl Shared {
@@ -249,6 +251,43 @@ impl Shared {
     pub fn is_replica_set(&self) -> bool {
         !self.config.standalone
     }
+
+    /// Notes what a command asked for, for tests: the application name its connection gave in
+    /// its handshake, its name, database and collection, the concerns and read preference it
+    /// carried, its transaction fields and, for an insert, how many documents it held. Never the
+    /// documents themselves. The last [`RECEIVED_KEPT`] are kept.
+    pub fn record_command(&self, app: Option<&str>, db: &str, name: &str, body: &Document) {
+        let mut seen = doc! {"command": name, "db": db};
+        if let Some(app) = app {
+            seen.insert("app", app);
+        }
+        if let Some(Bson::String(target)) = body.get(name) {
+            seen.insert("collection", target.clone());
+        }
+        for key in [
+            "writeConcern",
+            "readConcern",
+            "$readPreference",
+            "startTransaction",
+            "autocommit",
+            "txnNumber",
+        ] {
+            if let Some(value) = body.get(key) {
+                seen.insert(key, value.clone());
+            }
+        }
+        if let Some(Bson::Array(documents)) = body.get("documents") {
+            seen.insert("documents", documents.len() as i64);
+        }
+        let mut received = self.received.lock().unwrap_or_else(|p| p.into_inner());
+        if received.len() == RECEIVED_KEPT {
+            received.pop_front();
+        }
+        received.push_back(seen);
+    }
 }
+
+/// How many received commands [`Shared::record_command`] keeps.
+pub const RECEIVED_KEPT: usize = 10_000;
 
 pub type SharedRef = Arc<Shared>;

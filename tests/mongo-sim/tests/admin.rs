@@ -281,3 +281,49 @@ fn start_blocking_serves_until_dropped() {
     std::thread::sleep(std::time::Duration::from_millis(100));
     assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_err());
 }
+
+#[tokio::test]
+async fn received_commands_note_concerns_and_read_preference_but_no_documents() {
+    let (server, _) = common::start().await;
+    let uri = format!(
+        "{}&w=1&readConcernLevel=local&readPreference=secondaryPreferred",
+        server.uri()
+    );
+    let client = common::client_for(&uri).await;
+    let coll = client.database("d").collection::<Document>("c");
+    server.clear_received_commands();
+    coll.insert_many(vec![doc! {"_id": 1, "secret": "s3cr3t"}, doc! {"_id": 2}])
+        .await
+        .unwrap();
+    coll.find_one(doc! {}).await.unwrap();
+    let received = server.received_commands();
+    let insert = received
+        .iter()
+        .find(|c| c.get_str("command").ok() == Some("insert"))
+        .expect("the insert was noted");
+    assert_eq!(insert.get_str("db").unwrap(), "d");
+    assert!(
+        insert.get_str("app").is_err(),
+        "the client named no application"
+    );
+    assert_eq!(insert.get_str("collection").unwrap(), "c");
+    assert_eq!(insert.get_i64("documents").unwrap(), 2);
+    assert_eq!(insert.get_document("writeConcern").unwrap(), &doc! {"w": 1});
+    assert!(!format!("{received:?}").contains("s3cr3t"));
+    let find = received
+        .iter()
+        .find(|c| c.get_str("command").ok() == Some("find"))
+        .expect("the find was noted");
+    assert_eq!(
+        find.get_document("readConcern").unwrap(),
+        &doc! {"level": "local"}
+    );
+    assert_eq!(
+        find.get_document("$readPreference")
+            .unwrap()
+            .get_str("mode")
+            .unwrap(),
+        "secondaryPreferred"
+    );
+    server.shutdown().await;
+}

@@ -630,3 +630,108 @@ async fn history_loss_is_286_and_not_resumable() {
     assert_eq!(code_of(&err), Some(286));
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn an_event_over_16_mib_fails_the_stream_with_bson_object_too_large() {
+    let (server, client) = common::start().await;
+    let coll = client.database("cs").collection::<Document>("big");
+    let mut stream = coll
+        .watch()
+        .max_await_time(Duration::from_millis(200))
+        .await
+        .unwrap()
+        .with_type::<Document>();
+    coll.insert_one(doc! {"_id": 0}).await.unwrap();
+    let first = next_event(&mut stream).await;
+    // The document fits (16 MiB less a little); its event, with the event's own fields, does not.
+    let pad = 16 * 1024 * 1024 - 64;
+    coll.insert_one(doc! {"_id": 1, "pad": "x".repeat(pad)})
+        .await
+        .unwrap();
+    let err = loop {
+        match stream.next_if_any().await {
+            Ok(None) => continue,
+            Ok(Some(e)) => panic!("an oversized event was delivered: {:?}", e.get("_id")),
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(code_of(&err), Some(10334), "{err}");
+    // Opening the stream just before it fails the same way.
+    let reopened = coll
+        .watch()
+        .resume_after(token_of(&first))
+        .await
+        .map(|_| ())
+        .unwrap_err();
+    assert_eq!(code_of(&reopened), Some(10334), "{reopened}");
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_batch_holds_at_most_16_mib_of_events() {
+    let (server, client) = common::start().await;
+    let coll = client.database("cs").collection::<Document>("wide");
+    let start = common::command(
+        &client,
+        "cs",
+        doc! {"aggregate": "wide", "pipeline": [{"$changeStream": {}}], "cursor": {}},
+    )
+    .await;
+    let start = start
+        .get_document("cursor")
+        .unwrap()
+        .get_document("postBatchResumeToken")
+        .unwrap()
+        .clone();
+    for i in 0..30 {
+        coll.insert_one(doc! {"_id": i, "pad": "x".repeat(1024 * 1024)})
+            .await
+            .unwrap();
+    }
+    let reply = common::command(
+        &client,
+        "cs",
+        doc! {"aggregate": "wide", "pipeline": [{"$changeStream": {"resumeAfter": start}}], "cursor": {}},
+    )
+    .await;
+    let cursor = reply.get_document("cursor").unwrap();
+    let mut seen: Vec<i32> = Vec::new();
+    let mut batches = 0;
+    let mut batch = cursor.get_array("firstBatch").unwrap().clone();
+    let id = cursor.get_i64("id").unwrap();
+    loop {
+        let bytes: usize = batch
+            .iter()
+            .map(|e| e.as_document().unwrap().to_vec().unwrap().len())
+            .sum();
+        assert!(bytes <= 16 * 1024 * 1024, "a batch of {bytes} bytes");
+        seen.extend(batch.iter().map(|e| {
+            e.as_document()
+                .unwrap()
+                .get_document("documentKey")
+                .unwrap()
+                .get_i32("_id")
+                .unwrap()
+        }));
+        batches += 1;
+        if seen.len() == 30 {
+            break;
+        }
+        let more = common::command(
+            &client,
+            "cs",
+            doc! {"getMore": id, "collection": "wide", "maxTimeMS": 100},
+        )
+        .await;
+        batch = more
+            .get_document("cursor")
+            .unwrap()
+            .get_array("nextBatch")
+            .unwrap()
+            .clone();
+        assert!(batches < 10, "too many batches");
+    }
+    assert_eq!(seen, (0..30).collect::<Vec<_>>());
+    assert!(batches >= 2, "30 MiB of events came in one batch");
+    server.shutdown().await;
+}

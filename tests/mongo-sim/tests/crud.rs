@@ -389,3 +389,31 @@ async fn many_concurrent_connections() {
     assert_eq!(coll.count_documents(doc! {}).await.unwrap(), 400);
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn an_insert_over_16_mib_is_refused_with_bson_object_too_large() {
+    let (server, client) = common::start().await;
+    let mut raw = common::RawConn::connect(server.port()).await;
+    let big = doc! {"_id": 1, "pad": "x".repeat(16 * 1024 * 1024)};
+    let small = doc! {"_id": 2};
+    let body = doc! {"insert": "big", "$db": "d", "ordered": true};
+    let bytes = mongo_sim::wire::encode_op_msg_request(
+        7,
+        0,
+        &body,
+        &[("documents", &[small.clone(), big.clone()][..])],
+    )
+    .unwrap();
+    raw.send(&bytes).await;
+    let reply = raw.recv().await.expect("a reply");
+    let (_, reply) = mongo_sim::wire::decode_op_msg_reply(&reply).unwrap();
+    assert_eq!(reply.get_i32("n").unwrap(), 1, "{reply:?}");
+    let errors = reply.get_array("writeErrors").unwrap();
+    let error = errors[0].as_document().unwrap();
+    assert_eq!(error.get_i32("index").unwrap(), 1);
+    assert_eq!(error.get_i32("code").unwrap(), 10334);
+    assert_eq!(error.get_str("codeName").unwrap(), "BSONObjectTooLarge");
+    let coll = client.database("d").collection::<Document>("big");
+    assert_eq!(ids(&coll, doc! {}).await, vec![Bson::Int32(2)]);
+    server.shutdown().await;
+}

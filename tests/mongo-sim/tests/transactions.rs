@@ -437,3 +437,117 @@ async fn abandoned_transactions_expire() {
     assert_eq!(code_of(&err), Some(251));
     server.shutdown().await;
 }
+
+/// A transactional update of `{_id: 1}` in `tx.held` from a new session succeeds at once: no
+/// open transaction holds the document.
+async fn document_is_free(client: &mongodb::Client) {
+    let coll = client.database("tx").collection::<Document>("held");
+    let mut other = client.start_session().await.unwrap();
+    other.start_transaction().await.unwrap();
+    let updated = coll
+        .update_one(doc! {"_id": 1}, doc! {"$inc": {"n": 1}})
+        .session(&mut other)
+        .await;
+    assert!(updated.is_ok(), "the document is still held: {updated:?}");
+    other.commit_transaction().await.unwrap();
+}
+
+/// Opens a transaction on `session` that updates `{_id: 1}` in `tx.held`.
+async fn hold_document(client: &mongodb::Client, session: &mut mongodb::ClientSession) {
+    let coll = client.database("tx").collection::<Document>("held");
+    session.start_transaction().await.unwrap();
+    coll.update_one(doc! {"_id": 1}, doc! {"$inc": {"n": 10}})
+        .session(&mut *session)
+        .await
+        .unwrap();
+    // While it is open, another transaction meets a write conflict.
+    let mut other = client.start_session().await.unwrap();
+    other.start_transaction().await.unwrap();
+    let err = coll
+        .update_one(doc! {"_id": 1}, doc! {"$inc": {"n": 1}})
+        .session(&mut other)
+        .await
+        .unwrap_err();
+    assert_eq!(code_of(&err), Some(112));
+}
+
+#[tokio::test]
+async fn end_sessions_aborts_the_open_transaction_of_those_sessions() {
+    let (server, client) = common::start().await;
+    let coll = client.database("tx").collection::<Document>("held");
+    coll.insert_one(doc! {"_id": 1, "n": 0}).await.unwrap();
+    let mut holder = client.start_session().await.unwrap();
+    hold_document(&client, &mut holder).await;
+    common::command(
+        &client,
+        "admin",
+        doc! {"endSessions": [holder.id().clone()]},
+    )
+    .await;
+    document_is_free(&client).await;
+    let doc = coll.find_one(doc! {"_id": 1}).await.unwrap().unwrap();
+    assert_eq!(
+        doc.get_i32("n").unwrap(),
+        1,
+        "the ended transaction's write is gone"
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_new_transaction_number_aborts_the_open_one_after_a_failed_commit() {
+    let (server, client) = common::start().await;
+    let coll = client.database("tx").collection::<Document>("held");
+    coll.insert_one(doc! {"_id": 1, "n": 0}).await.unwrap();
+    let mut holder = client.start_session().await.unwrap();
+    hold_document(&client, &mut holder).await;
+    // The commit fails in front of the command: the transaction stays open on the server, and
+    // the driver no longer allows abortTransaction.
+    common::command(
+        &client,
+        "admin",
+        doc! {"configureFailPoint": "failCommand", "mode": {"times": 1},
+        "data": {"failCommands": ["commitTransaction"], "errorCode": 8}},
+    )
+    .await;
+    holder.commit_transaction().await.unwrap_err();
+    assert!(holder.abort_transaction().await.is_err());
+    // A new transaction number on the same session aborts the old transaction.
+    holder.start_transaction().await.unwrap();
+    coll.find_one(doc! {"_id": 1})
+        .session(&mut holder)
+        .await
+        .unwrap();
+    holder.abort_transaction().await.unwrap();
+    document_is_free(&client).await;
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn get_parameter_reports_the_transaction_lifetime_limit() {
+    let config = mongo_sim::Config {
+        transaction_lifetime: Duration::from_secs(42),
+        ..Default::default()
+    };
+    let (server, client) = common::start_with(config).await;
+    let reply = common::command(
+        &client,
+        "admin",
+        doc! {"getParameter": 1, "transactionLifetimeLimitSeconds": 1},
+    )
+    .await;
+    assert_eq!(
+        reply.get_i64("transactionLifetimeLimitSeconds").unwrap(),
+        42
+    );
+    assert!(!reply.contains_key("featureCompatibilityVersion"));
+    let all = common::command(&client, "admin", doc! {"getParameter": "*"}).await;
+    assert_eq!(all.get_i64("transactionLifetimeLimitSeconds").unwrap(), 42);
+    let unknown = client
+        .database("admin")
+        .run_command(doc! {"getParameter": 1, "noSuchParameter": 1})
+        .await
+        .unwrap_err();
+    assert_eq!(code_of(&unknown), Some(72));
+    server.shutdown().await;
+}

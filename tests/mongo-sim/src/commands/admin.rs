@@ -433,3 +433,34 @@ pub fn drop_indexes(ctx: &Ctx<'_>) -> CmdResult<Document> {
     }
     Ok(doc! {"nIndexesWas": was})
 }
+
+/// `getParameter`: `"*"` for every parameter, or the parameters named with a true value.
+pub fn get_parameter(ctx: &Ctx<'_>) -> CmdResult<Document> {
+    let lifetime = ctx.shared.config.transaction_lifetime.as_secs().max(1) as i64;
+    let all = doc! {
+        "featureCompatibilityVersion": {"version": "7.0"},
+        "enableTestCommands": true,
+        "transactionLifetimeLimitSeconds": lifetime,
+    };
+    if matches!(ctx.cmd.get("getParameter"), Some(Bson::String(s)) if s == "*") {
+        return Ok(all);
+    }
+    let mut reply = Document::new();
+    for key in ctx.cmd.keys().skip(1) {
+        if key.starts_with('$') || matches!(key.as_str(), "lsid" | "comment") {
+            continue;
+        }
+        match all.get(key) {
+            Some(value) => {
+                reply.insert(key.clone(), value.clone());
+            }
+            None => {
+                return Err(CommandError::new(72, "no option found to get"));
+            }
+        }
+    }
+    if reply.is_empty() {
+        return Err(CommandError::new(72, "no option found to get"));
+    }
+    Ok(reply)
+}

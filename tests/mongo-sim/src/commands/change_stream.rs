@@ -9,7 +9,7 @@ use tracing::debug;
 
 use super::Ctx;
 use super::crud::cursor_id;
-use crate::error::{CmdResult, CommandError};
+use crate::error::{CmdResult, CommandError, MAX_BSON_OBJECT_SIZE};
 use crate::matcher;
 use crate::oplog::{EventKind, KIND_EVENT, KIND_INVALIDATE, OplogEntry, TokenKey};
 use crate::state::{Cursor, State};
@@ -366,6 +366,9 @@ fn visible(scope: &Scope, e: &OplogEntry) -> bool {
 
 /// Collects up to `limit` events after the cursor's position, advancing it. Returns the
 /// events and whether the stream was invalidated (the cursor is then finished).
+///
+/// As on MongoDB, a batch holds at most 16 MiB of events (always at least one), and an event
+/// larger than 16 MiB fails the command with `BSONObjectTooLarge` (10334).
 fn scan(st: &State, cursor: &mut ChangeCursor, limit: usize) -> CmdResult<(Vec<Bson>, bool)> {
     if st.oplog.lost_after(cursor.after) {
         return Err(history_lost());
@@ -387,6 +390,7 @@ fn scan(st: &State, cursor: &mut ChangeCursor, limit: usize) -> CmdResult<(Vec<B
         cursor.after = key;
         return Ok((out, true));
     }
+    let mut bytes = 0usize;
     while out.len() < limit {
         let Some(e) = st.oplog.get(i) else {
             // Scanned everything: the position covers the whole history up to now.
@@ -398,12 +402,28 @@ fn scan(st: &State, cursor: &mut ChangeCursor, limit: usize) -> CmdResult<(Vec<B
         };
         i += 1;
         let key = e.key();
+        let previous = cursor.after;
         cursor.after = key;
         if !visible(&cursor.scope, e) {
             continue;
         }
         let ev = event_doc(st, e, key, cursor.lookup);
         if let Some(ev) = apply_stages(ev, &cursor.stages)? {
+            let size = ev.to_vec().map_or(usize::MAX, |b| b.len());
+            if size > MAX_BSON_OBJECT_SIZE {
+                let data = ev
+                    .get_document("_id")
+                    .and_then(|t| t.get_str("_data"))
+                    .unwrap_or_default();
+                let first = format!("_id: {{ _data: \"{data}\" }}");
+                return Err(CommandError::object_too_large(size, &first));
+            }
+            if !out.is_empty() && bytes + size > MAX_BSON_OBJECT_SIZE {
+                // The batch is full: this event opens the next one.
+                cursor.after = previous;
+                return Ok((out, false));
+            }
+            bytes += size;
             out.push(Bson::Document(ev));
         }
         if invalidates(&cursor.scope, e) {

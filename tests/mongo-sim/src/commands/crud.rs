@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use bson::{Bson, Document, doc, oid::ObjectId};
 
 use super::{Ctx, txn};
-use crate::error::{CmdResult, CommandError};
+use crate::error::{CmdResult, CommandError, MAX_BSON_OBJECT_SIZE};
 use crate::matcher;
 use crate::oplog::EventKind;
 use crate::state::{Cursor, FindCursor, Parts};
@@ -172,6 +172,24 @@ pub async fn insert(ctx: &Ctx<'_>) -> CmdResult<Document> {
     let mut errors = Vec::new();
     for (i, d) in docs.into_iter().enumerate() {
         let (id, d) = with_id_first(d);
+        let size = d.to_vec().map_or(usize::MAX, |b| b.len());
+        if size > MAX_BSON_OBJECT_SIZE {
+            // Refused before it is stored, like any failed statement of a transaction.
+            if ctx.in_txn() {
+                txn::abort_after_error(ctx);
+            }
+            let e = CommandError::new(
+                10334,
+                format!(
+                    "object to insert too large. size in bytes: {size}, max size: {MAX_BSON_OBJECT_SIZE}"
+                ),
+            );
+            errors.push(write_error_doc(i, &e));
+            if ordered {
+                break;
+            }
+            continue;
+        }
         let r = write_statement(ctx, |p| {
             let change = insert_change(p, &ns, id.clone(), d.clone())?;
             apply(p, vec![change])

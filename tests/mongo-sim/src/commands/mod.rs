@@ -23,6 +23,8 @@ use crate::wire::{self, Message};
 pub struct ConnInfo {
     pub id: i64,
     pub peer: String,
+    /// The `client.application.name` of the connection's handshake, if it sent one.
+    pub app_name: std::sync::OnceLock<String>,
 }
 
 /// What the connection does after a request.
@@ -297,6 +299,15 @@ async fn run_command(
             CommandError::failed_to_parse("empty command").to_document(LabelContext::default()),
         );
     };
+    if matches!(name.as_str(), "hello" | "isMaster" | "ismaster")
+        && let Ok(app) = body
+            .get_document("client")
+            .and_then(|c| c.get_document("application"))
+            .and_then(|a| a.get_str("name"))
+    {
+        let _ = conn.app_name.set(app.to_string());
+    }
+    shared.record_command(conn.app_name.get().map(String::as_str), &db, &name, &body);
     let session = session_args(&body);
     let mut label_ctx = LabelContext {
         is_commit: name == "commitTransaction",
@@ -457,9 +468,7 @@ async fn dispatch(ctx: &Ctx<'_>) -> CmdResult<Document> {
         "replSetGetStatus" => admin::repl_set_get_status(ctx),
         "serverStatus" => Ok(admin::server_status(ctx)),
         "getCmdLineOpts" => Ok(doc! {"argv": ["mongo-sim"], "parsed": {}}),
-        "getParameter" => {
-            Ok(doc! {"featureCompatibilityVersion": {"version": "7.0"}, "enableTestCommands": true})
-        }
+        "getParameter" => admin::get_parameter(ctx),
         "setParameter" => Ok(doc! {"was": Bson::Null}),
         "connectionStatus" => {
             Ok(doc! {"authInfo": {"authenticatedUsers": [], "authenticatedUserRoles": []}})

@@ -1,0 +1,284 @@
+//! What neither the URI nor the data can weaken, on the test server: checkpoint and outbox work
+//! always uses majority writes, majority or snapshot reads and the primary, whatever the URI
+//! asks; an event or a record over MongoDB's 16 MiB document limit stops the run with its own
+//! exit code and nothing written; large events are inserted a batch at a time.
+
+mod support;
+
+use std::time::Duration;
+
+use bson::{Document, doc};
+use support::live::*;
+
+/// The commands of checkpoint and outbox work (the driver's own handshakes, monitoring and
+/// session clean-up excepted).
+const DATA_COMMANDS: &[&str] = &[
+    "insert",
+    "update",
+    "find",
+    "aggregate",
+    "getMore",
+    "commitTransaction",
+    "abortTransaction",
+    "replSetGetConfig",
+    "getParameter",
+    "killCursors",
+];
+
+fn command_name(c: &Document) -> &str {
+    c.get_str("command").unwrap_or_default()
+}
+
+fn in_transaction(c: &Document) -> bool {
+    c.get_bool("autocommit").ok() == Some(false)
+}
+
+#[test]
+fn the_uri_cannot_weaken_the_concerns_or_move_reads_off_the_primary() {
+    for preference in ["secondary", "secondaryPreferred"] {
+        let live = Live::start();
+        let uri = format!(
+            "{}&w=1&journal=false&readConcernLevel=local&readPreference={preference}",
+            live.uri()
+        );
+        let run = |live: &Live| {
+            live.command()
+                .env("MONGODB_URI", &uri)
+                .env("HANDOFF_LOG", "warn")
+                .output()
+                .unwrap()
+        };
+        live.server.clear_received_commands();
+        let first = run(&live);
+        assert_eq!(support::ok(&first)["status"], "IDLE");
+        let start = live.checkpoint_token();
+        live.insert(0..3);
+        let second = run(&live);
+        assert_eq!(support::ok(&second)["events_handed_off"], 3);
+        assert!(
+            support::stderr(&second).contains("the URI's concerns are ignored"),
+            "{}",
+            support::stderr(&second)
+        );
+        let stream = live.events_after(&start);
+        assert_eq!(
+            outbox_event_ids(&live.outbox()),
+            stream.iter().map(event_id).collect::<Vec<_>>()
+        );
+
+        let received = live.server.received_commands();
+        // What `handoff` sent (it names itself in its handshake), not this test's own reads.
+        let data: Vec<&Document> = received
+            .iter()
+            .filter(|c| c.get_str("app").ok() == Some("handoff"))
+            .filter(|c| DATA_COMMANDS.contains(&command_name(c)))
+            .collect();
+        let count = |name: &str| data.iter().filter(|c| command_name(c) == name).count();
+        assert!(count("commitTransaction") >= 2, "{data:?}");
+        assert!(count("aggregate") >= 2, "{data:?}");
+        assert!(count("insert") >= 1, "{data:?}");
+        for c in &data {
+            let name = command_name(c);
+            // Sent to the primary: no read preference, or `primary`. (`getMore` and
+            // `killCursors` go to the server holding the cursor, which its `aggregate` chose; the
+            // driver addresses that one server with `primaryPreferred`.)
+            if let Ok(preference) = c.get_document("$readPreference")
+                && !matches!(name, "getMore" | "killCursors")
+            {
+                assert_eq!(preference.get_str("mode").unwrap(), "primary", "{c:?}");
+            }
+            let write_concern = c.get_document("writeConcern").ok();
+            let read_level = c
+                .get_document("readConcern")
+                .ok()
+                .and_then(|r| r.get_str("level").ok());
+            match name {
+                // A transaction's writes are acknowledged at its commit.
+                "commitTransaction" | "abortTransaction" => assert_eq!(
+                    write_concern.and_then(|w| w.get_str("w").ok()),
+                    Some("majority"),
+                    "{c:?}"
+                ),
+                "insert" | "update" if !in_transaction(c) => assert_eq!(
+                    write_concern.and_then(|w| w.get_str("w").ok()),
+                    Some("majority"),
+                    "{c:?}"
+                ),
+                _ => {}
+            }
+            if c.get_bool("startTransaction").ok() == Some(true) {
+                assert_eq!(read_level, Some("snapshot"), "{c:?}");
+            } else if matches!(name, "find" | "aggregate") && !in_transaction(c) {
+                assert_eq!(read_level, Some("majority"), "{c:?}");
+            }
+            if in_transaction(c) && c.get_bool("startTransaction").ok() != Some(true) {
+                assert!(read_level.is_none(), "{c:?}");
+            }
+        }
+        // The checkpoint is written and the outbox inserted in transactions only.
+        assert!(
+            data.iter()
+                .filter(
+                    |c| command_name(c) == "insert" && c.get_str("collection").ok() == Some(OUTBOX)
+                )
+                .all(|c| in_transaction(c)),
+            "{data:?}"
+        );
+    }
+}
+
+/// Inserts `{_id, pad}` into the watched collection with a pad of `pad` bytes.
+fn insert_padded(live: &Live, id: i32, pad: usize) {
+    live.wait(
+        live.coll("orders")
+            .insert_one(doc! {"_id": id, "pad": "x".repeat(pad)}),
+    )
+    .expect("insert");
+}
+
+/// Asserts the run stopped on the document limit: exit 13, its class and guidance, no token.
+fn assert_stopped_on_the_limit(output: &std::process::Output) {
+    let log = support::stderr(output);
+    assert_eq!(output.status.code(), Some(13), "{log}");
+    assert!(log.contains("error[event_too_large]"), "{log}");
+    assert!(log.contains("16 MiB"), "{log}");
+    assert!(log.contains("$changeStreamSplitLargeEvent"), "{log}");
+    assert!(!log.contains("_data"), "a token was printed: {log}");
+    assert!(
+        !String::from_utf8_lossy(&output.stdout).contains("::{\"outputs\""),
+        "a failed run printed outputs"
+    );
+}
+
+#[test]
+fn an_event_over_16_mib_stops_the_run_with_exit_13_and_nothing_written() {
+    let live = Live::start();
+    let start = live.start_consumer();
+    // The document fits; its change event, with the event's own fields, does not.
+    insert_padded(&live, 1, 16 * 1024 * 1024 - 64);
+    for _ in 0..2 {
+        let output = live.command().env("HANDOFF_LOG", "warn").output().unwrap();
+        assert_stopped_on_the_limit(&output);
+        assert_eq!(live.outbox_len(), 0);
+        assert_eq!(live.checkpoint_token(), start, "the checkpoint moved");
+    }
+}
+
+/// The size of the change event of `{_id: 1, pad: "x"}` inserted into a collection named like
+/// the watched one (`probes`, as long as `orders`): events differ only by the pad's length.
+fn event_size_with_one_byte_pad(live: &Live) -> usize {
+    live.wait(async {
+        let probes = live.coll("probes");
+        let mut stream = probes
+            .watch()
+            .max_await_time(Duration::from_millis(200))
+            .await
+            .unwrap()
+            .with_type::<Document>();
+        probes
+            .insert_one(doc! {"_id": 1, "pad": "x"})
+            .await
+            .unwrap();
+        loop {
+            if let Some(event) = stream.next_if_any().await.unwrap() {
+                return bson::serialize_to_vec(&event).unwrap().len();
+            }
+        }
+    })
+}
+
+#[test]
+fn an_event_under_16_mib_whose_outbox_record_is_over_stops_the_run_with_exit_13() {
+    let live = Live::start();
+    let start = live.start_consumer();
+    let limit = 16 * 1024 * 1024;
+    // The event ends 40 bytes under the limit; its outbox record adds its ID, consumer and
+    // source around it, well over 40 bytes.
+    let pad = limit - 40 - (event_size_with_one_byte_pad(&live) - 1);
+    insert_padded(&live, 1, pad);
+    let events = live.events_after(&start);
+    assert_eq!(events.len(), 1);
+    let size = bson::serialize_to_vec(&events[0]).unwrap().len();
+    assert_eq!(size, limit - 40, "the probe mispredicted the event's size");
+    let output = live.command().env("HANDOFF_LOG", "warn").output().unwrap();
+    assert_stopped_on_the_limit(&output);
+    assert_eq!(live.outbox_len(), 0);
+    assert_eq!(live.checkpoint_token(), start, "the checkpoint moved");
+}
+
+#[test]
+fn a_batch_of_large_events_is_inserted_a_batch_at_a_time_and_handed_off_once() {
+    let live = Live::start();
+    let start = live.start_consumer();
+    let events = 150;
+    let documents: Vec<Document> = (0..events)
+        .map(|i| doc! {"_id": i, "pad": "x".repeat(200 * 1024)})
+        .collect();
+    live.wait(live.coll("orders").insert_many(documents))
+        .expect("insert");
+    live.server.clear_received_commands();
+    let output = live
+        .command()
+        .args([
+            "--policy",
+            handoff_test_policies::BATCHING,
+            "--policy-param",
+            "batch_size=150",
+        ])
+        .output()
+        .unwrap();
+    let out = support::ok(&output);
+    assert_eq!(out["events_handed_off"], events);
+    let stream = live.events_after(&start);
+    assert_eq!(stream.len(), events as usize);
+    assert_eq!(
+        outbox_event_ids(&live.outbox()),
+        stream.iter().map(event_id).collect::<Vec<_>>()
+    );
+    assert_checkpoint_at_end(&live, stream.last().unwrap().get_document("_id").unwrap());
+    // One insertMany per commit: far fewer insert commands than records.
+    let inserts: Vec<i64> = live
+        .server
+        .received_commands()
+        .iter()
+        .filter(|c| c.get_str("app").ok() == Some("handoff"))
+        .filter(|c| command_name(c) == "insert" && c.get_str("collection").ok() == Some(OUTBOX))
+        .map(|c| c.get_i64("documents").unwrap())
+        .collect();
+    assert_eq!(
+        inserts.iter().sum::<i64>(),
+        i64::from(events),
+        "{inserts:?}"
+    );
+    assert!(
+        inserts.len() * 10 <= events as usize,
+        "{} insert commands for {events} records: {inserts:?}",
+        inserts.len()
+    );
+}
+
+#[test]
+fn a_duplicate_in_a_batch_names_that_record_and_writes_nothing() {
+    let live = Live::start();
+    let start = live.start_consumer();
+    live.insert(0..3);
+    let events = live.events_after(&start);
+    let taken = format!("{CONSUMER}/{}", event_id(&events[1]));
+    live.wait(live.coll(OUTBOX).insert_one(doc! {"_id": &taken}))
+        .expect("insert");
+    let output = live
+        .command()
+        .args([
+            "--policy",
+            handoff_test_policies::BATCHING,
+            "--policy-param",
+            "batch_size=3",
+        ])
+        .output()
+        .unwrap();
+    support::fails(&output, 3, &format!("A record {taken} already exists"));
+    // The batch's transaction is gone whole: the record before the duplicate is not there.
+    let outbox = live.outbox();
+    assert_eq!(outbox.len(), 1, "{outbox:?}");
+    assert_eq!(live.checkpoint_token(), start, "the checkpoint moved");
+}
