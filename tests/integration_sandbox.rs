@@ -461,3 +461,48 @@ fn the_memory_cap_counts_tables_too() {
     assert_eq!(out["status"], "IDLE");
     let _: Value = out;
 }
+
+/// A `policy test` case of a policy that reads the clocks and random sources passes against the
+/// expectations it recorded: its results depend on the case alone.
+#[test]
+fn a_policy_test_case_reading_clocks_and_random_is_reproducible() {
+    let s = Scratch::new();
+    let case = s.path("cases/clocks");
+    std::fs::create_dir_all(&case).unwrap();
+    let lines = [
+        deployment(REPLICA_SET_ID),
+        event(1, "insert"),
+        event(2, "update"),
+        batch_end(2),
+    ];
+    s.fixture("cases/clocks/stream.jsonl", &lines);
+    std::fs::write(case.join("case.json"), "{\"runs\": 2}").unwrap();
+    let policy_test = |update: bool| {
+        let mut command = handoff();
+        command
+            .args([
+                "policy",
+                "test",
+                "--policy",
+                handoff_test_policies::CLOCKS_AND_RANDOM,
+            ])
+            .arg(s.path("cases"));
+        if update {
+            command.arg("--update");
+        }
+        command.output().expect("policy test")
+    };
+    let recorded = policy_test(true);
+    assert_eq!(recorded.status.code(), Some(0), "{}", stderr(&recorded));
+    let expected = std::fs::read_to_string(case.join("case.json")).unwrap();
+    assert!(
+        expected.contains("w1793527200.0-m1500000000-r"),
+        "{expected}"
+    );
+    for _ in 0..2 {
+        let again = policy_test(false);
+        let stdout = String::from_utf8_lossy(&again.stdout);
+        assert_eq!(again.status.code(), Some(0), "{stdout}{}", stderr(&again));
+        assert!(stdout.contains("1 passed, 0 failed"), "{stdout}");
+    }
+}

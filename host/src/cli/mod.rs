@@ -6,7 +6,9 @@
 //! - `policy`: writing, checking and testing policy components;
 //! - `record`: a live change stream captured as a fixture.
 //!
-//! Exit codes are those of [`HandoffError::exit_code`](crate::error::HandoffError::exit_code).
+//! Exit codes are those of [`HandoffError::exit_code`](crate::error::HandoffError::exit_code),
+//! plus 12 for a run stopped by a signal, 14 when the watchdog ends the process
+//! ([`crate::runtime::watchdog`]) and 130 / 143 when a second SIGINT / SIGTERM does.
 
 mod args;
 mod inspect;

@@ -120,6 +120,7 @@ impl Runtime {
         let slice = limits.slice;
         let run_timeout = limits.run_timeout;
         let run_deadline = Instant::now() + run_timeout;
+        super::watchdog::extend(run_deadline);
         let state = RunState {
             session,
             // Nothing is granted: no preopens, environment, arguments, network or stdio.
