@@ -236,6 +236,15 @@ fn server_error(error: &DriverError, redactor: &Redactor) -> ServerError {
         ErrorKind::Write(WriteFailure::WriteConcernError(e)) => {
             (Some(e.code), e.code_name.clone(), e.message.clone())
         }
+        ErrorKind::InsertMany(e) => match (&e.write_errors, &e.write_concern_error) {
+            (Some(errors), _) if !errors.is_empty() => (
+                Some(errors[0].code),
+                errors[0].code_name.clone().unwrap_or_default(),
+                errors[0].message.clone(),
+            ),
+            (_, Some(wce)) => (Some(wce.code), wce.code_name.clone(), wce.message.clone()),
+            _ => (None, "DriverError".into(), error.to_string()),
+        },
         ErrorKind::ServerSelection { message, .. } => {
             (None, "ServerSelectionError".into(), message.clone())
         }
@@ -483,10 +492,6 @@ impl Connection {
 
     pub fn deployment(&self) -> &Deployment {
         &self.deployment
-    }
-
-    pub fn client(&self) -> &Client {
-        &self.client
     }
 
     pub fn block_on<F: std::future::Future>(&self, future: F) -> F::Output {
