@@ -259,3 +259,4 @@ impl wit_host::HostChangeStream for RunState {
         Ok(())
     }
 }
+
