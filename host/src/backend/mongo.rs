@@ -106,9 +106,11 @@ const MIN_REDACTED_USERNAME: usize = 3;
 /// Removes a URI's credentials from any text before it is printed or logged.
 ///
 /// The secrets come from the driver's own parse of the URI ([`ConnectionString`]): the username,
-/// the password, every value of `authMechanismProperties` (e.g. `AWS_SESSION_TOKEN`) and the TLS
-/// key password when the driver accepts one. Each is removed as parsed and in every spelling the
-/// raw URI uses for it (any mix of percent-encoded and literal characters).
+/// the password and every value of `authMechanismProperties` (e.g. `AWS_SESSION_TOKEN`). Each is
+/// removed as parsed, fully percent-encoded (either hex case) and in every spelling the raw URI
+/// uses for it (any mix of percent-encoded and literal characters). This build's driver refuses
+/// `tlsCertificateKeyFilePassword` and `proxyPassword` (their features are off) and the AWS and
+/// GSSAPI mechanisms, so a URI carrying them never parses and is never echoed at all.
 #[derive(Clone, Debug, Default)]
 pub struct Redactor {
     secrets: Vec<String>,
@@ -236,6 +238,15 @@ fn server_error(error: &DriverError, redactor: &Redactor) -> ServerError {
         ErrorKind::Write(WriteFailure::WriteConcernError(e)) => {
             (Some(e.code), e.code_name.clone(), e.message.clone())
         }
+        ErrorKind::InsertMany(e) => match (&e.write_errors, &e.write_concern_error) {
+            (Some(errors), _) if !errors.is_empty() => (
+                Some(errors[0].code),
+                errors[0].code_name.clone().unwrap_or_default(),
+                errors[0].message.clone(),
+            ),
+            (_, Some(wce)) => (Some(wce.code), wce.code_name.clone(), wce.message.clone()),
+            _ => (None, "DriverError".into(), error.to_string()),
+        },
         ErrorKind::ServerSelection { message, .. } => {
             (None, "ServerSelectionError".into(), message.clone())
         }
@@ -483,10 +494,6 @@ impl Connection {
 
     pub fn deployment(&self) -> &Deployment {
         &self.deployment
-    }
-
-    pub fn client(&self) -> &Client {
-        &self.client
     }
 
     pub fn block_on<F: std::future::Future>(&self, future: F) -> F::Output {

@@ -32,24 +32,27 @@ pub fn run(args: RunArgs) -> Result<super::Outcome> {
     });
     let connection = connected
         .map_err(|_| HandoffError::Internal(anyhow::anyhow!("connecting to MongoDB panicked")))??;
-    let (runtime, policy) = loaded?;
     let limits = args.policy.limits();
     connection.limit_to(started + limits.run_timeout);
-    let source = MongoSource::new(connection.clone(), &inputs.database, &inputs.collection);
-    let store = MongoStore::new(connection.clone(), &inputs.database, &inputs.collections());
-    let job = Job {
-        runtime: &runtime,
-        policy: &policy,
-        inputs: &inputs,
-        params,
-        limits,
-        stop: super::stop_signal()?,
-    };
-    // The stream and the store are dropped with the job's session; then the connection ends its
-    // sessions on the server, whatever the outcome, so no transaction outlives the run.
-    let executed = job.execute(Box::new(source), Arc::new(store));
+    let executed: Result<_> = (|| {
+        let (runtime, policy) = loaded?;
+        let source = MongoSource::new(connection.clone(), &inputs.database, &inputs.collection);
+        let store = MongoStore::new(connection.clone(), &inputs.database, &inputs.collections());
+        let job = Job {
+            runtime: &runtime,
+            policy: &policy,
+            inputs: &inputs,
+            params,
+            limits,
+            stop: super::stop_signal()?,
+        };
+        let summary = job.execute(Box::new(source), Arc::new(store))?;
+        Ok((summary, policy))
+    })();
+    // The stream and the store are dropped with the job; then the connection ends its sessions
+    // on the server, whatever the outcome, so no transaction outlives the run.
     connection.close();
-    let summary = executed?;
+    let (summary, policy) = executed?;
     super::emit(&summary, &policy, &inputs, started);
     Ok(super::Outcome::of(&summary))
 }

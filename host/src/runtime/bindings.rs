@@ -261,3 +261,4 @@ impl wit_host::HostChangeStream for RunState {
         Ok(())
     }
 }
+
