@@ -261,4 +261,3 @@ impl wit_host::HostChangeStream for RunState {
         Ok(())
     }
 }
-
