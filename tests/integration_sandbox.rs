@@ -252,7 +252,7 @@ fn a_second_signal_ends_the_process_at_once() {
             .stderr(std::process::Stdio::piped())
             .spawn()
             .expect("spawn");
-        let stderr = wait_for_log(&mut child, "engine ready");
+        let stderr = wait_for_log(&mut child, "engine built");
         std::thread::sleep(Duration::from_millis(300));
         signal(&child, name);
         std::thread::sleep(Duration::from_millis(300));

@@ -128,8 +128,20 @@ fn sigterm_while_idle_stops_promptly_with_outputs_and_no_watermark() {
     let outputs = support::outputs(&output);
     assert_eq!(outputs["status"], "IDLE");
     assert_eq!(outputs["stopped"], true);
-    // Stopped before its idle watermark: the checkpoint keeps no token, nothing was skipped.
-    assert_eq!(live.checkpoint().get("token"), Some(&bson::Bson::Null));
+    // Stopped before its idle watermark: the checkpoint holds only the stream's starting
+    // position, saved before anything was read, and nothing was handed off.
+    let checkpoint = live.checkpoint();
+    let start = checkpoint
+        .get_document("token")
+        .expect("the starting position was saved");
+    assert!(start.get_str("_data").is_ok());
+    assert_eq!(checkpoint.get_str("mode").ok(), Some("resumeAfter"));
+    live.insert(0..2);
+    let out = support::ok(&live.spawn("1").wait_with_output().unwrap());
+    assert_eq!(
+        out["events_handed_off"], 2,
+        "events after the saved position were lost"
+    );
 }
 
 #[test]

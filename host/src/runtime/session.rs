@@ -442,34 +442,16 @@ impl Session {
         let Some(start) = self.source.watermark() else {
             return Ok(());
         };
-        let step = Commit {
-            consumer: &self.consumer,
-            expected: None,
-            next: &start,
-            mode: Mode::ResumeAfter,
-            outbox: Vec::new(),
-            quarantine: Vec::new(),
-        };
-        match self.store.commit(&step) {
-            Ok(()) => {}
-            Err(CommitError::Conflict | CommitError::Duplicate(_)) => {
-                let m = self.fail(HandoffError::Conflict(
-                    "Checkpoint changed while saving the stream's starting position; retry from the current token"
-                        .into(),
-                ));
-                return Err(StreamFailure::Rejected(m));
-            }
-            Err(CommitError::Unavailable(detail) | CommitError::TooLarge(detail)) => {
-                let m = self.fail(HandoffError::Unavailable(format!(
-                    "Could not save the stream's starting position; nothing was handed off. Store error: {detail}"
-                )));
-                return Err(StreamFailure::Unavailable(m));
-            }
-        }
+        self.move_checkpoint(
+            start,
+            "Checkpoint changed while saving the stream's starting position; retry from the current token",
+            "Could not save the stream's starting position; nothing was handed off.",
+        )
+        .map_err(|failure| match failure {
+            CommitFailure::Unavailable(m) => StreamFailure::Unavailable(m),
+            CommitFailure::Conflict(m) | CommitFailure::Rejected(m) => StreamFailure::Rejected(m),
+        })?;
         tracing::debug!("stream starting position saved");
-        self.token_text = Some(canonical_text(&start));
-        self.token = Some(start);
-        self.mode = Mode::ResumeAfter;
         self.start_saved_for_policy = true;
         self.committed.start_saved = true;
         Ok(())
@@ -875,10 +857,27 @@ impl Session {
         if self.token_text.as_deref() == Some(next) {
             return Ok(());
         }
+        self.move_checkpoint(
+            watermark,
+            "Checkpoint changed while saving the idle watermark",
+            RECONCILE_GUIDANCE,
+        )?;
+        self.committed.watermark_saved = true;
+        Ok(())
+    }
+
+    /// Moves the checkpoint from the token this run holds to `next` (resumeAfter), writing no
+    /// record: the stream's starting position or its idle watermark.
+    fn move_checkpoint(
+        &mut self,
+        next: Document,
+        on_conflict: &str,
+        on_unavailable: &str,
+    ) -> Result<(), CommitFailure> {
         let step = Commit {
             consumer: &self.consumer,
             expected: self.token.as_ref(),
-            next: &watermark,
+            next: &next,
             mode: Mode::ResumeAfter,
             outbox: Vec::new(),
             quarantine: Vec::new(),
@@ -886,22 +885,19 @@ impl Session {
         match self.store.commit(&step) {
             Ok(()) => {}
             Err(CommitError::Conflict | CommitError::Duplicate(_)) => {
-                let m = self.fail(HandoffError::Conflict(
-                    "Checkpoint changed while saving the idle watermark".into(),
-                ));
+                let m = self.fail(HandoffError::Conflict(on_conflict.into()));
                 return Err(CommitFailure::Conflict(m));
             }
             Err(CommitError::Unavailable(detail) | CommitError::TooLarge(detail)) => {
                 let m = self.fail(HandoffError::Unavailable(format!(
-                    "{RECONCILE_GUIDANCE} Store error: {detail}"
+                    "{on_unavailable} Store error: {detail}"
                 )));
                 return Err(CommitFailure::Unavailable(m));
             }
         }
-        self.token_text = Some(next.to_string());
-        self.token = Some(watermark);
+        self.token_text = Some(canonical_text(&next));
+        self.token = Some(next);
         self.mode = Mode::ResumeAfter;
-        self.committed.watermark_saved = true;
         Ok(())
     }
 
