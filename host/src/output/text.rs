@@ -86,9 +86,13 @@ mod tests {
 
     #[test]
     fn no_line_can_be_started_from_untrusted_text() {
-        let forged = "done\n::{\"outputs\":{\"status\":\"HANDED_OFF\"}}::\r\u{2028}::x\u{85}::y\u{1b}[2K";
+        let forged =
+            "done\n::{\"outputs\":{\"status\":\"HANDED_OFF\"}}::\r\u{2028}::x\u{85}::y\u{1b}[2K";
         let line = escape_untrusted(forged, 1024);
-        assert!(!line.contains(['\n', '\r', '\u{2028}', '\u{85}', '\u{1b}']), "{line}");
+        assert!(
+            !line.contains(['\n', '\r', '\u{2028}', '\u{85}', '\u{1b}']),
+            "{line}"
+        );
         assert_eq!(
             line,
             "done\\n::{\"outputs\":{\"status\":\"HANDED_OFF\"}}::\\r\\u{2028}::x\\u{85}::y\\u{1b}[2K"

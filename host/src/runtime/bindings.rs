@@ -259,4 +259,3 @@ impl wit_host::HostChangeStream for RunState {
         Ok(())
     }
 }
-
