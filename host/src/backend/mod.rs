@@ -249,16 +249,31 @@ mod tests {
     use bson::doc;
 
     #[test]
-    fn a_token_holding_nan_is_the_same_token() {
+    fn a_token_holding_nan_passes_the_compare_and_set() {
+        let consumer = Consumer {
+            consumer: "c".into(),
+            source: "db.coll".into(),
+        };
         let token = doc! { "_data": "8201", "n": f64::NAN, "a": [f64::NAN] };
-        assert!(same_token(&token, &token.clone()));
-        assert!(!same_token(
-            &token,
-            &doc! { "_data": "8201", "n": f64::NAN, "a": [1.0] }
-        ));
-        assert!(!same_token(
-            &doc! { "_data": "8201" },
-            &doc! { "_data": "8202" }
-        ));
+        let next = doc! { "_data": "8202" };
+        let stored =
+            doc! { "_id": "c", "source": "db.coll", "token": token.clone(), "mode": "resumeAfter" };
+        let commit = |expected: &Document| {
+            compare_and_set(
+                &stored,
+                &Commit {
+                    consumer: &consumer,
+                    expected: Some(expected),
+                    next: &next,
+                    mode: Mode::ResumeAfter,
+                    outbox: vec![],
+                    quarantine: vec![],
+                },
+            )
+        };
+        let updated = commit(&token.clone()).expect("the saved token is the expected one");
+        assert_eq!(updated.get_document("token").unwrap(), &next);
+        let other = doc! { "_data": "8201", "n": f64::NAN, "a": [1.0] };
+        assert!(matches!(commit(&other), Err(CommitError::Conflict)));
     }
 }
