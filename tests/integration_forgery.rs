@@ -91,3 +91,34 @@ fn a_succeeding_policy_leaves_only_the_hosts_own_lines() {
         );
     }
 }
+
+/// A log call whose 100,000 fields all name the same 8 MiB of policy memory: the host reads only
+/// the fields and characters it keeps, so the run ends as the policy asked instead of the host
+/// copying 1.6 TB.
+#[test]
+fn a_log_call_cannot_amplify_host_allocations() {
+    let s = Scratch::new();
+    let fixture = s.fixture(
+        "one.jsonl",
+        &[deployment(REPLICA_SET_ID), event(1, "insert")],
+    );
+    let output = handoff()
+        .env("HANDOFF_LOG", "info")
+        .arg("replay")
+        .arg(&fixture)
+        .arg("--state")
+        .arg(s.state())
+        .args(["--policy", handoff_test_policies::LOG_AMPLIFIER])
+        .output()
+        .expect("run handoff");
+    fails(&output, 9, "error[policy]: logged");
+    let stderr = stderr(&output);
+    assert!(stderr.contains("amplified"), "{stderr}");
+    // Sixteen fields, each key and value cut at its bound (marked with an ellipsis).
+    let logged = stderr
+        .lines()
+        .find(|l| l.contains("amplified"))
+        .unwrap_or("");
+    assert_eq!(logged.matches("…=x").count(), 16, "{logged}");
+    assert!(logged.len() < 16 * 400 + 2048, "{} bytes", logged.len());
+}

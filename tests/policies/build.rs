@@ -28,6 +28,7 @@ const POLICIES: &[&str] = &[
     "sleep_forever",
     "poll_forever",
     "clocks_and_random",
+    "log_amplifier",
 ];
 
 /// Policies shipped with the project: (package, artifact, constant).

@@ -203,11 +203,17 @@ impl wit_host::Host for RunState {
     }
 
     fn log(&mut self, level: types::LogLevel, message: String, fields: Vec<(String, String)>) {
-        let message = escape_untrusted(&message, 1024);
+        let message = escape_untrusted(&message, LOG_MESSAGE_CHARS);
         let fields: Vec<String> = fields
             .into_iter()
-            .take(16)
-            .map(|(k, v)| format!("{}={}", escape_untrusted(&k, 64), escape_untrusted(&v, 256)))
+            .take(LOG_FIELDS)
+            .map(|(k, v)| {
+                format!(
+                    "{}={}",
+                    escape_untrusted(&k, LOG_KEY_CHARS),
+                    escape_untrusted(&v, LOG_VALUE_CHARS)
+                )
+            })
             .collect();
         let fields = fields.join(" ");
         match level {
@@ -260,4 +266,53 @@ impl wit_host::HostChangeStream for RunState {
         self.table.delete(stream)?;
         Ok(())
     }
+}
+
+/// The longest log message and field key and value kept, in characters (one more is read so
+/// that a cut stays visible).
+const LOG_MESSAGE_CHARS: usize = 1024;
+const LOG_KEY_CHARS: usize = 64;
+const LOG_VALUE_CHARS: usize = 256;
+/// How many log fields are kept.
+const LOG_FIELDS: usize = 16;
+
+/// The first `chars` characters of a string in guest memory, plus one to mark a cut.
+fn bounded(
+    text: &wasmtime::component::WasmStr,
+    store: impl wasmtime::AsContext,
+    chars: usize,
+) -> wasmtime::Result<String> {
+    Ok(text.to_str(&store)?.chars().take(chars + 1).collect())
+}
+
+/// Replaces the generated `log` import with one that reads its list lazily. Lifting the list
+/// whole would copy every string it names, and a policy can make a million entries name the
+/// same 30 MiB of its memory: terabytes of host allocations from a policy under its memory cap.
+/// Only the first fields, and the first characters of each, are ever copied.
+pub fn add_bounded_log(linker: &mut wasmtime::component::Linker<RunState>) -> wasmtime::Result<()> {
+    use wasmtime::component::{WasmList, WasmStr};
+    linker.allow_shadowing(true);
+    let interface = format!("handoff:policy/host@{}", super::policy::CONTRACT);
+    linker.instance(&interface)?.func_wrap(
+        "log",
+        |mut store: wasmtime::StoreContextMut<'_, RunState>,
+         (level, message, fields): (types::LogLevel, WasmStr, WasmList<(WasmStr, WasmStr)>)| {
+            let message = bounded(&message, &store, LOG_MESSAGE_CHARS)?;
+            let mut kept = Vec::new();
+            for index in 0..fields.len().min(LOG_FIELDS) {
+                let Some(field) = fields.get(&mut store, index) else {
+                    break;
+                };
+                let (key, value) = field?;
+                kept.push((
+                    bounded(&key, &store, LOG_KEY_CHARS)?,
+                    bounded(&value, &store, LOG_VALUE_CHARS)?,
+                ));
+            }
+            wit_host::Host::log(store.data_mut(), level, message, kept);
+            Ok(())
+        },
+    )?;
+    linker.allow_shadowing(false);
+    Ok(())
 }

@@ -125,7 +125,7 @@ impl Runtime {
             session,
             // Nothing is granted: no preopens, environment, arguments, network or stdio.
             wasi: sandbox.wasi_ctx(&policy.sha256),
-            table: ResourceTable::new(),
+            table: resource_table(),
             limiter: Limiter::new(limits),
             slice_started: Instant::now(),
             interrupted: None,
@@ -194,6 +194,16 @@ impl Runtime {
 
 /// The engine: component model without concurrency, epoch interruption driven by a ticker thread,
 /// a bounded guest stack.
+/// How many host resources (streams, pollables) a policy may hold at once: each costs host
+/// memory outside its memory cap.
+const MAX_RESOURCES: usize = 10_000;
+
+fn resource_table() -> ResourceTable {
+    let mut table = ResourceTable::new();
+    table.set_max_capacity(MAX_RESOURCES);
+    table
+}
+
 fn build_engine() -> Result<Engine> {
     let mut config = Config::new();
     config
@@ -225,6 +235,7 @@ fn build_linker(engine: &Engine) -> Result<Linker<RunState>> {
     super::wasi::add_bounded_waits(&mut linker).map_err(|e| HandoffError::Internal(e.into()))?;
     HandoffPolicy::add_to_linker::<_, HasSelf<_>>(&mut linker, |state| state)
         .map_err(|e| HandoffError::Internal(e.into()))?;
+    super::bindings::add_bounded_log(&mut linker).map_err(|e| HandoffError::Internal(e.into()))?;
     Ok(linker)
 }
 
