@@ -122,3 +122,26 @@ fn a_log_call_cannot_amplify_host_allocations() {
     assert_eq!(logged.matches("…=x").count(), 16, "{logged}");
     assert!(logged.len() < 16 * 400 + 2048, "{} bytes", logged.len());
 }
+
+/// A batch whose 100,000 hand-off IDs all name the same 8 MiB of policy memory: the host reads
+/// one decision more than a commit may cover, and one character more than an ID may hold, then
+/// refuses the batch as it always did.
+#[test]
+fn a_batch_cannot_amplify_host_allocations() {
+    let s = Scratch::new();
+    let fixture = s.fixture(
+        "one.jsonl",
+        &[deployment(REPLICA_SET_ID), event(1, "insert")],
+    );
+    let output = handoff()
+        .arg("replay")
+        .arg(&fixture)
+        .arg("--state")
+        .arg(s.state())
+        .args(["--policy", handoff_test_policies::LOG_AMPLIFIER])
+        .args(["--policy-param", "call=commit-batch"])
+        .output()
+        .expect("run handoff");
+    fails(&output, 9, "a commit covers at most 500 events");
+    assert!(inspect(&s.state()).1.is_empty());
+}

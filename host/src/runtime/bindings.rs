@@ -316,3 +316,81 @@ pub fn add_bounded_log(linker: &mut wasmtime::component::Linker<RunState>) -> wa
     linker.allow_shadowing(false);
     Ok(())
 }
+
+/// `batch-request` as it lies in the policy's memory: the decisions are read one by one.
+#[derive(wasmtime::component::ComponentType, wasmtime::component::Lift)]
+#[component(record)]
+struct BatchView {
+    expected: Option<String>,
+    next: String,
+    mode: types::ResumeMode,
+    decisions: wasmtime::component::WasmList<DecisionView>,
+}
+
+/// `event-decision` with its strings left in the policy's memory.
+#[derive(wasmtime::component::ComponentType, wasmtime::component::Lift)]
+#[component(variant)]
+enum DecisionView {
+    #[component(name = "hand-off")]
+    HandOff(wasmtime::component::WasmStr),
+    #[component(name = "skip")]
+    Skip(wasmtime::component::WasmStr),
+    #[component(name = "quarantine")]
+    Quarantine(QuarantineView),
+}
+
+/// `quarantine-decision` with its strings left in the policy's memory.
+#[derive(wasmtime::component::ComponentType, wasmtime::component::Lift)]
+#[component(record)]
+struct QuarantineView {
+    id: wasmtime::component::WasmStr,
+    reason: wasmtime::component::WasmStr,
+}
+
+/// The longest decision reason kept, in characters.
+const REASON_CHARS: usize = 1024;
+
+/// Replaces the generated `commit-batch` import with one that reads at most one decision more
+/// than a commit may cover, and at most one character more than an ID or reason may hold, so
+/// that decisions whose strings alias one large buffer cannot amplify host allocations. What is
+/// read is then validated exactly as before (an over-long ID or list is still refused).
+pub fn add_bounded_commit_batch(
+    linker: &mut wasmtime::component::Linker<RunState>,
+) -> wasmtime::Result<()> {
+    linker.allow_shadowing(true);
+    let interface = format!("handoff:policy/host@{}", super::policy::CONTRACT);
+    linker.instance(&interface)?.func_wrap(
+        "commit-batch",
+        |mut store: wasmtime::StoreContextMut<'_, RunState>, (request,): (BatchView,)| {
+            let mut decisions = Vec::new();
+            for index in 0..request.decisions.len().min(session::MAX_BATCH + 1) {
+                let Some(decision) = request.decisions.get(&mut store, index) else {
+                    break;
+                };
+                decisions.push(match decision? {
+                    DecisionView::HandOff(id) => {
+                        types::EventDecision::HandOff(bounded(&id, &store, session::MAX_ID_LEN)?)
+                    }
+                    DecisionView::Skip(reason) => {
+                        types::EventDecision::Skip(bounded(&reason, &store, REASON_CHARS)?)
+                    }
+                    DecisionView::Quarantine(q) => {
+                        types::EventDecision::Quarantine(types::QuarantineDecision {
+                            id: bounded(&q.id, &store, session::MAX_ID_LEN)?,
+                            reason: bounded(&q.reason, &store, REASON_CHARS)?,
+                        })
+                    }
+                });
+            }
+            let request = types::BatchRequest {
+                expected: request.expected,
+                next: request.next,
+                mode: request.mode,
+                decisions,
+            };
+            Ok((wit_host::Host::commit_batch(store.data_mut(), request),))
+        },
+    )?;
+    linker.allow_shadowing(false);
+    Ok(())
+}

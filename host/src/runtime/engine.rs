@@ -236,6 +236,8 @@ fn build_linker(engine: &Engine) -> Result<Linker<RunState>> {
     HandoffPolicy::add_to_linker::<_, HasSelf<_>>(&mut linker, |state| state)
         .map_err(|e| HandoffError::Internal(e.into()))?;
     super::bindings::add_bounded_log(&mut linker).map_err(|e| HandoffError::Internal(e.into()))?;
+    super::bindings::add_bounded_commit_batch(&mut linker)
+        .map_err(|e| HandoffError::Internal(e.into()))?;
     Ok(linker)
 }
 

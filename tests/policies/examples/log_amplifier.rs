@@ -1,7 +1,8 @@
-//! Test policy: one log call whose field list names the same 8 MiB of its memory 100,000 times
-//! (the strings alias one buffer, so the policy stays far under its memory cap). Copying every
-//! field would cost the host 1.6 TB. It then fails with "logged", so the run's end shows the host
-//! came through.
+//! Test policy: one host call whose list names the same 8 MiB of its memory 100,000 times (the
+//! strings alias one buffer, so the policy stays far under its memory cap): a log call's fields,
+//! or with `--policy-param call=commit-batch` a batch's hand-off IDs. Copying every string would
+//! cost the host terabytes. After a log call it fails with "logged", so the run's end shows the
+//! host came through.
 #![cfg_attr(not(target_arch = "wasm32"), allow(dead_code))]
 
 #[cfg(target_arch = "wasm32")]
@@ -16,7 +17,7 @@ mod policy {
     struct Policy;
 
     impl Guest for Policy {
-        fn run(_: types::Settings) -> Result<types::Report, String> {
+        fn run(settings: types::Settings) -> Result<types::Report, String> {
             let mut big = ManuallyDrop::new("x".repeat(8 << 20));
             let (ptr, len, cap) = (big.as_mut_ptr(), big.len(), big.capacity());
             // SAFETY: every alias is read only, never dropped (the vector is leaked), and the
@@ -24,6 +25,22 @@ mod policy {
             let alias = || unsafe { String::from_raw_parts(ptr, len, cap) };
             let fields: ManuallyDrop<Vec<(String, String)>> =
                 ManuallyDrop::new((0..100_000).map(|_| (alias(), alias())).collect());
+            if settings
+                .params
+                .iter()
+                .any(|(k, v)| k == "call" && v == "commit-batch")
+            {
+                let request = ManuallyDrop::new(types::BatchRequest {
+                    expected: None,
+                    next: "{}".into(),
+                    mode: types::ResumeMode::ResumeAfter,
+                    decisions: (0..100_000)
+                        .map(|_| types::EventDecision::HandOff(alias()))
+                        .collect(),
+                });
+                host::commit_batch(&request).map_err(|e| format!("{e:?}"))?;
+                return Err("committed".into());
+            }
             host::log(types::LogLevel::Info, "amplified", &fields);
             Err("logged".into())
         }
