@@ -20,19 +20,6 @@ const STORED: &str = "stored the compiled policy in the cache";
 const FOLDER_REFUSED: &str = "not using the artifact cache folder; compiling the policy in memory";
 const ARTIFACT_REFUSED: &str = "refusing a cached artifact; compiling the policy in memory";
 
-fn three_events(s: &Scratch) -> PathBuf {
-    s.fixture(
-        "three.jsonl",
-        &[
-            deployment(REPLICA_SET_ID),
-            event(1, "insert"),
-            event(2, "update"),
-            event(3, "delete"),
-            batch_end(3),
-        ],
-    )
-}
-
 /// The second policy and its parameter.
 const SHOP: &[&str] = &[
     "--policy",
@@ -48,7 +35,7 @@ fn run(s: &Scratch, cache: &Path, state: &str, extra: &[&str]) -> Output {
         .env("HANDOFF_CACHE_DIR", cache)
         .env("HANDOFF_LOG", "warn,handoff::runtime::cache=debug")
         .arg("replay")
-        .arg(three_events(s))
+        .arg(s.three_events())
         .arg("--state")
         .arg(s.path(state))
         .args(extra)
@@ -410,7 +397,7 @@ fn the_size_bound_evicts_the_least_recently_used_of_its_own_artifacts() {
         .env("HANDOFF_CACHE_DIR", &dir)
         .env("HANDOFF_LOG", "warn,handoff::runtime::cache=info")
         .arg("replay")
-        .arg(three_events(&s))
+        .arg(s.three_events())
         .arg("--state")
         .arg(s.path("a.redb"))
         .output()

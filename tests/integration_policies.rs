@@ -6,22 +6,9 @@ mod support;
 use serde_json::Value;
 use support::*;
 
-fn three_events(s: &Scratch) -> std::path::PathBuf {
-    s.fixture(
-        "three.jsonl",
-        &[
-            deployment(REPLICA_SET_ID),
-            event(1, "insert"),
-            event(2, "update"),
-            event(3, "delete"),
-            batch_end(3),
-        ],
-    )
-}
-
 fn policy_run(policy: &str, extra: &[&str]) -> (Scratch, std::process::Output) {
     let s = Scratch::new();
-    let fixture = three_events(&s);
+    let fixture = s.three_events();
     let mut args = vec!["--policy", policy];
     args.extend_from_slice(extra);
     let output = replay(&fixture, &s.state(), &args);
@@ -59,7 +46,7 @@ fn a_second_policy_is_loaded_from_a_file_without_rebuilding_the_host() {
         out["policy_sha256"],
         hex::encode(sha2::Sha256::digest(&bytes))
     );
-    let default = ok(&replay(&three_events(&s), &s.path("default.redb"), &[]));
+    let default = ok(&replay(&s.three_events(), &s.path("default.redb"), &[]));
     assert_ne!(default["policy_sha256"], out["policy_sha256"]);
 }
 
@@ -155,7 +142,7 @@ fn a_component_importing_sockets_is_refused_at_load() {
 #[test]
 fn a_core_module_and_a_non_policy_component_are_refused() {
     let s = Scratch::new();
-    let fixture = three_events(&s);
+    let fixture = s.three_events();
     let core = s.path("core.wasm");
     std::fs::write(&core, b"\0asm\x01\0\0\0").unwrap();
     fails(

@@ -8,7 +8,6 @@ use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, Output};
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
 use support::live::*;
 use support::*;
 
@@ -398,22 +397,10 @@ fn idle_fixture(s: &Scratch) -> std::path::PathBuf {
     s.fixture("idle.jsonl", &[deployment(REPLICA_SET_ID), batch_end(0)])
 }
 
-/// Three memories of 30 MiB each: each under the 64 MiB cap, together over it. The cap holds
-/// for the policy as a whole.
-#[test]
-fn the_memory_cap_counts_every_memory_of_a_policy() {
+/// Replays an idle stream with `policy` under a memory cap of `mib` MiB, compiling it afresh.
+fn under_cap(policy: &std::path::Path, mib: &str) -> std::process::Output {
     let s = Scratch::new();
-    let policy = multi_memory_policy(&s, "three-memories.wasm", 3, 480, 0, 0);
-    let fixture = idle_fixture(&s);
-    let output = replay(
-        &fixture,
-        &s.state(),
-        &["--policy", policy.to_str().unwrap(), "--no-cache"],
-    );
-    fails(&output, 9, "the policy exceeded its memory cap");
-    // With room for all three, the same component runs to its IDLE report.
-    let s = Scratch::new();
-    let out = ok(&replay(
+    replay(
         &idle_fixture(&s),
         &s.state(),
         &[
@@ -421,9 +408,24 @@ fn the_memory_cap_counts_every_memory_of_a_policy() {
             policy.to_str().unwrap(),
             "--no-cache",
             "--policy-memory-mib",
-            "128",
+            mib,
         ],
-    ));
+    )
+}
+
+/// Three memories of 30 MiB each: each under the 64 MiB cap, together over it. The cap holds
+/// for the policy as a whole.
+#[test]
+fn the_memory_cap_counts_every_memory_of_a_policy() {
+    let s = Scratch::new();
+    let policy = multi_memory_policy(&s, "three-memories.wasm", 3, 480, 0, 0);
+    fails(
+        &under_cap(&policy, "64"),
+        9,
+        "the policy exceeded its memory cap",
+    );
+    // With room for all three, the same component runs to its IDLE report.
+    let out = ok(&under_cap(&policy, "128"));
     assert_eq!(out["status"], "IDLE");
 }
 
@@ -433,33 +435,13 @@ fn the_memory_cap_counts_every_memory_of_a_policy() {
 fn the_memory_cap_counts_tables_too() {
     let s = Scratch::new();
     let policy = multi_memory_policy(&s, "tables.wasm", 0, 0, 30, 90_000);
-    let fixture = idle_fixture(&s);
-    let output = replay(
-        &fixture,
-        &s.state(),
-        &[
-            "--policy",
-            policy.to_str().unwrap(),
-            "--no-cache",
-            "--policy-memory-mib",
-            "16",
-        ],
+    fails(
+        &under_cap(&policy, "16"),
+        9,
+        "the policy exceeded its memory cap",
     );
-    fails(&output, 9, "the policy exceeded its memory cap");
-    let s = Scratch::new();
-    let out = ok(&replay(
-        &idle_fixture(&s),
-        &s.state(),
-        &[
-            "--policy",
-            policy.to_str().unwrap(),
-            "--no-cache",
-            "--policy-memory-mib",
-            "64",
-        ],
-    ));
+    let out = ok(&under_cap(&policy, "64"));
     assert_eq!(out["status"], "IDLE");
-    let _: Value = out;
 }
 
 /// A `policy test` case of a policy that reads the clocks and random sources passes against the

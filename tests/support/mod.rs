@@ -77,6 +77,20 @@ impl Scratch {
         self.path("state.redb")
     }
 
+    /// A recorded stream of an insert, an update and a delete, ending its batch.
+    pub fn three_events(&self) -> PathBuf {
+        self.fixture(
+            "three.jsonl",
+            &[
+                deployment(REPLICA_SET_ID),
+                event(1, "insert"),
+                event(2, "update"),
+                event(3, "delete"),
+                batch_end(3),
+            ],
+        )
+    }
+
     /// Writes a fixture (one JSON value per line) and returns its path.
     pub fn fixture(&self, name: &str, lines: &[Value]) -> PathBuf {
         let text: String = lines.iter().map(|l| format!("{l}\n")).collect();

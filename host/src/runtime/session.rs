@@ -149,8 +149,6 @@ pub struct Committed {
     pub last_outbox_id: String,
     pub invalidated: bool,
     pub watermark_saved: bool,
-    /// The stream's starting position was saved before any event was delivered.
-    pub start_saved: bool,
 }
 
 /// What a commit does with one delivered event.
@@ -453,7 +451,6 @@ impl Session {
         })?;
         tracing::debug!("stream starting position saved");
         self.start_saved_for_policy = true;
-        self.committed.start_saved = true;
         Ok(())
     }
 
@@ -1219,7 +1216,6 @@ mod tests {
         // Saved before any event is read: a run that fails now leaves the position behind.
         let saved = store.dump("c").unwrap().checkpoint.unwrap();
         assert_eq!(saved.get_document("token").unwrap(), &token(0));
-        assert!(s.committed().start_saved);
         // The policy still holds "no token" and may commit from it.
         let tokens = deliver(&mut s, 1);
         s.commit(None, &tokens[0], Mode::ResumeAfter, Some("a"))
