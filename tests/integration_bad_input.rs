@@ -213,7 +213,7 @@ type Changes = Vec<(&'static str, Option<Bson>)>;
 
 /// A checkpoint document as the baseline creates it, for the live server.
 fn checkpoint_doc(live: &Live, consumer: &str) -> Document {
-    handoff::checkpoint::initial(
+    handoff::domain::checkpoint::initial(
         consumer,
         &format!("{DB}.orders"),
         &live.server.replica_set_id().to_hex(),

@@ -15,11 +15,13 @@ use std::sync::Arc;
 
 use bson::{Document, doc};
 use handoff::backend::memory::MemoryStore;
+use handoff::backend::replay::Fixture;
 use handoff::backend::replay::ReplaySource;
-use handoff::backend::{CheckpointStore, Commit, Consumer, Deployment, Dump, Mode};
-use handoff::fixture::Fixture;
-use handoff::runtime::session::{Checkpoint, Decision, Report, Session, Start, Status};
-use handoff::token::canonical_text;
+use handoff::domain::token::canonical_text;
+use handoff::domain::{
+    Checkpoint, CheckpointStore, Commit, Consumer, Deployment, Dump, Mode, Start,
+};
+use handoff::session::{Decision, Report, Session, Status};
 use proptest::prelude::*;
 use serde_json::Value;
 
@@ -397,7 +399,8 @@ fn run_case(lines: Vec<Line>, begin: Begin, ops: Vec<Op>) -> Result<(Dump, bool)
         },
         Begin::Unknown => (Some(doc! {"_data": "8200000000"}), Mode::ResumeAfter),
     };
-    let mut initial = handoff::checkpoint::initial(CONSUMER, SOURCE, "000000000000000000000000");
+    let mut initial =
+        handoff::domain::checkpoint::initial(CONSUMER, SOURCE, "000000000000000000000000");
     if let Some(t) = &token {
         initial.insert("token", t.clone());
         initial.insert("mode", mode.as_str());
@@ -417,7 +420,7 @@ fn run_case(lines: Vec<Line>, begin: Begin, ops: Vec<Op>) -> Result<(Dump, bool)
         Checkpoint { token, mode },
         Box::new(ReplaySource::new(rec.fixture.clone())),
         store.clone(),
-        None,
+        std::time::Instant::now() + std::time::Duration::from_secs(600),
     );
     let mut model = Model {
         delivered: Vec::new(),
@@ -536,7 +539,7 @@ fn run_case(lines: Vec<Line>, begin: Begin, ops: Vec<Op>) -> Result<(Dump, bool)
                         .entries
                         .iter()
                         .find_map(|e| match e {
-                            handoff::fixture::Entry::Event { event, token_text }
+                            handoff::backend::replay::Entry::Event { event, token_text }
                                 if *token_text == view.token =>
                             {
                                 Some(event.clone())

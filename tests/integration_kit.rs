@@ -420,7 +420,7 @@ fn record_captures_live_traffic_that_replays_to_the_same_outbox() {
             let token = bson::Document::try_from(e["_id"].as_object().unwrap().clone()).unwrap();
             use sha2::Digest;
             hex::encode(sha2::Sha256::digest(
-                handoff::token::canonical_text(&token).as_bytes(),
+                handoff::domain::token::canonical_text(&token).as_bytes(),
             ))
         })
         .collect();

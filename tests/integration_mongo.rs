@@ -140,7 +140,7 @@ impl Deployment {
 fn event_id(event: &Document) -> String {
     let token = event.get_document("_id").expect("token");
     hex::encode(sha2::Sha256::digest(
-        handoff::token::canonical_text(token).as_bytes(),
+        handoff::domain::token::canonical_text(token).as_bytes(),
     ))
 }
 

@@ -6,12 +6,12 @@ use std::sync::{Arc, Barrier};
 
 use bson::Document;
 use handoff::backend::memory::MemoryStore;
+use handoff::backend::replay::Fixture;
 use handoff::backend::replay::ReplaySource;
-use handoff::backend::{CheckpointStore, Commit, CommitError, Dump};
+use handoff::domain::{CheckpointStore, Commit, CommitError, Dump};
 use handoff::error::HandoffError;
-use handoff::fixture::Fixture;
-use handoff::inputs::RawInputs;
-use handoff::run::Job;
+use handoff::run::RawInputs;
+use handoff::run::{Plan, begin};
 use handoff::runtime::{Limits, PolicySource, Runtime};
 use support::*;
 
@@ -79,15 +79,15 @@ fn two_runs_on_one_store_one_cas_loses_and_no_event_is_duplicated() {
                     store.clone(),
                 );
                 scope.spawn(move || {
-                    let job = Job {
-                        runtime: &runtime,
-                        policy: &policy,
-                        inputs: &inputs,
+                    let plan = Plan {
+                        inputs,
                         params: vec![],
                         limits: Limits::default(),
                         stop: Default::default(),
                     };
-                    job.execute(Box::new(ReplaySource::new(fixture)), store)
+                    let deadline = begin(&plan.limits);
+                    let source = Box::new(ReplaySource::new(fixture));
+                    plan.execute(&runtime, &policy, source, store, deadline)
                 })
             })
             .collect();

@@ -208,7 +208,7 @@ fn invalidate_saves_start_after_and_the_next_run_continues_on_the_new_collection
 fn store(s: &Scratch) -> handoff::backend::redb_store::RedbStore {
     handoff::backend::redb_store::RedbStore::open(
         &s.state(),
-        &handoff::backend::Collections {
+        &handoff::domain::Collections {
             checkpoints: "kestra_change_checkpoints".into(),
             outbox: "kestra_change_outbox".into(),
             quarantine: "kestra_change_quarantine".into(),
@@ -224,7 +224,7 @@ fn bson_doc(value: &Value) -> bson::Document {
 
 #[test]
 fn resume_after_an_invalidate_token_fails_with_invalid_token() {
-    use handoff::backend::{CheckpointStore, Commit, Consumer, Mode};
+    use handoff::domain::{CheckpointStore, Commit, Consumer, Mode};
     let s = Scratch::new();
     let fixture = s.fixture(
         "inv.jsonl",
@@ -346,14 +346,15 @@ fn a_checkpoint_from_another_source_or_replica_set_is_refused() {
 
 #[test]
 fn a_malformed_checkpoint_is_refused() {
-    use handoff::backend::CheckpointStore;
+    use handoff::domain::CheckpointStore;
     for (key, value) in [
         ("token", bson::Bson::String("826AE70DA0".into())),
         ("mode", bson::Bson::String("startAtOperationTime".into())),
         ("token", bson::Bson::Int64(7)),
     ] {
         let s = Scratch::new();
-        let mut bad = handoff::checkpoint::initial("orders-to-outbox", SOURCE, REPLICA_SET_ID);
+        let mut bad =
+            handoff::domain::checkpoint::initial("orders-to-outbox", SOURCE, REPLICA_SET_ID);
         bad.insert(key, value);
         store(&s)
             .ensure_checkpoint("orders-to-outbox", bad)

@@ -13,11 +13,13 @@ use std::time::{Duration, Instant};
 
 use handoff::backend::memory::MemoryStore;
 use handoff::backend::redb_store::RedbStore;
+use handoff::backend::replay::Fixture;
 use handoff::backend::replay::ReplaySource;
-use handoff::backend::{CheckpointStore, Collections, Consumer, Deployment, Mode};
-use handoff::fixture::Fixture;
-use handoff::runtime::session::{self, Checkpoint, Session};
+use handoff::domain::{
+    Checkpoint, CheckpointStore, Collections, Consumer, Deployment, Mode, Start,
+};
 use handoff::runtime::{Limits, PolicySource, Runtime, Settings};
+use handoff::session::{self, Session};
 use handoff_default_policy as native;
 
 const EVENTS: u32 = 20_000;
@@ -46,7 +48,11 @@ fn session(fixture: &Arc<Fixture>, store: Arc<dyn CheckpointStore>) -> Session {
     store
         .ensure_checkpoint(
             "bench",
-            handoff::checkpoint::initial("bench", "change_demo.orders", "6740a1b2c3d4e5f601234567"),
+            handoff::domain::checkpoint::initial(
+                "bench",
+                "change_demo.orders",
+                "6740a1b2c3d4e5f601234567",
+            ),
         )
         .expect("checkpoint");
     Session::new(
@@ -61,7 +67,7 @@ fn session(fixture: &Arc<Fixture>, store: Arc<dyn CheckpointStore>) -> Session {
         },
         Box::new(ReplaySource::new(fixture.clone())),
         store,
-        None,
+        Instant::now() + Limits::default().run_timeout,
     )
 }
 
@@ -71,9 +77,9 @@ struct NativeHost<'a>(&'a mut Session);
 impl native::Host for NativeHost<'_> {
     fn open(&mut self, start: native::Start) -> Result<(), String> {
         let start = match start {
-            native::Start::Now => session::Start::Now,
-            native::Start::ResumeAfter(t) => session::Start::ResumeAfter(t),
-            native::Start::StartAfter(t) => session::Start::StartAfter(t),
+            native::Start::Now => Start::Now,
+            native::Start::ResumeAfter(t) => Start::ResumeAfter(t),
+            native::Start::StartAfter(t) => Start::StartAfter(t),
         };
         self.0.open_stream(start).map_err(|e| format!("{e:?}"))
     }

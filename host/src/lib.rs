@@ -1,23 +1,31 @@
 //! handoff: hands MongoDB change-stream events to a durable outbox, one atomic commit per event,
 //! under a sandboxed WebAssembly policy.
 //!
-//! The crate is laid out by responsibility:
-//! - [`runtime`]: the wasmtime host that loads, limits and drives a policy component, and the
-//!   session that validates every decision it makes;
-//! - [`backend`]: change sources and checkpoint stores behind traits (replay, embedded store, memory);
-//! - [`cli`]: the `handoff` commands;
-//! - [`output`]: what a run prints for the workflow engine;
+//! The crate is laid out by responsibility, lower rooms first:
+//! - [`domain`]: the shared vocabulary (checkpoint, modes, deployment, tokens, server errors) and
+//!   the two backend traits, [`ChangeSource`] and [`CheckpointStore`];
+//! - [`session`]: the guarantees: every call a policy makes, validated, and the commits it makes;
+//! - [`backend`]: the sources and stores (MongoDB, recorded replay, embedded store, memory);
+//! - [`runtime`]: the wasmtime host that loads and limits a policy component and translates its
+//!   calls onto the session;
+//! - [`run`]: inputs turned into a run plan, the backends chosen, the run driven;
+//! - [`output`]: what a finished run tells the workflow engine, one file per format;
 //! - [`kit`]: the policy authors' kit (cases, checks, scaffold, recording);
-//! - domain modules: [`inputs`], [`checkpoint`], [`token`], [`fixture`], [`error`].
+//! - [`error`]: the failure classes and their exit codes.
+//!
+//! The `handoff` command line lives in the binary (`src/cli`), on top of this API.
 
 pub mod backend;
-pub mod checkpoint;
-pub mod cli;
+pub mod domain;
 pub mod error;
-pub mod fixture;
-pub mod inputs;
 pub mod kit;
 pub mod output;
 pub mod run;
 pub mod runtime;
-pub mod token;
+pub mod session;
+
+pub use domain::{ChangeSource, Checkpoint, CheckpointStore, Mode};
+pub use error::{HandoffError, Result};
+pub use run::{Finished, Plan};
+pub use runtime::{Limits, Policy, PolicySource, Runtime};
+pub use session::{Session, Summary};

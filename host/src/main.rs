@@ -1,3 +1,7 @@
+//! The `handoff` command.
+
+mod cli;
+
 fn main() -> std::process::ExitCode {
-    handoff::cli::main()
+    cli::main()
 }

@@ -6,7 +6,8 @@ use std::sync::Mutex;
 
 use bson::Document;
 
-use super::{CheckpointStore, Commit, CommitError, Dump, compare_and_set, record_ids};
+use crate::domain::store::{compare_and_set, record_ids};
+use crate::domain::{CheckpointStore, Commit, CommitError, Dump};
 
 /// Records of one kind, keyed by `_id`, remembering their commit order.
 #[derive(Default)]

@@ -13,7 +13,8 @@ use redb::{
     Database, ReadTransaction, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction,
 };
 
-use super::{CheckpointStore, Collections, Commit, CommitError, Dump, compare_and_set, record_ids};
+use crate::domain::store::{compare_and_set, record_ids};
+use crate::domain::{CheckpointStore, Collections, Commit, CommitError, Dump};
 use crate::error::HandoffError;
 
 type DocTable<'a> = TableDefinition<'a, &'static str, &'static [u8]>;

@@ -5,10 +5,10 @@ use std::time::Duration;
 
 use clap::Args;
 
-use crate::error::{HandoffError, Result};
-use crate::inputs::{Inputs, RawInputs};
-use crate::runtime::cache::ArtifactCache;
-use crate::runtime::{Limits, Policy, PolicySource, Runtime};
+use handoff::error::{HandoffError, Result};
+use handoff::run::inputs::{Inputs, RawInputs};
+use handoff::runtime::cache::ArtifactCache;
+use handoff::runtime::{Limits, Policy, PolicySource, Runtime};
 
 /// Where a consumer's state lives, from flags or the baseline's environment variables.
 #[derive(Args, Clone, Debug)]
@@ -113,11 +113,11 @@ impl PolicyArgs {
     /// Arms the watchdog from process start: the run deadline plus the grace period, which also
     /// bounds the policy's compilation.
     pub fn arm_watchdog(&self) {
-        let start = crate::runtime::PROCESS_START
+        let start = handoff::runtime::PROCESS_START
             .get()
             .copied()
             .unwrap_or_else(std::time::Instant::now);
-        crate::runtime::watchdog::arm(
+        handoff::run::watchdog::arm(
             start + Duration::from_secs(self.run_timeout_seconds),
             Duration::from_secs(self.watchdog_grace_seconds),
         );

@@ -8,10 +8,10 @@ use std::time::Duration;
 use bson::Bson;
 use clap::Args;
 
-use crate::backend::redb_store::RedbStore;
-use crate::backend::{CheckpointStore, Collections};
-use crate::error::{HandoffError, Result};
-use crate::inputs::valid_name;
+use handoff::backend::redb_store::RedbStore;
+use handoff::domain::{CheckpointStore, Collections};
+use handoff::error::{HandoffError, Result};
+use handoff::run::inputs::valid_name;
 
 use super::args::ConsumerArgs;
 

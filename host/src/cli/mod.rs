@@ -6,9 +6,9 @@
 //! - `policy`: writing, checking and testing policy components;
 //! - `record`: a live change stream captured as a fixture.
 //!
-//! Exit codes are those of [`HandoffError::exit_code`](crate::error::HandoffError::exit_code),
+//! Exit codes are those of `HandoffError::exit_code`,
 //! plus 12 for a run stopped by a signal, 14 when the watchdog ends the process
-//! ([`crate::runtime::watchdog`]) and 130 / 143 when a second SIGINT / SIGTERM does.
+//! (`handoff::run::watchdog`) and 130 / 143 when a second SIGINT / SIGTERM does.
 
 mod args;
 mod inspect;
@@ -21,28 +21,14 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use crate::error::HandoffError;
-use crate::inputs::Inputs;
-use crate::output::kestra;
-use crate::runtime::Policy;
-use crate::runtime::session::Summary;
-
-/// Prints the task protocol lines of a finished run (also of a stopped one: its commits stand).
-fn emit(summary: &Summary, policy: &Policy, inputs: &Inputs, started: std::time::Instant) {
-    let mut extra = vec![("policy_sha256", serde_json::json!(policy.sha256))];
-    if summary.stopped {
-        extra.push(("stopped", serde_json::json!(true)));
-    }
-    println!("{}", kestra::outputs_line(summary, &extra));
-    println!(
-        "{}",
-        kestra::metrics_line(
-            summary,
-            started.elapsed(),
-            &[("consumer", &inputs.consumer_id)]
-        )
-    );
-}
+use handoff::domain::StopSignal;
+use handoff::domain::text::escape_untrusted;
+use handoff::error::HandoffError;
+use handoff::output::kestra::Kestra;
+use handoff::output::{self, RunOutputs};
+use handoff::run::Finished;
+use handoff::run::watchdog;
+use handoff::runtime::{Limits, PROCESS_START};
 
 /// How a command ended when it did not fail.
 pub enum Outcome {
@@ -51,25 +37,25 @@ pub enum Outcome {
     Stopped,
 }
 
-impl Outcome {
-    fn of(summary: &Summary) -> Outcome {
-        if summary.stopped {
-            Outcome::Stopped
-        } else {
-            Outcome::Done
-        }
+/// Prints a finished run's outputs for the workflow engine (also a stopped one's: its commits
+/// stand) and says how it ended.
+fn report(finished: &Finished) -> Outcome {
+    output::emit(&Kestra, &RunOutputs::of(finished));
+    if finished.summary.stopped {
+        Outcome::Stopped
+    } else {
+        Outcome::Done
     }
 }
 
 /// The process's stop flag, raised by SIGTERM and SIGINT (registered once, at the first call; a
 /// second signal then ends the process at once).
-fn stop_signal() -> crate::error::Result<crate::runtime::StopSignal> {
-    static STOP: std::sync::OnceLock<crate::runtime::StopSignal> = std::sync::OnceLock::new();
+fn stop_signal() -> handoff::error::Result<StopSignal> {
+    static STOP: std::sync::OnceLock<StopSignal> = std::sync::OnceLock::new();
     if let Some(stop) = STOP.get() {
         return Ok(stop.clone());
     }
-    let stop =
-        crate::runtime::StopSignal::on_signals().map_err(|e| HandoffError::Internal(e.into()))?;
+    let stop = StopSignal::on_signals().map_err(|e| HandoffError::Internal(e.into()))?;
     Ok(STOP.get_or_init(|| stop).clone())
 }
 
@@ -124,7 +110,7 @@ fn init_logging(format: LogFormat) {
 }
 
 pub fn main() -> ExitCode {
-    let _ = crate::runtime::PROCESS_START.set(std::time::Instant::now());
+    let _ = PROCESS_START.set(std::time::Instant::now());
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(error) => {
@@ -151,12 +137,12 @@ pub fn main() -> ExitCode {
         Command::Run(args) => args.policy.arm_watchdog(),
         Command::Replay(args) => args.policy.arm_watchdog(),
         Command::Policy(policy::PolicyCommand::Test { .. }) => {
-            let start = crate::runtime::PROCESS_START
+            let start = PROCESS_START
                 .get()
                 .copied()
                 .unwrap_or_else(std::time::Instant::now);
-            crate::runtime::watchdog::arm(
-                start + crate::runtime::Limits::default().run_timeout,
+            watchdog::arm(
+                start + Limits::default().run_timeout,
                 std::time::Duration::from_secs(policy::TEST_WATCHDOG_GRACE_SECONDS),
             );
         }
@@ -175,7 +161,7 @@ pub fn main() -> ExitCode {
             eprintln!(
                 "stopped: a signal ended the run after its last commit; the next run continues from it"
             );
-            ExitCode::from(crate::error::STOPPED_EXIT_CODE)
+            ExitCode::from(handoff::error::STOPPED_EXIT_CODE)
         }
         Err(error) => {
             // Messages carry server and policy text, escaped where it entered; escaping again
@@ -183,7 +169,7 @@ pub fn main() -> ExitCode {
             eprintln!(
                 "error[{}]: {}",
                 error.kind(),
-                crate::output::text::escape_untrusted(&error.to_string(), 8192)
+                escape_untrusted(&error.to_string(), 8192)
             );
             error.to_exit_code()
         }

@@ -4,10 +4,10 @@ use std::path::PathBuf;
 
 use clap::Subcommand;
 
-use crate::error::{HandoffError, Result};
-use crate::kit::cases::Case;
-use crate::kit::{check, scaffold};
-use crate::runtime::{PolicySource, Runtime};
+use handoff::error::{HandoffError, Result};
+use handoff::kit::cases::Case;
+use handoff::kit::{check, scaffold};
+use handoff::runtime::{PolicySource, Runtime};
 
 /// The watchdog's grace period past each case run's deadline under `policy test`.
 pub const TEST_WATCHDOG_GRACE_SECONDS: u64 = 30;
@@ -94,7 +94,7 @@ pub fn run(command: PolicyCommand) -> Result<()> {
                 Some(path) => PolicySource::from_file(path)?,
                 None => PolicySource::embedded_default(),
             };
-            let runtime = Runtime::new(crate::runtime::cache::ArtifactCache::default_dir())?;
+            let runtime = Runtime::new(handoff::runtime::cache::ArtifactCache::default_dir())?;
             let policy = runtime.load(&source)?;
             println!("policy {} ({})", source.origin, &source.sha256[..16]);
             let (mut passed, mut failed) = (0, 0);

@@ -6,9 +6,9 @@ use std::time::Duration;
 use clap::Args;
 
 use super::args::InputArgs;
-use crate::backend::mongo::Connection;
-use crate::error::Result;
-use crate::kit::record::{Recording, check_redactions, record};
+use handoff::backend::mongo::{Connection, MongoSource};
+use handoff::error::Result;
+use handoff::kit::record::{Recording, check_redactions, record};
 
 #[derive(Args)]
 pub struct RecordArgs {
@@ -36,7 +36,9 @@ pub fn run(args: RecordArgs) -> Result<()> {
         max_wait: Duration::from_secs(u64::from(inputs.max_wait_seconds)),
         redact: &args.redact,
     };
-    let recorded = record(&connection, &recording, &args.out);
+    let mut source = MongoSource::new(connection.clone(), &inputs.database, &inputs.collection);
+    let recorded = record(&mut source, &recording, &args.out);
+    drop(source);
     connection.close();
     let count = recorded?;
     eprintln!("recorded {count} event(s) into {}", args.out.display());

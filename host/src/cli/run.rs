@@ -1,14 +1,11 @@
 //! `handoff run`: the main job against a MongoDB replica set.
 
-use std::sync::Arc;
-use std::time::Instant;
-
 use clap::Args;
 
 use super::args::{InputArgs, PolicyArgs};
-use crate::backend::mongo::{Connection, MongoSource, MongoStore};
-use crate::error::{HandoffError, Result};
-use crate::run::Job;
+use handoff::error::Result;
+use handoff::run::Plan;
+use handoff::run::backends::Mongo;
 
 #[derive(Args)]
 pub struct RunArgs {
@@ -22,37 +19,14 @@ pub struct RunArgs {
 }
 
 pub fn run(args: RunArgs) -> Result<super::Outcome> {
-    let started = Instant::now();
-    let inputs = args.inputs.validate()?;
-    let params = args.policy.params()?;
+    let plan = Plan {
+        inputs: args.inputs.validate()?,
+        params: args.policy.params()?,
+        limits: args.policy.limits(),
+        stop: super::stop_signal()?,
+    };
     // The deployment is reached while the policy loads.
-    let (loaded, connected) = std::thread::scope(|scope| {
-        let connecting = scope.spawn(|| Connection::connect(&args.uri));
-        (args.policy.load(), connecting.join())
-    });
-    let connection = connected
-        .map_err(|_| HandoffError::Internal(anyhow::anyhow!("connecting to MongoDB panicked")))??;
-    let limits = args.policy.limits();
-    connection.limit_to(started + limits.run_timeout);
-    let executed: Result<_> = (|| {
-        let (runtime, policy) = loaded?;
-        let source = MongoSource::new(connection.clone(), &inputs.database, &inputs.collection);
-        let store = MongoStore::new(connection.clone(), &inputs.database, &inputs.collections());
-        let job = Job {
-            runtime: &runtime,
-            policy: &policy,
-            inputs: &inputs,
-            params,
-            limits,
-            stop: super::stop_signal()?,
-        };
-        let summary = job.execute(Box::new(source), Arc::new(store))?;
-        Ok((summary, policy))
-    })();
-    // The stream and the store are dropped with the job; then the connection ends its sessions
-    // on the server, whatever the outcome, so no transaction outlives the run.
-    connection.close();
-    let (summary, policy) = executed?;
-    super::emit(&summary, &policy, &inputs, started);
-    Ok(super::Outcome::of(&summary))
+    let mut backends = Mongo::new(&args.uri, &plan.inputs);
+    let finished = plan.run(|| args.policy.load(), &mut backends)?;
+    Ok(super::report(&finished))
 }

@@ -25,12 +25,10 @@ use bson::Bson;
 use serde_json::{Map, Value, json};
 
 use crate::backend::memory::MemoryStore;
-use crate::backend::replay::ReplaySource;
-use crate::backend::{CheckpointStore, Dump};
+use crate::backend::replay::{Fixture, ReplaySource};
+use crate::domain::{CheckpointStore, Dump, StopSignal};
 use crate::error::{HandoffError, Result};
-use crate::fixture::Fixture;
-use crate::inputs::RawInputs;
-use crate::run::Job;
+use crate::run::{Plan, RawInputs, begin};
 use crate::runtime::{Limits, Policy, Runtime};
 
 /// One case as read from disk.
@@ -158,18 +156,23 @@ impl Case {
         .map_err(|e| bad(&self.dir, e))?;
         let store = Arc::new(MemoryStore::new());
         let fixture = Arc::new(self.fixture.clone());
-        let job = Job {
-            runtime,
-            policy,
-            inputs: &inputs,
+        let plan = Plan {
+            inputs,
             params: self.params()?,
             limits: Limits::default(),
-            stop: Default::default(),
+            stop: StopSignal::default(),
         };
+        let inputs = &plan.inputs;
         let mut actual = Vec::new();
         let mut before = Dump::default();
         for _ in 0..self.runs()? {
-            let result = job.execute(Box::new(ReplaySource::new(fixture.clone())), store.clone());
+            let result = plan.execute(
+                runtime,
+                policy,
+                Box::new(ReplaySource::new(fixture.clone())),
+                store.clone(),
+                begin(&plan.limits),
+            );
             let after = store
                 .dump(&inputs.consumer_id)
                 .map_err(|e| HandoffError::Unavailable(e.to_string()))?;
@@ -213,11 +216,7 @@ fn record_id(record: &bson::Document) -> String {
 }
 
 /// What one run did, in the form expectations are written in.
-fn describe(
-    result: &Result<crate::runtime::session::Summary>,
-    before: &Dump,
-    after: &Dump,
-) -> Value {
+fn describe(result: &Result<crate::session::Summary>, before: &Dump, after: &Dump) -> Value {
     let mut run = Map::new();
     match result {
         Ok(summary) => {

@@ -12,9 +12,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use bson::{Bson, Document};
-use mongodb::options::FullDocumentType;
 
-use crate::backend::mongo::{Connection, MAX_AWAIT};
+use crate::domain::{ChangeSource, Start, StreamError};
 use crate::error::{HandoffError, Result};
 
 /// The value that replaces a redacted field.
@@ -68,12 +67,10 @@ fn line(value: Bson) -> String {
     format!("{}\n", value.into_relaxed_extjson())
 }
 
-/// Records into `out`; returns the number of events recorded.
-pub fn record(connection: &Connection, what: &Recording<'_>, out: &Path) -> Result<u32> {
-    let collection = connection
-        .database(what.database)
-        .collection::<Document>(what.collection);
-    let deployment = connection.deployment();
+/// Records `source` (a live stream, opened from now) into `out`; returns the number of events
+/// recorded.
+pub fn record(source: &mut dyn ChangeSource, what: &Recording<'_>, out: &Path) -> Result<u32> {
+    let deployment = source.deployment()?;
     let mut text = line(Bson::Document(bson::doc! {
         "$deployment": {
             "setName": &deployment.set_name,
@@ -81,22 +78,13 @@ pub fn record(connection: &Connection, what: &Recording<'_>, out: &Path) -> Resu
             "source": format!("{}.{}", what.database, what.collection),
         }
     }));
-    let unavailable = |e: mongodb::error::Error| {
+    let unavailable = |e: StreamError| {
         HandoffError::Unavailable(format!(
             "the change stream failed while recording: {}",
-            e.kind
+            e.server_error()
         ))
     };
-    let mut stream = connection
-        .block_on(async {
-            collection
-                .watch()
-                .full_document(FullDocumentType::UpdateLookup)
-                .max_await_time(MAX_AWAIT)
-                .await
-        })
-        .map_err(unavailable)?
-        .with_type::<Document>();
+    source.open(Start::Now).map_err(unavailable)?;
     tracing::info!(
         database = what.database,
         collection = what.collection,
@@ -105,12 +93,12 @@ pub fn record(connection: &Connection, what: &Recording<'_>, out: &Path) -> Resu
     let mut count = 0;
     let mut last_position: Option<Document> = None;
     let mut idle_since = Instant::now();
-    while count < what.max_events && idle_since.elapsed() < what.max_wait {
-        let next = connection
-            .block_on(stream.next_if_any())
-            .map_err(unavailable)?;
-        if let Some(mut event) = next {
+    let mut ended = false;
+    while !ended && count < what.max_events && idle_since.elapsed() < what.max_wait {
+        if let Some(mut event) = source.next().map_err(unavailable)? {
             last_position = event.get_document("_id").ok().cloned();
+            // The server closes the stream after an invalidation: nothing more will come.
+            ended = event.get_str("operationType").ok() == Some("invalidate");
             for path in what.redact {
                 redact(&mut event, path);
             }
@@ -119,22 +107,13 @@ pub fn record(connection: &Connection, what: &Recording<'_>, out: &Path) -> Resu
             idle_since = Instant::now();
         }
         // The resume position moved past the last event: a batch ended with a post-batch token.
-        let position = stream
-            .resume_token()
-            .and_then(|t| match bson::serialize_to_bson(&t) {
-                Ok(Bson::Document(d)) => Some(d),
-                _ => None,
-            });
-        if let Some(position) = position
+        if let Some(position) = source.watermark()
             && last_position.as_ref() != Some(&position)
         {
             text.push_str(&line(Bson::Document(
                 bson::doc! { "$postBatchResumeToken": position.clone() },
             )));
             last_position = Some(position);
-        }
-        if !stream.is_alive() {
-            break;
         }
     }
     let temp = out.with_extension("jsonl.partial");

@@ -1,98 +1,112 @@
 //! Kestra's task protocol on stdout: `::{"outputs": {...}}::` and `::{"metrics": [...]}::` lines.
 
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 
-use crate::runtime::session::Summary;
+use super::{Format, MetricKind, RunOutputs};
 
-/// The outputs line the flow reads (`outputs.<task>.vars.*`), with the baseline's four keys first.
-pub fn outputs_line(summary: &Summary, extra: &[(&str, Value)]) -> String {
-    let mut outputs = serde_json::Map::new();
-    outputs.insert("status".into(), json!(summary.status.as_str()));
-    outputs.insert(
-        "events_handed_off".into(),
-        json!(summary.committed.handed_off),
-    );
-    outputs.insert(
-        "last_event_id".into(),
-        json!(summary.committed.last_event_id),
-    );
-    outputs.insert("consumer_id".into(), json!(summary.consumer_id));
-    outputs.insert("events_skipped".into(), json!(summary.committed.skipped));
-    outputs.insert(
-        "events_quarantined".into(),
-        json!(summary.committed.quarantined),
-    );
-    for (key, value) in extra {
-        outputs.insert((*key).to_string(), value.clone());
+/// The Kestra task protocol.
+pub struct Kestra;
+
+impl Format for Kestra {
+    fn lines(&self, outputs: &RunOutputs) -> Vec<String> {
+        vec![outputs_line(outputs), metrics_line(outputs)]
     }
+}
+
+/// The outputs line the flow reads (`outputs.<task>.vars.*`).
+fn outputs_line(run: &RunOutputs) -> String {
+    let outputs: Map<String, Value> = run
+        .outputs
+        .iter()
+        .map(|(key, value)| ((*key).to_string(), value.clone()))
+        .collect();
     format!("::{}::", json!({ "outputs": outputs }))
 }
 
-/// The metrics line: a counter of events handed off and a timer of the run's duration.
-pub fn metrics_line(
-    summary: &Summary,
-    duration: std::time::Duration,
-    tags: &[(&str, &str)],
-) -> String {
-    let tags: serde_json::Map<String, Value> = tags
+/// The metrics line: counters and timers, each with the run's tags.
+fn metrics_line(run: &RunOutputs) -> String {
+    let tags: Map<String, Value> = run
+        .tags
         .iter()
-        .map(|(k, v)| ((*k).to_string(), json!(v)))
+        .map(|(key, value)| ((*key).to_string(), json!(value)))
         .collect();
-    format!(
-        "::{}::",
-        json!({ "metrics": [
-            { "name": "events_handed_off", "type": "counter", "value": summary.committed.handed_off, "tags": tags },
-            { "name": "events_committed", "type": "counter", "value": summary.committed.events, "tags": tags },
-            { "name": "run_duration", "type": "timer", "value": duration.as_secs_f64(), "tags": tags },
-        ]})
-    )
+    let metrics: Vec<Value> = run
+        .metrics
+        .iter()
+        .map(|metric| {
+            let kind = match metric.kind {
+                MetricKind::Counter => "counter",
+                MetricKind::Timer => "timer",
+            };
+            json!({ "name": metric.name, "type": kind, "value": metric.value, "tags": tags })
+        })
+        .collect();
+    format!("::{}::", json!({ "metrics": metrics }))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::runtime::session::{Committed, Status};
+    use crate::run::Finished;
+    use crate::session::{Committed, Status, Summary};
+
+    fn protocol(line: &str) -> Value {
+        let inner = line
+            .strip_prefix("::")
+            .and_then(|l| l.strip_suffix("::"))
+            .expect("a protocol line");
+        serde_json::from_str(inner).expect("JSON")
+    }
 
     #[test]
     fn lines_parse_back_as_kestra_reads_them() {
-        let summary = Summary {
-            status: Status::HandedOff,
-            committed: Committed {
-                events: 3,
-                handed_off: 2,
-                skipped: 0,
-                quarantined: 1,
-                last_event_id: "ab".into(),
-                invalidated: false,
-                watermark_saved: true,
-                ..Committed::default()
+        let finished = Finished {
+            summary: Summary {
+                status: Status::HandedOff,
+                committed: Committed {
+                    events: 3,
+                    handed_off: 2,
+                    skipped: 0,
+                    quarantined: 1,
+                    last_event_id: "ab".into(),
+                    invalidated: false,
+                    watermark_saved: true,
+                    ..Committed::default()
+                },
+                consumer_id: "c".into(),
+                stopped: false,
             },
-            consumer_id: "c".into(),
-            stopped: false,
+            policy_sha256: "ff".into(),
+            duration: std::time::Duration::from_millis(1500),
         };
-        let line = outputs_line(&summary, &[("policy_sha256", json!("ff"))]);
-        let inner: Value =
-            serde_json::from_str(line.strip_prefix("::").unwrap().strip_suffix("::").unwrap())
-                .unwrap();
+        let lines = Kestra.lines(&RunOutputs::of(&finished));
+        assert_eq!(lines.len(), 2);
         assert_eq!(
-            inner,
+            protocol(&lines[0]),
             json!({"outputs": {"status": "HANDED_OFF", "events_handed_off": 2, "last_event_id": "ab", "consumer_id": "c", "events_skipped": 0, "events_quarantined": 1, "policy_sha256": "ff"}})
         );
-        let metrics = metrics_line(
-            &summary,
-            std::time::Duration::from_millis(1500),
-            &[("consumer", "c")],
-        );
-        let inner: Value = serde_json::from_str(
-            metrics
-                .strip_prefix("::")
-                .unwrap()
-                .strip_suffix("::")
-                .unwrap(),
-        )
-        .unwrap();
-        assert_eq!(inner["metrics"][0]["value"], json!(2));
-        assert_eq!(inner["metrics"][2]["type"], json!("timer"));
-        assert_eq!(inner["metrics"][2]["value"], json!(1.5));
+        // Key order is kept as the baseline prints it.
+        assert!(lines[0].starts_with(r#"::{"outputs":{"status":"HANDED_OFF","events_handed_off":2,"last_event_id":"ab","consumer_id":"c""#));
+        let metrics = protocol(&lines[1]);
+        assert_eq!(metrics["metrics"][0]["value"], json!(2));
+        assert_eq!(metrics["metrics"][0]["tags"], json!({"consumer": "c"}));
+        assert_eq!(metrics["metrics"][2]["type"], json!("timer"));
+        assert_eq!(metrics["metrics"][2]["value"], json!(1.5));
+    }
+
+    #[test]
+    fn a_stopped_run_says_so() {
+        let finished = Finished {
+            summary: Summary {
+                status: Status::Idle,
+                committed: Committed::default(),
+                consumer_id: "c".into(),
+                stopped: true,
+            },
+            policy_sha256: "ff".into(),
+            duration: std::time::Duration::ZERO,
+        };
+        let lines = Kestra.lines(&RunOutputs::of(&finished));
+        assert_eq!(protocol(&lines[0])["outputs"]["stopped"], json!(true));
     }
 }

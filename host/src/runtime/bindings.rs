@@ -6,10 +6,11 @@ use std::time::Instant;
 use wasmtime::component::{Resource, ResourceTable};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
+use super::PROCESS_START;
 use super::limits::Limiter;
-use super::session::{self, Session};
-use crate::backend::Mode;
-use crate::output::text::escape_untrusted;
+use crate::domain::text::escape_untrusted;
+use crate::domain::{Mode, Start};
+use crate::session::{self, Refusal, RefusalKind, Session};
 
 /// The generated bindings, kept in their own module: the WIT package's `handoff` namespace would
 /// otherwise shadow this crate's name.
@@ -62,21 +63,28 @@ fn mode_from(mode: types::ResumeMode) -> Mode {
     }
 }
 
-fn stream_error(failure: session::StreamFailure) -> types::StreamError {
-    match failure {
-        session::StreamFailure::HistoryLost(m) => types::StreamError::HistoryLost(m),
-        session::StreamFailure::InvalidToken(m) => types::StreamError::InvalidToken(m),
-        session::StreamFailure::Fatal(m) => types::StreamError::Fatal(m),
-        session::StreamFailure::Unavailable(m) => types::StreamError::Unavailable(m),
-        session::StreamFailure::Rejected(m) => types::StreamError::Rejected(m),
+/// A refused stream call as the contract's `stream-error`.
+fn stream_error(refusal: Refusal) -> types::StreamError {
+    let Refusal { kind, message } = refusal;
+    match kind {
+        RefusalKind::HistoryLost => types::StreamError::HistoryLost(message),
+        RefusalKind::InvalidToken => types::StreamError::InvalidToken(message),
+        RefusalKind::Fatal => types::StreamError::Fatal(message),
+        RefusalKind::Unavailable => types::StreamError::Unavailable(message),
+        RefusalKind::Conflict | RefusalKind::Rejected => types::StreamError::Rejected(message),
     }
 }
 
-fn commit_error(failure: session::CommitFailure) -> types::CommitError {
-    match failure {
-        session::CommitFailure::Conflict(m) => types::CommitError::Conflict(m),
-        session::CommitFailure::Rejected(m) => types::CommitError::Rejected(m),
-        session::CommitFailure::Unavailable(m) => types::CommitError::Unavailable(m),
+/// A refused commit as the contract's `commit-error`.
+fn commit_error(refusal: Refusal) -> types::CommitError {
+    let Refusal { kind, message } = refusal;
+    match kind {
+        RefusalKind::Conflict => types::CommitError::Conflict(message),
+        RefusalKind::Unavailable => types::CommitError::Unavailable(message),
+        RefusalKind::HistoryLost
+        | RefusalKind::InvalidToken
+        | RefusalKind::Fatal
+        | RefusalKind::Rejected => types::CommitError::Rejected(message),
     }
 }
 
@@ -87,9 +95,6 @@ impl RunState {
         result
     }
 }
-
-/// When the process started (set by the CLI's first line), for the start-up figure.
-pub static PROCESS_START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
 
 impl types::Host for RunState {}
 
@@ -131,9 +136,9 @@ impl wit_host::Host for RunState {
         start: types::StreamStart,
     ) -> Result<Resource<StreamHandle>, types::StreamError> {
         let start = match start {
-            types::StreamStart::Now => session::Start::Now,
-            types::StreamStart::ResumeAfter(t) => session::Start::ResumeAfter(t),
-            types::StreamStart::StartAfter(t) => session::Start::StartAfter(t),
+            types::StreamStart::Now => Start::Now,
+            types::StreamStart::ResumeAfter(t) => Start::ResumeAfter(t),
+            types::StreamStart::StartAfter(t) => Start::StartAfter(t),
         };
         let result = self
             .session

@@ -13,9 +13,9 @@ use super::bindings::{HandoffPolicy, RunState, export, types};
 use super::cache::{ArtifactCache, Lookup};
 use super::limits::{Limiter, Limits};
 use super::policy::{Policy, PolicySource, check_contract};
-use super::session::{Report, Session, Status, Summary};
-use super::wasi::Sandbox;
+use super::wasi::{Waits, wasi_ctx};
 use crate::error::{HandoffError, Result};
+use crate::session::{Report, Session, Status, Summary};
 
 /// How often the epoch advances; the granularity of the compute slice and run deadline.
 const TICK: Duration = Duration::from_millis(10);
@@ -95,8 +95,9 @@ impl Runtime {
         load_policy(&self.engine, self.cache.as_ref(), source)
     }
 
-    /// Runs a policy over a session within the limits, with real clocks and random sources,
-    /// then verifies its report.
+    /// Runs a policy over a session within the limits, then verifies its report. The session
+    /// says when the run ends (its deadline and stop flag) and which clocks the policy sees (real,
+    /// or a recorded stream's virtual ones).
     pub fn run(
         &self,
         policy: &Policy,
@@ -104,32 +105,26 @@ impl Runtime {
         settings: &Settings,
         limits: &Limits,
     ) -> Result<Summary> {
-        self.run_in(policy, session, settings, limits, &Sandbox::default())
-    }
-
-    /// Runs a policy over a session within the limits and the sandbox's clocks, random sources
-    /// and stop flag, then verifies its report.
-    pub fn run_in(
-        &self,
-        policy: &Policy,
-        session: Session,
-        settings: &Settings,
-        limits: &Limits,
-        sandbox: &Sandbox,
-    ) -> Result<Summary> {
         let slice = limits.slice;
         let run_timeout = limits.run_timeout;
-        let run_deadline = Instant::now() + run_timeout;
-        super::watchdog::extend(run_deadline);
+        let run_deadline = session.deadline();
+        let virtual_time = session.virtual_time();
+        let waits = Waits::new(
+            virtual_time.as_ref(),
+            slice,
+            run_timeout,
+            run_deadline,
+            session.stop().clone(),
+        );
         let state = RunState {
             session,
             // Nothing is granted: no preopens, environment, arguments, network or stdio.
-            wasi: sandbox.wasi_ctx(&policy.sha256),
+            wasi: wasi_ctx(virtual_time.as_ref(), &policy.sha256),
             table: resource_table(),
             limiter: Limiter::new(limits),
             slice_started: Instant::now(),
             interrupted: None,
-            waits: sandbox.waits(slice, run_timeout, run_deadline),
+            waits,
         };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|state| &mut state.limiter);

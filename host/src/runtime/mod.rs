@@ -1,15 +1,12 @@
-//! The sandboxed policy runtime.
+//! The sandboxed policy runtime: a thin adapter between a WebAssembly component and the session.
 //!
-//! - `engine`: the wasmtime engine, linker and the run loop of one policy call;
+//! - `engine`: the wasmtime engine and linker, and one policy run over a session;
 //! - `policy`: loading and checking policy components against the contract;
-//! - `bindings`: the WIT contract bound to the host (imports delegate to the session);
-//! - `session`: the host side of a run and the validation of every policy decision;
-//! - `limits`: memory cap, compute slice and run deadline;
-//! - `stop`: graceful stop on SIGTERM / SIGINT;
+//! - `bindings`: the WIT contract bound to the host, each import translated onto the session;
+//! - `limits`: memory cap, compute slice and run timeout;
 //! - `cache`: compiled artifacts keyed by policy digest and engine;
 //! - `wasi`: the WASI a policy gets, its waits bounded by the slice, the deadline and the stop flag;
-//! - `clock`: real or virtual (replay) clocks and random sources;
-//! - `watchdog`: ends the process when a run outlives its deadline plus a grace period.
+//! - `clock`: real or virtual (replay) clocks and random sources.
 
 mod bindings;
 pub mod cache;
@@ -17,14 +14,11 @@ pub mod clock;
 pub mod engine;
 pub mod limits;
 pub mod policy;
-pub mod session;
-pub mod stop;
 pub mod wasi;
-pub mod watchdog;
 
-pub use bindings::PROCESS_START;
 pub use engine::{Runtime, Settings};
 pub use limits::Limits;
 pub use policy::{Policy, PolicySource};
-pub use stop::StopSignal;
-pub use wasi::Sandbox;
+
+/// When the process started (set by the CLI's first line), for the start-up figure.
+pub static PROCESS_START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();

@@ -25,51 +25,21 @@ use wasmtime_wasi_io::bindings::wasi::io::poll as async_poll;
 use wasmtime_wasi_io::poll::{DynPollable, Pollable, subscribe};
 
 use super::bindings::RunState;
-use super::clock::{self, Clock, VirtualClock, VirtualTime};
-use super::stop::StopSignal;
+use super::clock::{self, Clock};
+use crate::domain::StopSignal;
+use crate::domain::time::{VirtualClock, VirtualTime};
 
 /// How often a waiting policy checks the stop flag and its bounds.
 pub const CHECK_EVERY: Duration = Duration::from_millis(10);
 
-/// The environment of one run besides its session: how time and randomness behave, and the stop
-/// flag.
-#[derive(Clone, Debug, Default)]
-pub struct Sandbox {
-    /// `Some` under a replay: virtual clocks and deterministic random sources.
-    pub virtual_time: Option<VirtualTime>,
-    /// Raised to end the run; a waiting policy notices it within [`CHECK_EVERY`].
-    pub stop: StopSignal,
-}
-
-impl Sandbox {
-    /// The WASI context of a run: nothing granted (no preopens, environment, arguments, network
-    /// or stdio); clocks and random real or virtual.
-    pub(crate) fn wasi_ctx(&self, policy_sha256: &str) -> WasiCtx {
-        let mut builder = WasiCtxBuilder::new();
-        if let Some(time) = &self.virtual_time {
-            clock::make_deterministic(&mut builder, time, policy_sha256);
-        }
-        builder.build()
+/// The WASI context of a run: nothing granted (no preopens, environment, arguments, network or
+/// stdio); clocks and random sources real, or virtual under a replay.
+pub(crate) fn wasi_ctx(virtual_time: Option<&VirtualTime>, policy_sha256: &str) -> WasiCtx {
+    let mut builder = WasiCtxBuilder::new();
+    if let Some(time) = virtual_time {
+        clock::make_deterministic(&mut builder, time, policy_sha256);
     }
-
-    /// The bounds of the waits of a run ending at `run_deadline`.
-    pub(crate) fn waits(
-        &self,
-        slice: Duration,
-        run_timeout: Duration,
-        run_deadline: Instant,
-    ) -> Waits {
-        Waits {
-            clock: match &self.virtual_time {
-                Some(time) => Clock::Virtual(time.clock.clone()),
-                None => Clock::Real(Instant::now()),
-            },
-            slice,
-            run_deadline,
-            run_timeout,
-            stop: self.stop.clone(),
-        }
-    }
+    builder.build()
 }
 
 /// What bounds the waits of one run.
@@ -82,6 +52,27 @@ pub struct Waits {
 }
 
 impl Waits {
+    /// The bounds of the waits of a run ending at `run_deadline`, on the real clock or the
+    /// replay's virtual one.
+    pub(crate) fn new(
+        virtual_time: Option<&VirtualTime>,
+        slice: Duration,
+        run_timeout: Duration,
+        run_deadline: Instant,
+        stop: StopSignal,
+    ) -> Waits {
+        Waits {
+            clock: match virtual_time {
+                Some(time) => Clock::Virtual(time.clock.clone()),
+                None => Clock::Real(Instant::now()),
+            },
+            slice,
+            run_deadline,
+            run_timeout,
+            stop,
+        }
+    }
+
     fn slice_passed(&self) -> String {
         format!(
             "the policy waited (wasi:io/poll) past its compute slice of {} ms without calling the host (an endless sleep?)",

@@ -3,9 +3,40 @@
 
 use bson::{Bson, Document, doc};
 
-use crate::backend::Mode;
 use crate::error::{HandoffError, Result};
-use crate::runtime::session::Checkpoint;
+
+/// How a saved token resumes a stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    ResumeAfter,
+    StartAfter,
+}
+
+impl Mode {
+    /// The name stored in the checkpoint document, as the baseline writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::ResumeAfter => "resumeAfter",
+            Mode::StartAfter => "startAfter",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<Mode> {
+        match name {
+            "resumeAfter" => Some(Mode::ResumeAfter),
+            "startAfter" => Some(Mode::StartAfter),
+            _ => None,
+        }
+    }
+}
+
+/// A checkpoint as loaded and validated before the run: the token (none for a fresh consumer)
+/// and the mode it must be resumed with.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Checkpoint {
+    pub token: Option<Document>,
+    pub mode: Mode,
+}
 
 /// A new checkpoint: `_id` plus the baseline's `$setOnInsert` fields, in its order.
 pub fn initial(consumer: &str, source: &str, replica_set_id: &str) -> Document {

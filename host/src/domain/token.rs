@@ -318,9 +318,10 @@ mod tests {
 
     #[test]
     fn every_vector_prints_like_pymongo() {
-        let vectors: Value =
-            serde_json::from_str(include_str!("../../tests/fixtures/event-id-vectors.json"))
-                .expect("vectors parse");
+        let vectors: Value = serde_json::from_str(include_str!(
+            "../../../tests/fixtures/event-id-vectors.json"
+        ))
+        .expect("vectors parse");
         let vectors = vectors.as_array().expect("vector list");
         assert!(vectors.len() >= 5);
         for vector in vectors {

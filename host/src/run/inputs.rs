@@ -35,8 +35,8 @@ impl Inputs {
     }
 
     /// Where the consumer's checkpoint, outbox and quarantine records live.
-    pub fn collections(&self) -> crate::backend::Collections {
-        crate::backend::Collections {
+    pub fn collections(&self) -> crate::domain::Collections {
+        crate::domain::Collections {
             checkpoints: self.checkpoint_collection.clone(),
             outbox: self.outbox_collection.clone(),
             quarantine: self.quarantine_collection.clone(),

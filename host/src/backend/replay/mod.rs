@@ -12,17 +12,20 @@
 //! caught-up replay ends its idle wait at once while keeping the policy's timing logic intact.
 //! The policy's WASI clocks follow it (a sleep moves it instead of waiting), its wall clock starts
 //! at the first event's `clusterTime`, and its random sources are seeded from the recording (see
-//! [`crate::runtime::clock`]).
+//! [`crate::domain::time`]).
 
 use std::sync::Arc;
 
 use bson::Document;
 use sha2::{Digest, Sha256};
 
-use super::{ChangeSource, Deployment, ServerError, StreamError, StreamStart};
-use crate::fixture::{Entry, Fixture};
-use crate::runtime::clock::{DEFAULT_WALL_EPOCH_SECS, VirtualClock, VirtualTime};
-use crate::token::canonical_text;
+mod fixture;
+
+pub use fixture::{Entry, Fixture, RecordedDeployment};
+
+use crate::domain::time::{DEFAULT_WALL_EPOCH_SECS, VirtualClock, VirtualTime};
+use crate::domain::token::canonical_text;
+use crate::domain::{ChangeSource, Deployment, ServerError, Start, StreamError};
 
 /// The await bound a live stream uses (`maxAwaitTimeMS`), applied to the virtual clock.
 pub const AWAIT_MS: u64 = 1000;
@@ -76,15 +79,15 @@ impl ChangeSource for ReplaySource {
         })
     }
 
-    fn open(&mut self, start: StreamStart) -> Result<(), StreamError> {
+    fn open(&mut self, start: Start<Document>) -> Result<(), StreamError> {
         let (token, start_after) = match &start {
-            StreamStart::Now => {
+            Start::Now => {
                 self.position = 0;
                 self.opened = true;
                 return Ok(());
             }
-            StreamStart::ResumeAfter(token) => (token, false),
-            StreamStart::StartAfter(token) => (token, true),
+            Start::ResumeAfter(token) => (token, false),
+            Start::StartAfter(token) => (token, true),
         };
         let wanted = canonical_text(token);
         let found = self.fixture.entries.iter().position(|entry| match entry {

@@ -1,0 +1,82 @@
+//! Driver errors as the server reported them, classified into the stream's and the run's
+//! failure classes (credentials removed).
+
+use mongodb::error::{Error as DriverError, ErrorKind, WriteFailure};
+
+use super::SERVER_SELECTION_TIMEOUT;
+use super::redaction::Redactor;
+use crate::domain::stream::BSON_OBJECT_TOO_LARGE;
+use crate::domain::{ServerError, StreamError};
+use crate::error::HandoffError;
+
+/// The server's view of a driver error: code, code name and message (credentials removed).
+pub(super) fn server_error(error: &DriverError, redactor: &Redactor) -> ServerError {
+    let (code, code_name, message) = match error.kind.as_ref() {
+        ErrorKind::Command(e) => (Some(e.code), e.code_name.clone(), e.message.clone()),
+        ErrorKind::Write(WriteFailure::WriteError(e)) => (
+            Some(e.code),
+            e.code_name.clone().unwrap_or_default(),
+            e.message.clone(),
+        ),
+        ErrorKind::Write(WriteFailure::WriteConcernError(e)) => {
+            (Some(e.code), e.code_name.clone(), e.message.clone())
+        }
+        ErrorKind::InsertMany(e) => match (&e.write_errors, &e.write_concern_error) {
+            (Some(errors), _) if !errors.is_empty() => (
+                Some(errors[0].code),
+                errors[0].code_name.clone().unwrap_or_default(),
+                errors[0].message.clone(),
+            ),
+            (_, Some(wce)) => (Some(wce.code), wce.code_name.clone(), wce.message.clone()),
+            _ => (None, "DriverError".into(), error.to_string()),
+        },
+        ErrorKind::ServerSelection { message, .. } => {
+            (None, "ServerSelectionError".into(), message.clone())
+        }
+        ErrorKind::Io(e) => (None, "NetworkError".into(), e.to_string()),
+        ErrorKind::Authentication { message, .. } => {
+            (None, "AuthenticationFailed".into(), message.clone())
+        }
+        _ => (None, "DriverError".into(), error.to_string()),
+    };
+    ServerError {
+        code,
+        code_name: if code_name.is_empty() {
+            "MongoError".into()
+        } else {
+            code_name
+        },
+        message: redactor.clean(&message),
+    }
+}
+
+pub(super) fn classify_stream(error: &DriverError, redactor: &Redactor) -> StreamError {
+    let detail = server_error(error, redactor);
+    match detail.code {
+        Some(286) | Some(260) | Some(280) | Some(BSON_OBJECT_TOO_LARGE) => {
+            StreamError::from_server(detail)
+        }
+        _ if detail.code_name == "BSONObjectTooLarge" => StreamError::TooLarge(detail),
+        Some(_) if error.contains_label("NonResumableChangeStreamError") => {
+            StreamError::Fatal(detail)
+        }
+        _ => StreamError::Unavailable(detail),
+    }
+}
+
+/// Fails connection-time errors into the run's classes.
+pub(super) fn classify_connect(error: &DriverError, redactor: &Redactor) -> HandoffError {
+    let detail = server_error(error, redactor);
+    match error.kind.as_ref() {
+        ErrorKind::Authentication { .. } => {
+            HandoffError::Authentication(format!("MongoDB refused the credentials: {detail}"))
+        }
+        ErrorKind::Command(e) if e.code == 18 || e.code == 13 => {
+            HandoffError::Authentication(format!("MongoDB refused the credentials: {detail}"))
+        }
+        _ => HandoffError::Unavailable(format!(
+            "Cannot reach a MongoDB server (server selection timed out after {} s or the connection failed): {detail}",
+            SERVER_SELECTION_TIMEOUT.as_secs()
+        )),
+    }
+}

@@ -1,0 +1,91 @@
+//! MongoDB through the official driver: the live change stream and the checkpoint + outbox
+//! transaction.
+//!
+//! The driver is async; the policy runtime is not. A connection owns a small tokio runtime and
+//! every trait method blocks on it, so the policy's host calls stay plain function calls.
+//!
+//! What the baseline task does, in its order: URI scheme check, a 3 s server selection timeout,
+//! `hello` must name a replica set, `replSetGetConfig` must give `settings.replicaSetId`. The stream
+//! uses `fullDocument: updateLookup` and a 1 s max await. Each commit is one transaction
+//! (checkpoint compare-and-set on `{_id, token, source}` + one ordered `insertMany` of the outbox
+//! records + one of the quarantine records), retried on `TransientTransactionError` and
+//! `UnknownTransactionCommitResult` a bounded number of times; a failed attempt never leaves its
+//! transaction open. Change events are kept as the BSON documents the server sent, never rebuilt
+//! through JSON.
+//!
+//! Whatever the URI says, every read and write here goes to the primary, writes wait for a
+//! majority, reads outside a transaction read majority-committed data and transactions read a
+//! snapshot: the checkpoint and the outbox are only as safe as their weakest concern.
+//!
+//! - `connection`: the client, its runtime, the deployment's identity and the run's deadline;
+//! - `redaction`: credentials removed from every text before it is printed or logged;
+//! - `errors`: driver errors as server errors and the run's failure classes;
+//! - `source`: the watched collection's change stream ([`ChangeSource`](crate::domain::ChangeSource));
+//! - `store`: the checkpoint and record transaction ([`CheckpointStore`](crate::domain::CheckpointStore)).
+
+mod connection;
+mod errors;
+mod redaction;
+mod source;
+mod store;
+
+use std::time::Duration;
+
+use mongodb::options::{
+    DatabaseOptions, ReadConcern, ReadPreference, SelectionCriteria, TransactionOptions,
+    WriteConcern,
+};
+use mongodb::{Client, Database};
+
+pub use connection::{Connection, DeadlinePassed, UNPARSABLE_URI};
+pub use redaction::Redactor;
+pub use source::MongoSource;
+pub use store::MongoStore;
+
+/// The change stream's await bound (`maxAwaitTimeMS`), as the baseline sets it.
+pub const MAX_AWAIT: Duration = Duration::from_secs(1);
+/// Server selection timeout, as the baseline sets it.
+pub const SERVER_SELECTION_TIMEOUT: Duration = Duration::from_secs(3);
+/// Attempts of one commit on `UnknownTransactionCommitResult`.
+pub const TRANSACTION_ATTEMPTS: u32 = 5;
+/// The server's `transactionLifetimeLimitSeconds` when it does not say (MongoDB's default).
+pub const DEFAULT_TRANSACTION_LIFETIME: Duration = Duration::from_secs(60);
+/// How much longer than the transaction lifetime a commit is retried on
+/// `TransientTransactionError`: a transaction a killed run left open holds the checkpoint until
+/// the server expires it, which its periodic reaper does a little after the lifetime.
+pub const TRANSIENT_RETRY_MARGIN: Duration = Duration::from_secs(15);
+/// How long closing the connection (ending its sessions) may take at the end of a run.
+pub const CLOSE_WAIT: Duration = Duration::from_secs(5);
+/// MongoDB's document limit (`maxBsonObjectSize`).
+pub const MAX_DOCUMENT_BYTES: usize = 16 * 1024 * 1024;
+
+/// Majority-acknowledged writes.
+pub(crate) fn majority_writes() -> WriteConcern {
+    WriteConcern::majority()
+}
+
+/// The primary, whatever the URI's read preference.
+pub(crate) fn primary() -> SelectionCriteria {
+    SelectionCriteria::ReadPreference(ReadPreference::Primary)
+}
+
+/// Snapshot reads, majority writes, on the primary: every checkpoint and outbox transaction.
+pub(crate) fn transaction_options() -> TransactionOptions {
+    TransactionOptions::builder()
+        .read_concern(ReadConcern::snapshot())
+        .write_concern(majority_writes())
+        .selection_criteria(primary())
+        .build()
+}
+
+/// A database handle that ignores the URI's concerns and read preference.
+pub(crate) fn guarded_database(client: &Client, name: &str) -> Database {
+    client.database_with_options(
+        name,
+        DatabaseOptions::builder()
+            .selection_criteria(primary())
+            .read_concern(ReadConcern::majority())
+            .write_concern(majority_writes())
+            .build(),
+    )
+}

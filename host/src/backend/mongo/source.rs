@@ -1,0 +1,110 @@
+//! The watched collection's change stream, opened with `fullDocument: updateLookup` and the
+//! baseline's await bound, every call bounded by the run's deadline.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use bson::{Bson, Document};
+use mongodb::Collection;
+use mongodb::change_stream::ChangeStream;
+use mongodb::change_stream::event::ResumeToken;
+use mongodb::options::FullDocumentType;
+
+use super::MAX_AWAIT;
+use super::connection::Connection;
+use super::errors::classify_stream;
+use crate::domain::{ChangeSource, Deployment, ServerError, Start, StreamError};
+use crate::error::Result;
+
+/// The watched collection's change stream.
+pub struct MongoSource {
+    connection: Arc<Connection>,
+    collection: Collection<Document>,
+    stream: Option<ChangeStream<Document>>,
+    clock: Instant,
+}
+
+impl MongoSource {
+    pub fn new(connection: Arc<Connection>, database: &str, collection: &str) -> MongoSource {
+        let collection = connection.database(database).collection(collection);
+        MongoSource {
+            connection,
+            collection,
+            stream: None,
+            clock: Instant::now(),
+        }
+    }
+}
+
+fn deadline_passed() -> StreamError {
+    StreamError::Unavailable(ServerError {
+        code: None,
+        code_name: "RunDeadline".into(),
+        message: "the run deadline passed while waiting for the change stream".into(),
+    })
+}
+
+fn resume_token(token: Document) -> std::result::Result<ResumeToken, StreamError> {
+    bson::deserialize_from_bson(Bson::Document(token)).map_err(|e| {
+        StreamError::InvalidToken(ServerError {
+            code: None,
+            code_name: "InvalidResumeToken".into(),
+            message: format!("the saved token is not a resume token: {e}"),
+        })
+    })
+}
+
+impl ChangeSource for MongoSource {
+    fn deployment(&mut self) -> Result<Deployment> {
+        Ok(self.connection.deployment.clone())
+    }
+
+    fn open(&mut self, start: Start<Document>) -> std::result::Result<(), StreamError> {
+        let watch = self
+            .collection
+            .watch()
+            .full_document(FullDocumentType::UpdateLookup)
+            .max_await_time(MAX_AWAIT);
+        let watch = match start {
+            Start::Now => watch,
+            Start::ResumeAfter(token) => watch.resume_after(resume_token(token)?),
+            Start::StartAfter(token) => watch.start_after(resume_token(token)?),
+        };
+        let stream = self
+            .connection
+            .bounded(async { watch.await })
+            .map_err(|_| deadline_passed())?
+            .map_err(|e| classify_stream(&e, &self.connection.redactor))?;
+        self.stream = Some(stream.with_type::<Document>());
+        Ok(())
+    }
+
+    fn next(&mut self) -> std::result::Result<Option<Document>, StreamError> {
+        let Some(stream) = self.stream.as_mut() else {
+            return Ok(None);
+        };
+        let next = self
+            .connection
+            .bounded(stream.next_if_any())
+            .map_err(|_| deadline_passed())?
+            .map_err(|e| classify_stream(&e, &self.connection.redactor))?;
+        if next.is_none() && !stream.is_alive() {
+            // The server closed the stream (after an invalidate): nothing more will come, but the
+            // await bound still holds so a policy's idle timer keeps its meaning.
+            std::thread::sleep(MAX_AWAIT);
+        }
+        Ok(next)
+    }
+
+    fn watermark(&self) -> Option<Document> {
+        let token = self.stream.as_ref()?.resume_token()?;
+        match bson::serialize_to_bson(&token) {
+            Ok(Bson::Document(doc)) => Some(doc),
+            _ => None,
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.clock.elapsed().as_millis() as u64
+    }
+}

@@ -1,0 +1,318 @@
+//! The checkpoint, outbox and quarantine collections, written in one transaction per commit.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bson::{Bson, Document, doc};
+use mongodb::error::{
+    Error as DriverError, ErrorKind, TRANSIENT_TRANSACTION_ERROR,
+    UNKNOWN_TRANSACTION_COMMIT_RESULT, WriteFailure,
+};
+use mongodb::{ClientSession, Collection};
+
+use super::connection::Connection;
+use super::errors::server_error;
+use super::{MAX_DOCUMENT_BYTES, TRANSACTION_ATTEMPTS, transaction_options};
+use crate::domain::stream::BSON_OBJECT_TOO_LARGE;
+use crate::domain::{CheckpointStore, Collections, Commit, CommitError, Dump};
+
+/// What an interrupted transaction means for the operator.
+const DEADLINE_IN_COMMIT: &str = "the run deadline passed while a transaction was in flight; its outcome is unknown, \
+     and the next run resumes from whatever was committed";
+
+/// The checkpoint, outbox and quarantine collections.
+pub struct MongoStore {
+    connection: Arc<Connection>,
+    checkpoints: Collection<Document>,
+    outbox: Collection<Document>,
+    quarantine: Collection<Document>,
+}
+
+impl MongoStore {
+    pub fn new(
+        connection: Arc<Connection>,
+        database: &str,
+        collections: &Collections,
+    ) -> MongoStore {
+        let db = connection.database(database);
+        MongoStore {
+            checkpoints: db.collection(&collections.checkpoints),
+            outbox: db.collection(&collections.outbox),
+            quarantine: db.collection(&collections.quarantine),
+            connection,
+        }
+    }
+
+    fn unavailable(&self, error: &DriverError) -> CommitError {
+        CommitError::Unavailable(server_error(error, &self.connection.redactor).to_string())
+    }
+
+    /// One attempt of the transaction. Whatever fails, the attempt's transaction is not left
+    /// open on the server.
+    async fn attempt(&self, commit: &Commit<'_>) -> std::result::Result<(), Attempt> {
+        let mut session = self
+            .connection
+            .client
+            .start_session()
+            .await
+            .map_err(Attempt::from)?;
+        session
+            .start_transaction()
+            .with_options(transaction_options())
+            .await
+            .map_err(Attempt::from)?;
+        if let Err(failure) = self.statements(&mut session, commit).await {
+            // The driver still holds the transaction as in progress: abort it on the server.
+            let _ = session.abort_transaction().await;
+            return Err(failure);
+        }
+        let committed = commit_with_retries(&mut session).await;
+        if committed.is_err() {
+            abandon(&mut session, &self.checkpoints).await;
+        }
+        committed
+    }
+
+    /// The compare-and-set and the record inserts, inside the session's transaction.
+    async fn statements(
+        &self,
+        session: &mut ClientSession,
+        commit: &Commit<'_>,
+    ) -> std::result::Result<(), Attempt> {
+        let expected = commit
+            .expected
+            .map_or(Bson::Null, |t| Bson::Document(t.clone()));
+        let filter = doc! { "_id": &commit.consumer.consumer, "token": expected, "source": &commit.consumer.source };
+        let update =
+            doc! { "$set": { "token": commit.next.clone(), "mode": commit.mode.as_str() } };
+        let changed = self
+            .checkpoints
+            .update_one(filter, update)
+            .session(&mut *session)
+            .await
+            .map_err(Attempt::from)?;
+        if changed.matched_count != 1 {
+            return Err(Attempt::Final(CommitError::Conflict));
+        }
+        for (collection, records) in [
+            (&self.outbox, &commit.outbox),
+            (&self.quarantine, &commit.quarantine),
+        ] {
+            if records.is_empty() {
+                continue;
+            }
+            if let Some(id) = oversized(records) {
+                return Err(Attempt::Final(CommitError::TooLarge(id)));
+            }
+            if let Err(e) = collection
+                .insert_many(records)
+                .ordered(true)
+                .session(&mut *session)
+                .await
+            {
+                return Err(insert_failure(e, records));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The `_id` of the first record over the document limit, if any.
+fn oversized(records: &[Document]) -> Option<String> {
+    records.iter().find_map(|record| {
+        let size = bson::serialize_to_vec(record).map_or(usize::MAX, |bytes| bytes.len());
+        (size > MAX_DOCUMENT_BYTES).then(|| record_id(record))
+    })
+}
+
+fn record_id(record: &Document) -> String {
+    record.get_str("_id").unwrap_or("").to_string()
+}
+
+/// Classifies a failed `insertMany`: the failing record's `_id` for a duplicate key (11000) or a
+/// record over the document limit (10334), a transient error to retry, or a driver error.
+fn insert_failure(error: DriverError, records: &[Document]) -> Attempt {
+    if error.contains_label(TRANSIENT_TRANSACTION_ERROR) {
+        return Attempt::Transient(error);
+    }
+    let failed = match error.kind.as_ref() {
+        ErrorKind::InsertMany(e) => e
+            .write_errors
+            .as_ref()
+            .and_then(|errors| errors.first())
+            .map(|w| (w.code, w.code_name.clone(), Some(w.index))),
+        ErrorKind::Write(WriteFailure::WriteError(w)) => Some((w.code, w.code_name.clone(), None)),
+        ErrorKind::Command(c) => Some((c.code, Some(c.code_name.clone()), None)),
+        _ => None,
+    };
+    let id_at = |index: Option<usize>| {
+        index
+            .and_then(|i| records.get(i))
+            .map(record_id)
+            .unwrap_or_default()
+    };
+    match failed {
+        Some((11000, _, index)) => Attempt::Final(CommitError::Duplicate(id_at(index))),
+        Some((code, name, index))
+            if code == BSON_OBJECT_TOO_LARGE || name.as_deref() == Some("BSONObjectTooLarge") =>
+        {
+            let id = match index {
+                Some(_) => id_at(index),
+                None => oversized(records).unwrap_or_default(),
+            };
+            Attempt::Final(CommitError::TooLarge(id))
+        }
+        _ => Attempt::Driver(error),
+    }
+}
+
+/// `commitTransaction`, retried alone on `UnknownTransactionCommitResult`.
+async fn commit_with_retries(session: &mut ClientSession) -> std::result::Result<(), Attempt> {
+    let mut commits = 0;
+    loop {
+        commits += 1;
+        match session.commit_transaction().await {
+            Ok(()) => return Ok(()),
+            Err(e)
+                if e.contains_label(UNKNOWN_TRANSACTION_COMMIT_RESULT)
+                    && commits < TRANSACTION_ATTEMPTS =>
+            {
+                tracing::warn!(
+                    attempt = commits,
+                    "commit result unknown; retrying the commit"
+                );
+            }
+            Err(e) => return Err(Attempt::from(e)),
+        }
+    }
+}
+
+/// Ends on the server a transaction whose commit failed. Once a commit was attempted the driver
+/// refuses `abortTransaction`; a new transaction number on the same session makes the server
+/// abort the old transaction, and that new transaction, opened by a read, is then aborted. (A
+/// transaction that did commit is not affected.) If the server cannot be reached now, the
+/// session is ended when the connection closes, or the server expires the transaction.
+async fn abandon(session: &mut ClientSession, checkpoints: &Collection<Document>) {
+    if session
+        .start_transaction()
+        .with_options(transaction_options())
+        .await
+        .is_err()
+    {
+        return;
+    }
+    let ended = checkpoints
+        .find_one(doc! { "_id": Bson::Null })
+        .session(&mut *session)
+        .await;
+    let _ = session.abort_transaction().await;
+    match ended {
+        Ok(_) => tracing::debug!("the failed commit's transaction was ended on the server"),
+        Err(_) => tracing::debug!(
+            "the failed commit's transaction could not be ended now; the session ends at close"
+        ),
+    }
+}
+
+enum Attempt {
+    Transient(DriverError),
+    Driver(DriverError),
+    Final(CommitError),
+}
+
+impl From<DriverError> for Attempt {
+    fn from(e: DriverError) -> Attempt {
+        if e.contains_label(TRANSIENT_TRANSACTION_ERROR) {
+            Attempt::Transient(e)
+        } else {
+            Attempt::Driver(e)
+        }
+    }
+}
+
+impl CheckpointStore for MongoStore {
+    fn ensure_checkpoint(
+        &self,
+        consumer: &str,
+        initial: Document,
+    ) -> std::result::Result<Document, CommitError> {
+        let mut on_insert = initial;
+        on_insert.remove("_id");
+        self.connection
+            .bounded(async {
+                self.checkpoints
+                    .update_one(doc! { "_id": consumer }, doc! { "$setOnInsert": on_insert })
+                    .upsert(true)
+                    .await
+                    .map_err(|e| self.unavailable(&e))?;
+                self.checkpoints
+                    .find_one(doc! { "_id": consumer })
+                    .await
+                    .map_err(|e| self.unavailable(&e))?
+                    .ok_or_else(|| {
+                        CommitError::Unavailable("the checkpoint vanished after its upsert".into())
+                    })
+            })
+            .map_err(|_| {
+                CommitError::Unavailable(
+                    "the run deadline passed while loading the checkpoint".into(),
+                )
+            })?
+    }
+
+    fn commit(&self, commit: &Commit<'_>) -> std::result::Result<(), CommitError> {
+        let window = self.connection.transient_retry_window();
+        let retried = async {
+            let started = Instant::now();
+            let mut attempt: u32 = 0;
+            loop {
+                attempt += 1;
+                match self.attempt(commit).await {
+                    Ok(()) => return Ok(()),
+                    Err(Attempt::Final(e)) => return Err(e),
+                    Err(Attempt::Transient(e)) if started.elapsed() < window => {
+                        let code = server_error(&e, &self.connection.redactor).code;
+                        tracing::warn!(attempt, ?code, "transient transaction error; retrying");
+                        let backoff = Duration::from_millis(10 << attempt.min(7));
+                        tokio::time::sleep(backoff.min(Duration::from_secs(1))).await;
+                    }
+                    Err(Attempt::Transient(e) | Attempt::Driver(e)) => {
+                        return Err(self.unavailable(&e));
+                    }
+                }
+            }
+        };
+        self.connection
+            .bounded(retried)
+            .map_err(|_| CommitError::Unavailable(DEADLINE_IN_COMMIT.into()))?
+    }
+
+    fn dump(&self, consumer: &str) -> std::result::Result<Dump, CommitError> {
+        use futures_util::TryStreamExt;
+        self.connection.block_on(async {
+            let checkpoint = self
+                .checkpoints
+                .find_one(doc! { "_id": consumer })
+                .await
+                .map_err(|e| self.unavailable(&e))?;
+            let mut records = Vec::new();
+            for collection in [&self.outbox, &self.quarantine] {
+                let found: Vec<Document> = collection
+                    .find(doc! { "consumer": consumer })
+                    .await
+                    .map_err(|e| self.unavailable(&e))?
+                    .try_collect()
+                    .await
+                    .map_err(|e| self.unavailable(&e))?;
+                records.push(found);
+            }
+            let quarantine = records.pop().unwrap_or_default();
+            let outbox = records.pop().unwrap_or_default();
+            Ok(Dump {
+                checkpoint,
+                outbox,
+                quarantine,
+            })
+        })
+    }
+}

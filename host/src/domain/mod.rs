@@ -1,0 +1,26 @@
+//! The shared vocabulary of a run: what the session, the backends and the runtime all speak of,
+//! with no WebAssembly and no driver in it.
+//!
+//! - `checkpoint`: a consumer's checkpoint document, its resume mode, and how it is loaded;
+//! - `deployment`: the replica set, the consumer and where its state lives;
+//! - `stream`: where a stream starts, server errors and their classes, the change-source trait;
+//! - `stop`: the flag SIGTERM and SIGINT raise to end a run after its in-flight commit;
+//! - `store`: the atomic commit and the checkpoint-store trait;
+//! - `token`: a resume token's canonical text (the form the policy sees and hashes);
+//! - `text`: untrusted text (policy messages, server errors) made safe to print;
+//! - `time`: the virtual clock a recorded stream runs on.
+
+pub mod checkpoint;
+pub mod deployment;
+pub mod stop;
+pub mod store;
+pub mod stream;
+pub mod text;
+pub mod time;
+pub mod token;
+
+pub use checkpoint::{Checkpoint, Mode};
+pub use deployment::{Collections, Consumer, Deployment};
+pub use stop::StopSignal;
+pub use store::{CheckpointStore, Commit, CommitError, Dump};
+pub use stream::{ChangeSource, ServerError, Start, StreamError};

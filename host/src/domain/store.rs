@@ -1,0 +1,133 @@
+//! The consumer's state and the one write that changes it: the checkpoint compare-and-set
+//! together with the outbox and quarantine records, atomically.
+
+use bson::Document;
+
+use super::checkpoint::Mode;
+use super::deployment::Consumer;
+
+/// One atomic step: move the checkpoint from `expected` to `next`, insert the outbox and
+/// quarantine records.
+#[derive(Clone, Debug)]
+pub struct Commit<'a> {
+    pub consumer: &'a Consumer,
+    pub expected: Option<&'a Document>,
+    pub next: &'a Document,
+    pub mode: Mode,
+    pub outbox: Vec<Document>,
+    pub quarantine: Vec<Document>,
+}
+
+/// Why a write did not apply. Nothing was written.
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum CommitError {
+    /// The checkpoint is not at the expected token (or source) any more.
+    #[error("checkpoint compare-and-set missed")]
+    Conflict,
+    /// The outbox or the quarantine already holds a record with this `_id`.
+    #[error("a record {0} already exists")]
+    Duplicate(String),
+    /// The store failed; the transaction did not commit.
+    #[error("{0}")]
+    Unavailable(String),
+    /// The outbox or quarantine record with this `_id` is over the store's document limit
+    /// (MongoDB's 16 MiB); the transaction did not commit.
+    #[error("the record {0} is over the 16 MiB document limit")]
+    TooLarge(String),
+}
+
+/// A consumer's state, in commit order.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Dump {
+    pub checkpoint: Option<Document>,
+    pub outbox: Vec<Document>,
+    pub quarantine: Vec<Document>,
+}
+
+/// The checkpoint, the outbox and the quarantine.
+pub trait CheckpointStore: Send + Sync {
+    /// Creates the checkpoint with `initial` if it is missing (`$setOnInsert`), then returns it.
+    fn ensure_checkpoint(&self, consumer: &str, initial: Document)
+    -> Result<Document, CommitError>;
+    /// Compare-and-set on `{_id, token: expected, source}` plus the record inserts, atomically.
+    fn commit(&self, commit: &Commit<'_>) -> Result<(), CommitError>;
+    /// The checkpoint document and the records of `consumer`, in commit order.
+    fn dump(&self, consumer: &str) -> Result<Dump, CommitError>;
+}
+
+/// The compare-and-set both embedded stores apply: the filter `{_id, token: expected, source}`
+/// with MongoDB's equality (`token: null` also matches a missing token), then
+/// `$set: {token: next, mode}`. Returns the updated checkpoint.
+pub(crate) fn compare_and_set(
+    stored: &Document,
+    commit: &Commit<'_>,
+) -> Result<Document, CommitError> {
+    let token_matches = match (stored.get("token"), commit.expected) {
+        (None | Some(bson::Bson::Null), None) => true,
+        (Some(bson::Bson::Document(saved)), Some(expected)) => same_token(saved, expected),
+        _ => false,
+    };
+    let source_matches = stored.get_str("source").ok() == Some(commit.consumer.source.as_str());
+    if !token_matches || !source_matches {
+        return Err(CommitError::Conflict);
+    }
+    let mut updated = stored.clone();
+    updated.insert("token", commit.next.clone());
+    updated.insert("mode", commit.mode.as_str());
+    Ok(updated)
+}
+
+/// Whether the saved token is the expected one: the same BSON. `Document` equality is not enough,
+/// since a token holding a NaN double would never equal itself (a server's equality match, and
+/// PyMongo's, take NaN as equal to NaN).
+fn same_token(saved: &Document, expected: &Document) -> bool {
+    saved == expected || matches!((saved.to_vec(), expected.to_vec()), (Ok(a), Ok(b)) if a == b)
+}
+
+/// The `_id`s of records, which must be strings.
+pub(crate) fn record_ids(records: &[Document]) -> Result<Vec<String>, CommitError> {
+    records
+        .iter()
+        .map(|record| {
+            record
+                .get_str("_id")
+                .map(str::to_string)
+                .map_err(|_| CommitError::Unavailable("a record without a string _id".into()))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bson::doc;
+
+    #[test]
+    fn a_token_holding_nan_passes_the_compare_and_set() {
+        let consumer = Consumer {
+            consumer: "c".into(),
+            source: "db.coll".into(),
+        };
+        let token = doc! { "_data": "8201", "n": f64::NAN, "a": [f64::NAN] };
+        let next = doc! { "_data": "8202" };
+        let stored =
+            doc! { "_id": "c", "source": "db.coll", "token": token.clone(), "mode": "resumeAfter" };
+        let commit = |expected: &Document| {
+            compare_and_set(
+                &stored,
+                &Commit {
+                    consumer: &consumer,
+                    expected: Some(expected),
+                    next: &next,
+                    mode: Mode::ResumeAfter,
+                    outbox: vec![],
+                    quarantine: vec![],
+                },
+            )
+        };
+        let updated = commit(&token.clone()).expect("the saved token is the expected one");
+        assert_eq!(updated.get_document("token").unwrap(), &next);
+        let other = doc! { "_data": "8201", "n": f64::NAN, "a": [1.0] };
+        assert!(matches!(commit(&other), Err(CommitError::Conflict)));
+    }
+}

@@ -1,0 +1,98 @@
+//! A deployment's change stream as the session sees it: where it starts, what fails, and the
+//! trait every source implements.
+
+use bson::Document;
+
+use super::deployment::Deployment;
+use super::text::escape_untrusted;
+use super::time::VirtualTime;
+
+/// Where a stream opens. The policy names a token by its canonical text (`Start<String>`); a
+/// source receives the token itself (`Start<Document>`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Start<T> {
+    Now,
+    ResumeAfter(T),
+    StartAfter(T),
+}
+
+/// A server error as the source reported it. `message` is the server's text, never a token.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServerError {
+    pub code: Option<i32>,
+    pub code_name: String,
+    pub message: String,
+}
+
+impl std::fmt::Display for ServerError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let code = self
+            .code
+            .map_or_else(|| "n/a".to_string(), |c| c.to_string());
+        let message = escape_untrusted(&self.message, 180);
+        let code_name = escape_untrusted(&self.code_name, 64);
+        write!(f, "{code_name} (code {code}): {message}")
+    }
+}
+
+/// Why a stream could not open or continue.
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum StreamError {
+    #[error("{0}")]
+    HistoryLost(ServerError),
+    #[error("{0}")]
+    InvalidToken(ServerError),
+    #[error("{0}")]
+    Fatal(ServerError),
+    #[error("{0}")]
+    Unavailable(ServerError),
+    /// An event is over the 16 MiB document limit (`BSONObjectTooLarge`, 10334): the server
+    /// cannot return it, so the stream cannot pass it.
+    #[error("{0}")]
+    TooLarge(ServerError),
+}
+
+/// MongoDB's `BSONObjectTooLarge`: a document (a change event, an inserted record) over 16 MiB.
+pub const BSON_OBJECT_TOO_LARGE: i32 = 10334;
+
+impl StreamError {
+    /// Classifies a server error code the way drivers and operators do.
+    pub fn from_server(error: ServerError) -> StreamError {
+        match error.code {
+            Some(286) => StreamError::HistoryLost(error),
+            Some(260) => StreamError::InvalidToken(error),
+            Some(280) => StreamError::Fatal(error),
+            Some(BSON_OBJECT_TOO_LARGE) => StreamError::TooLarge(error),
+            _ => StreamError::Unavailable(error),
+        }
+    }
+
+    pub fn server_error(&self) -> &ServerError {
+        match self {
+            StreamError::HistoryLost(e)
+            | StreamError::InvalidToken(e)
+            | StreamError::Fatal(e)
+            | StreamError::Unavailable(e)
+            | StreamError::TooLarge(e) => e,
+        }
+    }
+}
+
+/// A deployment's change stream.
+pub trait ChangeSource: Send {
+    /// The replica set's identity (`hello.setName`, `replSetGetConfig.settings.replicaSetId`).
+    fn deployment(&mut self) -> crate::error::Result<Deployment>;
+    /// Opens the stream on the watched collection with `fullDocument: updateLookup`.
+    fn open(&mut self, start: Start<Document>) -> Result<(), StreamError>;
+    /// The next event, waiting at most the await bound; `None` when none arrived.
+    fn next(&mut self) -> Result<Option<Document>, StreamError>;
+    /// The stream's resume position as last reported by the server.
+    fn watermark(&self) -> Option<Document>;
+    /// Milliseconds on the source's monotonic clock (virtual for a replay).
+    fn now_ms(&self) -> u64;
+    /// The virtual time of a recorded stream, which the policy's WASI clocks and random sources
+    /// then follow; `None` (real time) for a live stream.
+    fn virtual_time(&self) -> Option<VirtualTime> {
+        None
+    }
+}

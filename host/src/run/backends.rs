@@ -1,0 +1,148 @@
+//! The backends of a run, chosen in one place: a replica set (source and store through one
+//! connection) or a recording replayed into an embedded store.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::inputs::Inputs;
+use crate::backend::mongo::{Connection, MongoSource, MongoStore};
+use crate::backend::redb_store::RedbStore;
+use crate::backend::replay::{Fixture, ReplaySource};
+use crate::domain::{ChangeSource, CheckpointStore};
+use crate::error::{HandoffError, Result};
+
+/// A run's source and store.
+pub type Opened = (Box<dyn ChangeSource>, Arc<dyn CheckpointStore>);
+
+/// Where a run's events come from and where its state goes.
+pub trait Backends: Send {
+    /// What can be done while the policy loads (reaching the deployment, opening a store).
+    fn prepare(&mut self) -> Result<()>;
+    /// The source and the store, once the policy is known to be usable, for a run that ends at
+    /// `deadline`.
+    fn open(&mut self, deadline: Instant) -> Result<Opened>;
+    /// Called once the run ended, whatever its outcome.
+    fn close(&mut self) {}
+}
+
+/// A MongoDB replica set: the watched collection's stream, and the checkpoint and records in
+/// the same database.
+pub struct Mongo {
+    uri: String,
+    inputs: Inputs,
+    connection: Option<Arc<Connection>>,
+}
+
+impl Mongo {
+    pub fn new(uri: &str, inputs: &Inputs) -> Mongo {
+        Mongo {
+            uri: uri.to_string(),
+            inputs: inputs.clone(),
+            connection: None,
+        }
+    }
+}
+
+impl Backends for Mongo {
+    fn prepare(&mut self) -> Result<()> {
+        self.connection = Some(Connection::connect(&self.uri)?);
+        Ok(())
+    }
+
+    fn open(&mut self, deadline: Instant) -> Result<Opened> {
+        let connection = self.connection.clone().ok_or_else(|| {
+            HandoffError::Internal(anyhow::anyhow!("the connection was not prepared"))
+        })?;
+        connection.limit_to(deadline);
+        let inputs = &self.inputs;
+        let source = MongoSource::new(connection.clone(), &inputs.database, &inputs.collection);
+        let store = MongoStore::new(connection, &inputs.database, &inputs.collections());
+        Ok((Box::new(source), Arc::new(store)))
+    }
+
+    /// The stream and the store are gone with the run; the connection then ends its sessions on
+    /// the server, so no transaction outlives the run.
+    fn close(&mut self) {
+        if let Some(connection) = self.connection.take() {
+            connection.close();
+        }
+    }
+}
+
+/// A recorded change stream, with the checkpoint and records in an embedded store on disk.
+pub struct Replay {
+    fixture: Option<Fixture>,
+    state: PathBuf,
+    lock_timeout: Duration,
+    inputs: Inputs,
+    /// An existing store, opened while the policy loads.
+    opened: Option<Result<RedbStore>>,
+}
+
+impl Replay {
+    /// Refuses a recording of another namespace than the one the inputs watch.
+    pub fn new(
+        fixture: Fixture,
+        state: PathBuf,
+        lock_timeout: Duration,
+        inputs: &Inputs,
+    ) -> Result<Replay> {
+        if let Some(recorded) = &fixture.deployment
+            && recorded.source != inputs.source()
+        {
+            return Err(HandoffError::BadInput(format!(
+                "the fixture was recorded from {} but the inputs watch {}",
+                recorded.source,
+                inputs.source()
+            )));
+        }
+        Ok(Replay {
+            fixture: Some(fixture),
+            state,
+            lock_timeout,
+            inputs: inputs.clone(),
+            opened: None,
+        })
+    }
+
+    fn open_store(&self) -> Result<RedbStore> {
+        RedbStore::open(&self.state, &self.inputs.collections(), self.lock_timeout)
+    }
+}
+
+impl Backends for Replay {
+    /// An existing store is opened while the policy loads; its failure is reported once the
+    /// policy is known to be usable.
+    fn prepare(&mut self) -> Result<()> {
+        if self.state.exists() {
+            self.opened = Some(self.open_store());
+        }
+        Ok(())
+    }
+
+    /// A new store is created only now, so that a refused policy leaves nothing behind.
+    fn open(&mut self, _deadline: Instant) -> Result<Opened> {
+        let store = match self.opened.take() {
+            Some(opened) => opened?,
+            None => {
+                if let Some(parent) = self.state.parent().filter(|p| !p.as_os_str().is_empty()) {
+                    std::fs::create_dir_all(parent).map_err(|e| {
+                        HandoffError::BadInput(format!(
+                            "cannot create the folder of the state store {}: {e}",
+                            parent.display()
+                        ))
+                    })?;
+                }
+                self.open_store()?
+            }
+        };
+        let fixture = self.fixture.take().ok_or_else(|| {
+            HandoffError::Internal(anyhow::anyhow!("the recording was already replayed"))
+        })?;
+        Ok((
+            Box::new(ReplaySource::new(Arc::new(fixture))),
+            Arc::new(store),
+        ))
+    }
+}

@@ -1,0 +1,132 @@
+//! A run's plan and the run itself: the policy loads while the backends get ready, the deadline
+//! is fixed once, the checkpoint is created and checked, then the policy drives the session.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::backends::Backends;
+use super::inputs::Inputs;
+use crate::domain::checkpoint;
+use crate::domain::{ChangeSource, CheckpointStore, CommitError, Consumer, StopSignal};
+use crate::error::{HandoffError, Result};
+use crate::runtime::{Limits, Policy, Runtime, Settings};
+use crate::session::{Session, Summary};
+
+/// Everything a run is given besides its policy and backends.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    pub inputs: Inputs,
+    pub params: Vec<(String, String)>,
+    pub limits: Limits,
+    /// Raised to end the run after its in-flight commit.
+    pub stop: StopSignal,
+}
+
+/// A run that ended without failing (a stopped run included: its commits stand).
+#[derive(Clone, Debug)]
+pub struct Finished {
+    pub summary: Summary,
+    pub policy_sha256: String,
+    /// From the start of the command to the end of the run.
+    pub duration: Duration,
+}
+
+/// The moment a run begins: its deadline, counted from now, which the watchdog then honours.
+pub fn begin(limits: &Limits) -> Instant {
+    let deadline = Instant::now() + limits.run_timeout;
+    super::watchdog::extend(deadline);
+    deadline
+}
+
+impl Plan {
+    /// The settings the policy receives.
+    pub fn settings(&self) -> Settings {
+        Settings {
+            max_events: self.inputs.max_events,
+            max_wait_ms: u64::from(self.inputs.max_wait_seconds) * 1000,
+            params: self.params.clone(),
+        }
+    }
+
+    /// Runs once: `load` (the engine and the policy) while `backends` get ready, then the
+    /// policy over the backends' source and store. The backends are closed whatever the outcome.
+    pub fn run(
+        &self,
+        load: impl FnOnce() -> Result<(Runtime, Policy)>,
+        backends: &mut dyn Backends,
+    ) -> Result<Finished> {
+        let started = crate::runtime::PROCESS_START
+            .get()
+            .copied()
+            .unwrap_or_else(Instant::now);
+        let (loaded, prepared) = std::thread::scope(|scope| {
+            let preparing = scope.spawn(|| backends.prepare());
+            (load(), preparing.join())
+        });
+        let executed = (|| {
+            prepared.map_err(|_| {
+                HandoffError::Internal(anyhow::anyhow!("preparing the backends panicked"))
+            })??;
+            let (runtime, policy) = loaded?;
+            let deadline = begin(&self.limits);
+            let (source, store) = backends.open(deadline)?;
+            let summary = self.execute(&runtime, &policy, source, store, deadline)?;
+            Ok(Finished {
+                summary,
+                policy_sha256: policy.sha256.clone(),
+                duration: started.elapsed(),
+            })
+        })();
+        backends.close();
+        executed
+    }
+
+    /// Runs the policy once against `source` and `store`, until `deadline` at the latest.
+    pub fn execute(
+        &self,
+        runtime: &Runtime,
+        policy: &Policy,
+        mut source: Box<dyn ChangeSource>,
+        store: Arc<dyn CheckpointStore>,
+        deadline: Instant,
+    ) -> Result<Summary> {
+        let started = Instant::now();
+        let deployment = source.deployment()?;
+        let consumer = Consumer {
+            consumer: self.inputs.consumer_id.clone(),
+            source: self.inputs.source(),
+        };
+        let stored = store
+            .ensure_checkpoint(
+                &consumer.consumer,
+                checkpoint::initial(
+                    &consumer.consumer,
+                    &consumer.source,
+                    &deployment.replica_set_id,
+                ),
+            )
+            .map_err(|e| match e {
+                CommitError::Unavailable(m) => HandoffError::Unavailable(m),
+                other => HandoffError::Unavailable(other.to_string()),
+            })?;
+        let loaded = checkpoint::validate(&stored, &consumer.source, &deployment.replica_set_id)?;
+        tracing::info!(
+            consumer = %consumer.consumer,
+            source = %consumer.source,
+            policy_sha256 = %policy.sha256,
+            resume = loaded.token.as_ref().map_or("now", |_| loaded.mode.as_str()),
+            "run starting"
+        );
+        let session = Session::new(consumer, deployment, loaded, source, store, deadline)
+            .with_stop(self.stop.clone())
+            .with_max_events(self.inputs.max_events);
+        let summary = runtime.run(policy, session, &self.settings(), &self.limits)?;
+        tracing::info!(
+            status = summary.status.as_str(),
+            events_handed_off = summary.committed.handed_off,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "run finished"
+        );
+        Ok(summary)
+    }
+}

@@ -1,0 +1,384 @@
+//! The commit side of a session: a policy's decisions checked against what was delivered,
+//! planned as records, and written with the checkpoint in one transaction per bounded chunk.
+
+use std::collections::HashSet;
+
+use bson::{Document, doc};
+use sha2::{Digest, Sha256};
+
+use super::refusal::Refusal;
+use super::{Session, bson_size};
+use crate::domain::text::escape_untrusted;
+use crate::domain::token::canonical_text;
+use crate::domain::{Commit, CommitError, Mode};
+use crate::error::{EVENT_TOO_LARGE_GUIDANCE, HandoffError, RECONCILE_GUIDANCE};
+
+/// The longest outbox ID a policy may choose.
+pub const MAX_ID_LEN: usize = 200;
+/// How many events one commit may cover.
+pub const MAX_BATCH: usize = 500;
+/// How many committed events stay readable through `field`.
+const RECENT: usize = 16;
+/// The longest quarantine reason kept, in characters.
+const MAX_REASON_CHARS: usize = 1024;
+
+/// What a commit does with one delivered event.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// An outbox record with this event ID.
+    HandOff(String),
+    /// No record; the checkpoint moves past the event. The reason is logged.
+    Skip(String),
+    /// A quarantine record with this ID and reason.
+    Quarantine { id: String, reason: String },
+}
+
+/// One delivered event as a commit will write it.
+#[derive(Default)]
+struct Planned {
+    token: Document,
+    text: String,
+    outbox: Option<Document>,
+    quarantine: Option<Document>,
+    handed_off: Option<String>,
+    skipped: bool,
+    quarantined: bool,
+    invalidate: bool,
+    /// The size of its record.
+    bytes: usize,
+}
+
+fn valid_id(id: &str) -> bool {
+    (1..=MAX_ID_LEN).contains(&id.len())
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
+}
+
+impl Session {
+    fn check_expected(&mut self, expected: Option<&str>) -> Result<(), Refusal> {
+        let holds = expected == self.token_text.as_deref()
+            || (self.start_saved_for_policy && expected.is_none());
+        if !holds {
+            return Err(self.reject("`expected` is not the checkpoint token this run holds"));
+        }
+        Ok(())
+    }
+
+    /// Commits the next delivered event (contract 1.0): an outbox record for every event but an
+    /// invalidation, which must have none.
+    pub fn commit(
+        &mut self,
+        expected: Option<&str>,
+        next: &str,
+        mode: Mode,
+        outbox_id: Option<&str>,
+    ) -> Result<(), Refusal> {
+        self.gate()?;
+        let invalidate = self
+            .pending
+            .front()
+            .is_some_and(|d| d.invalidate && d.text == next);
+        let decision = match outbox_id {
+            Some(id) => Decision::HandOff(id.to_string()),
+            None if invalidate => Decision::Skip("invalidate".into()),
+            None => {
+                return Err(self.reject(
+                    "every event but an invalidation needs an outbox record (use commit-batch to skip)",
+                ));
+            }
+        };
+        self.commit_batch(expected, next, mode, vec![decision])
+    }
+
+    /// Commits the next delivered events, one decision each, in delivery order: in one
+    /// transaction, or in consecutive ones when their records exceed the transaction bound.
+    pub fn commit_batch(
+        &mut self,
+        expected: Option<&str>,
+        next: &str,
+        mode: Mode,
+        decisions: Vec<Decision>,
+    ) -> Result<(), Refusal> {
+        self.gate()?;
+        self.check_expected(expected)?;
+        self.check_coverage(next, decisions.len())?;
+        let mut plan = self.plan(&decisions, mode)?;
+        // Consecutive transactions of at most `max_transaction_bytes` of records each.
+        let limit = self.bounds.max_transaction_bytes;
+        let mut chunk_end = 0;
+        while chunk_end < plan.len() {
+            let chunk_start = chunk_end;
+            let mut bytes = 0;
+            while chunk_end < plan.len()
+                && (chunk_end == chunk_start || bytes + plan[chunk_end].bytes <= limit)
+            {
+                bytes += plan[chunk_end].bytes;
+                chunk_end += 1;
+            }
+            let last = chunk_end == plan.len();
+            let chunk_mode = if last { mode } else { Mode::ResumeAfter };
+            self.write(&mut plan[chunk_start..chunk_end], chunk_mode)?;
+        }
+        tracing::debug!(
+            events = self.committed.events,
+            batch = decisions.len(),
+            "event committed"
+        );
+        Ok(())
+    }
+
+    /// A commit covers the first `count` delivered events, the last of which is `next`.
+    fn check_coverage(&mut self, next: &str, count: usize) -> Result<(), Refusal> {
+        if count == 0 {
+            return Err(self.reject("a commit must cover at least one delivered event"));
+        }
+        if count > MAX_BATCH {
+            return Err(self.reject(format!("a commit covers at most {MAX_BATCH} events")));
+        }
+        if count > self.pending.len() {
+            let waiting = self.pending.len();
+            return Err(self.reject(if waiting == 0 {
+                "no delivered event is waiting for a commit".to_string()
+            } else {
+                format!("the commit covers {count} events but only {waiting} were delivered")
+            }));
+        }
+        if self.pending[count - 1].text != next {
+            let what = if self.pending.iter().any(|d| d.text == next) {
+                "events must be committed in delivery order; this would skip a delivered event"
+            } else {
+                "the token was not delivered by the stream"
+            };
+            return Err(self.reject(what));
+        }
+        Ok(())
+    }
+
+    /// The records of each decision, checked: nothing is written unless every one is valid.
+    fn plan(&mut self, decisions: &[Decision], mode: Mode) -> Result<Vec<Planned>, Refusal> {
+        let count = decisions.len();
+        let mut plan = Vec::with_capacity(count);
+        let mut ids = HashSet::new();
+        for (index, decision) in decisions.iter().enumerate() {
+            let delivered = &self.pending[index];
+            let invalidate = delivered.invalidate;
+            if invalidate {
+                if index != count - 1 || mode != Mode::StartAfter {
+                    return Err(self.reject("an invalidate token must be saved with startAfter"));
+                }
+                if !matches!(decision, Decision::Skip(_)) {
+                    return Err(
+                        self.reject("an invalidate event is never handed off or quarantined")
+                    );
+                }
+            }
+            let Ok(token) = delivered.event.get_document("_id") else {
+                return Err(self.reject("the event has no token"));
+            };
+            let mut step = Planned {
+                token: token.clone(),
+                text: delivered.text.clone(),
+                invalidate,
+                ..Planned::default()
+            };
+            match decision {
+                Decision::HandOff(id) | Decision::Quarantine { id, .. } => {
+                    if !valid_id(id) {
+                        return Err(self.reject(format!(
+                            "an outbox or quarantine ID must be 1-{MAX_ID_LEN} characters from [A-Za-z0-9._:-]"
+                        )));
+                    }
+                    let key = format!("{}/{id}", self.consumer.consumer);
+                    let hand_off = matches!(decision, Decision::HandOff(_));
+                    if !ids.insert((hand_off, key.clone())) {
+                        return Err(self.reject(format!("the ID {id} appears twice in one commit")));
+                    }
+                    let event = delivered.event.clone();
+                    let record = match decision {
+                        Decision::Quarantine { reason, .. } => {
+                            let reason: String = reason.chars().take(MAX_REASON_CHARS).collect();
+                            doc! {
+                                "_id": key,
+                                "consumer": &self.consumer.consumer,
+                                "source": &self.consumer.source,
+                                "token": token.clone(),
+                                "reason": reason,
+                                "event": event,
+                            }
+                        }
+                        _ => doc! {
+                            "_id": key,
+                            "consumer": &self.consumer.consumer,
+                            "source": &self.consumer.source,
+                            "event": event,
+                        },
+                    };
+                    step.bytes = bson_size(&record);
+                    if step.bytes > self.bounds.max_record_bytes {
+                        return Err(self.record_too_large(id, step.bytes));
+                    }
+                    if hand_off {
+                        step.handed_off = Some(id.clone());
+                        step.outbox = Some(record);
+                    } else {
+                        step.quarantine = Some(record);
+                        step.quarantined = true;
+                    }
+                }
+                Decision::Skip(reason) => {
+                    if !invalidate {
+                        step.skipped = true;
+                        tracing::info!(
+                            reason = %escape_untrusted(reason, 200),
+                            "event skipped by the policy"
+                        );
+                    }
+                }
+            }
+            plan.push(step);
+        }
+        Ok(plan)
+    }
+
+    /// A record over MongoDB's document limit: nothing of the commit is written.
+    fn record_too_large(&mut self, id: &str, bytes: usize) -> Refusal {
+        let limit = self.bounds.max_record_bytes;
+        self.fail(HandoffError::EventTooLarge(format!(
+            "{EVENT_TOO_LARGE_GUIDANCE} The record {id} would be {bytes} bytes, over the {limit}-byte document limit."
+        )))
+    }
+
+    /// Writes the records of consecutive pending events and moves the checkpoint to the last
+    /// of them, in one transaction; then takes them off the pending queue.
+    fn write(&mut self, steps: &mut [Planned], mode: Mode) -> Result<(), Refusal> {
+        let Some(last) = steps.last() else {
+            return Ok(());
+        };
+        let next_token = last.token.clone();
+        let next_text = last.text.clone();
+        let outbox: Vec<Document> = steps.iter_mut().filter_map(|s| s.outbox.take()).collect();
+        let quarantine: Vec<Document> = steps
+            .iter_mut()
+            .filter_map(|s| s.quarantine.take())
+            .collect();
+        let step = Commit {
+            consumer: &self.consumer,
+            expected: self.token.as_ref(),
+            next: &next_token,
+            mode,
+            outbox,
+            quarantine,
+        };
+        if let Err(error) = self.store.commit(&step) {
+            return Err(self.fail(match error {
+                CommitError::Conflict => HandoffError::Conflict(
+                    "Checkpoint changed during this run; retry from the current token".into(),
+                ),
+                CommitError::Duplicate(id) => HandoffError::Conflict(format!(
+                    "A record {id} already exists; another run handed this event off. Retry from the current token"
+                )),
+                CommitError::Unavailable(detail) => HandoffError::Unavailable(format!(
+                    "{RECONCILE_GUIDANCE} Store error: {detail}"
+                )),
+                CommitError::TooLarge(id) => HandoffError::EventTooLarge(format!(
+                    "{EVENT_TOO_LARGE_GUIDANCE} The record {id} is over the limit."
+                )),
+            }));
+        }
+        for done in self.pending.drain(..steps.len()) {
+            self.pending_bytes = self.pending_bytes.saturating_sub(done.bytes);
+            self.recent.push_back(done);
+        }
+        while self.recent.len() > RECENT {
+            self.recent.pop_front();
+        }
+        self.token_text = Some(next_text);
+        self.token = Some(next_token);
+        self.mode = mode;
+        self.start_saved_for_policy = false;
+        let c = &mut self.committed;
+        for step in steps.iter() {
+            c.events += 1;
+            if let Some(id) = &step.handed_off {
+                c.handed_off += 1;
+                c.last_event_id = id.clone();
+                c.last_outbox_id = id.clone();
+            }
+            if step.skipped {
+                c.skipped += 1;
+            }
+            if step.quarantined {
+                c.quarantined += 1;
+            }
+            if step.invalidate {
+                c.invalidated = true;
+                // The baseline reports the invalidate event's own ID.
+                c.last_event_id = hex::encode(Sha256::digest(step.text.as_bytes()));
+            }
+        }
+        Ok(())
+    }
+
+    /// Saves the stream's idle watermark once every delivered event is committed.
+    pub fn advance_watermark(&mut self, expected: Option<&str>, next: &str) -> Result<(), Refusal> {
+        self.gate()?;
+        self.check_expected(expected)?;
+        if !self.pending.is_empty() {
+            return Err(self.reject(
+                "the watermark can only be saved once every delivered event is committed",
+            ));
+        }
+        let Some(watermark) = self.source.watermark() else {
+            return Err(self.reject("the stream has reported no watermark"));
+        };
+        if canonical_text(&watermark) != next {
+            return Err(self.reject("the token is not the stream's current watermark"));
+        }
+        if self.committed.invalidated {
+            return Err(self.reject("an invalidated stream has no watermark to save"));
+        }
+        if self.token_text.as_deref() == Some(next) {
+            return Ok(());
+        }
+        self.move_checkpoint(
+            watermark,
+            "Checkpoint changed while saving the idle watermark",
+            RECONCILE_GUIDANCE,
+        )?;
+        self.committed.watermark_saved = true;
+        Ok(())
+    }
+
+    /// Moves the checkpoint from the token this run holds to `next` (resumeAfter), writing no
+    /// record: the stream's starting position or its idle watermark.
+    pub(super) fn move_checkpoint(
+        &mut self,
+        next: Document,
+        on_conflict: &str,
+        on_unavailable: &str,
+    ) -> Result<(), Refusal> {
+        let step = Commit {
+            consumer: &self.consumer,
+            expected: self.token.as_ref(),
+            next: &next,
+            mode: Mode::ResumeAfter,
+            outbox: Vec::new(),
+            quarantine: Vec::new(),
+        };
+        if let Err(error) = self.store.commit(&step) {
+            return Err(self.fail(match error {
+                CommitError::Conflict | CommitError::Duplicate(_) => {
+                    HandoffError::Conflict(on_conflict.into())
+                }
+                CommitError::Unavailable(detail) | CommitError::TooLarge(detail) => {
+                    HandoffError::Unavailable(format!("{on_unavailable} Store error: {detail}"))
+                }
+            }));
+        }
+        self.token_text = Some(canonical_text(&next));
+        self.token = Some(next);
+        self.mode = Mode::ResumeAfter;
+        Ok(())
+    }
+}

@@ -1,0 +1,257 @@
+//! The guarantees: the host side of one run, validating every call a policy makes.
+//!
+//! Nothing here knows of WebAssembly: the runtime's bindings translate the contract's calls into
+//! this module's, and so does the native benchmark path. Rules enforced here:
+//! - the stream opens only from the checkpoint's own token (or from now for a fresh consumer);
+//! - a commit moves the checkpoint from the token this run holds to the *next delivered* event, in
+//!   delivery order: an event is never skipped silently and a token never comes from the policy;
+//! - every event but an invalidation carries an outbox record with a bounded, printable ID;
+//!   an invalidation must be saved with `startAfter`;
+//! - the idle watermark is saved only when every delivered event is committed, and only as the
+//!   stream's current watermark;
+//! - the first failure ends the run: later calls are refused, so a policy cannot continue past a
+//!   lost history or a lost compare-and-set.
+//!
+//! - `stream`: opening the stream, delivering events, reading their fields;
+//! - `commit`: the policy's decisions checked, planned and written with the checkpoint;
+//! - `report`: what was committed, and the policy's report checked against it;
+//! - `refusal`: what a refused call tells the policy.
+
+mod commit;
+mod refusal;
+mod report;
+mod stream;
+#[cfg(test)]
+mod tests;
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bson::Document;
+
+pub use commit::{Decision, MAX_BATCH, MAX_ID_LEN};
+pub use refusal::{Refusal, RefusalKind};
+pub use report::{Committed, Report, Status, Summary};
+pub use stream::EventView;
+
+use crate::domain::StopSignal;
+use crate::domain::time::VirtualTime;
+use crate::domain::token::canonical_text;
+use crate::domain::{ChangeSource, Checkpoint, CheckpointStore, Consumer, Deployment, Mode};
+use crate::error::HandoffError;
+
+/// How many delivered events may wait for their commit.
+pub const MAX_PENDING: usize = 1000;
+/// How many bytes of delivered events may wait for their commit.
+pub const MAX_PENDING_BYTES: usize = 256 << 20;
+/// MongoDB's document size limit: no outbox or quarantine record may exceed it.
+pub const MAX_RECORD_BYTES: usize = 16 << 20;
+/// The records one transaction writes at most, in bytes. A commit whose records exceed it is
+/// written as consecutive transactions, each moving the checkpoint to its own last event: every
+/// event still lands atomically with its checkpoint, and a failure between two leaves a
+/// checkpoint that matches the outbox.
+pub const MAX_TRANSACTION_BYTES: usize = 16 << 20;
+
+/// The byte and count bounds a session enforces (the constants above by default).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Bounds {
+    pub max_pending: usize,
+    pub max_pending_bytes: usize,
+    pub max_record_bytes: usize,
+    pub max_transaction_bytes: usize,
+}
+
+impl Default for Bounds {
+    fn default() -> Self {
+        Bounds {
+            max_pending: MAX_PENDING,
+            max_pending_bytes: MAX_PENDING_BYTES,
+            max_record_bytes: MAX_RECORD_BYTES,
+            max_transaction_bytes: MAX_TRANSACTION_BYTES,
+        }
+    }
+}
+
+/// A delivered event, kept until it is committed (and a little after, for `field`).
+struct Delivered {
+    text: String,
+    event: Document,
+    invalidate: bool,
+    /// The event's BSON size.
+    bytes: usize,
+}
+
+/// The BSON size of a document (0 if it cannot be encoded, which a delivered event always can).
+fn bson_size(document: &Document) -> usize {
+    document.to_vec().map_or(0, |bytes| bytes.len())
+}
+
+pub struct Session {
+    consumer: Consumer,
+    deployment: Deployment,
+    source: Box<dyn ChangeSource>,
+    store: Arc<dyn CheckpointStore>,
+    token: Option<Document>,
+    token_text: Option<String>,
+    mode: Mode,
+    stream_open: bool,
+    pending: VecDeque<Delivered>,
+    pending_bytes: usize,
+    recent: VecDeque<Delivered>,
+    committed: Committed,
+    failure: Option<HandoffError>,
+    deadline: Instant,
+    stop: StopSignal,
+    stopped: bool,
+    /// Events delivered so far, and how many the run may take.
+    delivered: u32,
+    max_events: Option<u32>,
+    /// The host saved the stream's starting position while the policy still holds "no token":
+    /// until its first commit, the policy's `expected: none` stands for that position.
+    start_saved_for_policy: bool,
+    bounds: Bounds,
+}
+
+impl Session {
+    /// A session over `source` and `store` from a validated checkpoint, ending at `deadline`.
+    pub fn new(
+        consumer: Consumer,
+        deployment: Deployment,
+        checkpoint: Checkpoint,
+        source: Box<dyn ChangeSource>,
+        store: Arc<dyn CheckpointStore>,
+        deadline: Instant,
+    ) -> Self {
+        let token_text = checkpoint.token.as_ref().map(canonical_text);
+        Session {
+            consumer,
+            deployment,
+            source,
+            store,
+            token: checkpoint.token,
+            token_text,
+            mode: checkpoint.mode,
+            stream_open: false,
+            pending: VecDeque::new(),
+            pending_bytes: 0,
+            recent: VecDeque::new(),
+            committed: Committed::default(),
+            failure: None,
+            deadline,
+            stop: StopSignal::default(),
+            stopped: false,
+            delivered: 0,
+            max_events: None,
+            start_saved_for_policy: false,
+            bounds: Bounds::default(),
+        }
+    }
+
+    /// Replaces the default byte and count bounds.
+    pub fn with_bounds(mut self, bounds: Bounds) -> Self {
+        self.bounds = bounds;
+        self
+    }
+
+    /// Refuses to deliver more than `max` events in this run (the `max_events` input).
+    pub fn with_max_events(mut self, max: u32) -> Self {
+        self.max_events = Some(max);
+        self
+    }
+
+    /// Ends the run gracefully when `stop` is raised.
+    pub fn with_stop(mut self, stop: StopSignal) -> Self {
+        self.stop = stop;
+        self
+    }
+
+    /// The flag that ends the run after its in-flight commit.
+    pub fn stop(&self) -> &StopSignal {
+        &self.stop
+    }
+
+    pub fn stop_requested(&self) -> bool {
+        self.stop.requested()
+    }
+
+    /// When the run must end; nothing is read or written after it.
+    pub fn deadline(&self) -> Instant {
+        self.deadline
+    }
+
+    /// The virtual time of a recorded stream (`None` for a live one).
+    pub fn virtual_time(&self) -> Option<VirtualTime> {
+        self.source.virtual_time()
+    }
+
+    pub fn consumer(&self) -> &Consumer {
+        &self.consumer
+    }
+
+    pub fn deployment(&self) -> &Deployment {
+        &self.deployment
+    }
+
+    pub fn checkpoint(&self) -> (Option<String>, Mode) {
+        (self.token_text.clone(), self.mode)
+    }
+
+    pub fn committed(&self) -> &Committed {
+        &self.committed
+    }
+
+    /// The first failure of the run, if any.
+    pub fn failure(&self) -> Option<&HandoffError> {
+        self.failure.as_ref()
+    }
+
+    /// Milliseconds on the source's clock.
+    pub fn now_ms(&self) -> u64 {
+        self.source.now_ms()
+    }
+
+    /// Records the failure that ends the run (the first one wins) and returns what the policy
+    /// is told.
+    fn fail(&mut self, error: HandoffError) -> Refusal {
+        let refusal = Refusal::of(&error);
+        tracing::warn!(kind = error.kind(), "run failed");
+        if self.failure.is_none() {
+            self.failure = Some(error);
+        }
+        refusal
+    }
+
+    /// Ends the run on a policy decision that breaks a rule.
+    fn reject(&mut self, what: impl std::fmt::Display) -> Refusal {
+        self.fail(HandoffError::Policy(refusal::rejected(what)))
+    }
+
+    /// Refuses any call once the run has failed, is stopping or passed its deadline.
+    fn gate(&mut self) -> Result<(), Refusal> {
+        if let Some(failure) = &self.failure {
+            return Err(Refusal::rejected(format!(
+                "the run has already failed: {failure}"
+            )));
+        }
+        if self.stopped || self.stop.requested() {
+            if !self.stopped {
+                tracing::warn!(
+                    events = self.committed.events,
+                    "stop requested; ending the run after its last commit"
+                );
+            }
+            self.stopped = true;
+            return Err(Refusal::rejected(
+                "the run is stopping (signal received); nothing more is read",
+            ));
+        }
+        if Instant::now() >= self.deadline {
+            return Err(self.fail(HandoffError::Policy(
+                "the policy exceeded the run deadline; nothing after the last commit was written"
+                    .into(),
+            )));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,207 @@
+//! The stream side of a session: opening from the checkpoint's own position, delivering events
+//! within the run's bounds, and reading delivered events' fields.
+
+use bson::{Bson, Document};
+
+use super::refusal::Refusal;
+use super::{Delivered, Session, bson_size};
+use crate::domain::stream::BSON_OBJECT_TOO_LARGE;
+use crate::domain::text::escape_untrusted;
+use crate::domain::token::{canonical_text, value_text};
+use crate::domain::{Mode, Start, StreamError};
+use crate::error::{EVENT_TOO_LARGE_GUIDANCE, HandoffError, RECONCILE_GUIDANCE};
+
+/// What the policy sees of an event.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EventView {
+    pub token: String,
+    pub operation_type: String,
+    pub namespace: Option<String>,
+    pub cluster_time: Option<(u32, u32)>,
+}
+
+impl Session {
+    /// A stream failure ends the run with its class and the guidance that fits it.
+    fn stream_failure(&mut self, error: StreamError) -> Refusal {
+        let detail = error.server_error().to_string();
+        let message = if self.token.is_some() {
+            format!("{RECONCILE_GUIDANCE} MongoDB error: {detail}")
+        } else {
+            format!("Change-stream read failed. MongoDB error: {detail}")
+        };
+        self.fail(match error {
+            StreamError::HistoryLost(_) => HandoffError::HistoryLost(message),
+            StreamError::InvalidToken(_) => HandoffError::InvalidToken(message),
+            StreamError::Fatal(_) => HandoffError::StreamFatal(message),
+            StreamError::Unavailable(_) => HandoffError::Unavailable(message),
+            // The server's text names the event's token: only its code is repeated.
+            StreamError::TooLarge(e) => HandoffError::EventTooLarge(format!(
+                "{EVENT_TOO_LARGE_GUIDANCE} MongoDB error: {} (code {BSON_OBJECT_TOO_LARGE})",
+                e.code_name
+            )),
+        })
+    }
+
+    /// Opens the stream where the policy asks, which must be where the checkpoint says.
+    pub fn open_stream(&mut self, start: Start<String>) -> Result<(), Refusal> {
+        self.gate()?;
+        if self.stream_open {
+            return Err(self.reject("the stream is already open"));
+        }
+        let (text, start_after) = match start {
+            Start::Now if self.token.is_none() => {
+                self.open_source(Start::Now)?;
+                return self.save_start_position();
+            }
+            Start::Now => {
+                return Err(self.reject(
+                    "a consumer with a saved token cannot start from now: that would skip history",
+                ));
+            }
+            Start::ResumeAfter(text) => (text, false),
+            Start::StartAfter(text) => (text, true),
+        };
+        let token = match (&self.token, &self.token_text) {
+            (Some(token), Some(saved)) if *saved == text => token.clone(),
+            _ => {
+                return Err(self.reject("a stream may only resume from the checkpoint's own token"));
+            }
+        };
+        if start_after != (self.mode == Mode::StartAfter) {
+            let saved = self.mode.as_str();
+            return Err(self.reject(format!(
+                "the checkpoint's token was saved for {saved}; the stream must open with that mode"
+            )));
+        }
+        self.open_source(if start_after {
+            Start::StartAfter(token)
+        } else {
+            Start::ResumeAfter(token)
+        })
+    }
+
+    fn open_source(&mut self, start: Start<Document>) -> Result<(), Refusal> {
+        match self.source.open(start) {
+            Ok(()) => {
+                self.stream_open = true;
+                Ok(())
+            }
+            Err(error) => Err(self.stream_failure(error)),
+        }
+    }
+
+    /// A fresh consumer's stream opened "now": its starting position (the first post-batch resume
+    /// token) is saved with a compare-and-set before any event is delivered, so that a run that
+    /// fails before its first commit cannot make the next one open "now" again and lose the
+    /// events in between. A source that reports no position (a recording played from its start)
+    /// has nothing to lose.
+    fn save_start_position(&mut self) -> Result<(), Refusal> {
+        let Some(start) = self.source.watermark() else {
+            return Ok(());
+        };
+        self.move_checkpoint(
+            start,
+            "Checkpoint changed while saving the stream's starting position; retry from the current token",
+            "Could not save the stream's starting position; nothing was handed off.",
+        )?;
+        tracing::debug!("stream starting position saved");
+        self.start_saved_for_policy = true;
+        Ok(())
+    }
+
+    /// The next event, within the run's bounds; `None` when none arrived within the await bound.
+    pub fn next_event(&mut self) -> Result<Option<EventView>, Refusal> {
+        self.gate()?;
+        if !self.stream_open {
+            return Err(self.reject("`next` before `open-stream`"));
+        }
+        let bounds = self.bounds;
+        if self.pending.len() >= bounds.max_pending
+            || self.pending_bytes >= bounds.max_pending_bytes
+        {
+            let (events, bytes) = (self.pending.len(), self.pending_bytes);
+            return Err(self.reject(format!(
+                "{events} delivered events ({bytes} bytes) are waiting for their commit (at most {} events or {} bytes)",
+                bounds.max_pending, bounds.max_pending_bytes
+            )));
+        }
+        if let Some(max) = self.max_events
+            && self.delivered >= max
+        {
+            return Err(self.reject(format!("the run already read max_events = {max} events")));
+        }
+        let event = match self.source.next() {
+            Ok(Some(event)) => event,
+            Ok(None) => return Ok(None),
+            Err(error) => return Err(self.stream_failure(error)),
+        };
+        let Ok(token) = event.get_document("_id") else {
+            return Err(self.fail(HandoffError::StreamFatal(
+                "The change stream delivered an event without a resume token; refusing to continue"
+                    .into(),
+            )));
+        };
+        let text = canonical_text(token);
+        let operation_type = event
+            .get_str("operationType")
+            .unwrap_or_default()
+            .to_string();
+        let namespace = event.get_document("ns").ok().and_then(|ns| {
+            let db = ns.get_str("db").ok()?;
+            Some(match ns.get_str("coll") {
+                Ok(coll) => format!("{db}.{coll}"),
+                Err(_) => db.to_string(),
+            })
+        });
+        let cluster_time = match event.get("clusterTime") {
+            Some(Bson::Timestamp(ts)) => Some((ts.time, ts.increment)),
+            _ => None,
+        };
+        let view = EventView {
+            token: text.clone(),
+            operation_type: operation_type.clone(),
+            namespace,
+            cluster_time,
+        };
+        let bytes = bson_size(&event);
+        tracing::debug!(operation_type = %escape_untrusted(&operation_type, 64), bytes, "event delivered");
+        self.delivered += 1;
+        self.pending_bytes += bytes;
+        self.pending.push_back(Delivered {
+            text,
+            event,
+            invalidate: operation_type == "invalidate",
+            bytes,
+        });
+        Ok(Some(view))
+    }
+
+    /// The stream's current resume position, as canonical text.
+    pub fn watermark(&self) -> Option<String> {
+        self.source.watermark().as_ref().map(canonical_text)
+    }
+
+    /// A field of a delivered event by dotted path, as relaxed Extended JSON text.
+    pub fn field(&self, token: &str, path: &str) -> Option<String> {
+        let delivered = self
+            .pending
+            .iter()
+            .chain(self.recent.iter())
+            .find(|d| d.text == token)?;
+        let mut current = Bson::Document(delivered.event.clone());
+        for part in path.split('.') {
+            current = match current {
+                Bson::Document(mut d) => d.remove(part)?,
+                Bson::Array(mut items) => {
+                    let index: usize = part.parse().ok()?;
+                    if index >= items.len() {
+                        return None;
+                    }
+                    items.swap_remove(index)
+                }
+                _ => return None,
+            };
+        }
+        Some(value_text(&current))
+    }
+}
