@@ -14,8 +14,12 @@
 //! ```
 
 pub mod commands;
+pub mod config;
+pub mod cursor;
 pub mod error;
+pub mod failpoints;
 pub mod matcher;
+pub mod namespace;
 pub mod oplog;
 pub mod projection;
 pub mod server;

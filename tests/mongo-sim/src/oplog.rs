@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use bson::{Bson, DateTime, Document, Timestamp, doc};
 
-use crate::storage::Namespace;
+use crate::namespace::Namespace;
 
 pub const KIND_EVENT: u8 = 0;
 pub const KIND_INVALIDATE: u8 = 1;

@@ -8,11 +8,12 @@ use std::time::{Duration, Instant};
 use bson::{Bson, Document, doc, oid::ObjectId};
 use tokio::sync::Notify;
 
-use crate::commands::change_stream::ChangeCursor;
-use crate::commands::failpoint::FailPoints;
+use crate::config::Config;
+use crate::cursor::Cursor;
+use crate::failpoints::FailPoints;
+use crate::namespace::Namespace;
 use crate::oplog::Oplog;
-use crate::server::Config;
-use crate::storage::{Namespace, Store, Txn};
+use crate::storage::{Store, Txn};
 
 /// Idle cursors older than this are discarded.
 pub const CURSOR_TIMEOUT: Duration = Duration::from_secs(600);
@@ -49,19 +50,6 @@ impl Session {
             retry: None,
         }
     }
-}
-
-/// A find or aggregate cursor's remaining documents.
-#[derive(Debug)]
-pub struct FindCursor {
-    pub ns: String,
-    pub docs: std::collections::VecDeque<Document>,
-}
-
-#[derive(Debug)]
-pub enum Cursor {
-    Find(FindCursor),
-    Change(Box<ChangeCursor>),
 }
 
 /// Everything guarded by the state lock.

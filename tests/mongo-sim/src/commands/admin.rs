@@ -8,8 +8,8 @@ use tracing::info;
 use super::{Ctx, validate_collection_name};
 use crate::error::{CmdResult, CommandError};
 use crate::matcher;
+use crate::namespace::Namespace;
 use crate::oplog::{EventKind, PendingEvent};
-use crate::storage::Namespace;
 
 pub fn hello(ctx: &Ctx<'_>, legacy: bool) -> CmdResult<Document> {
     let shared = ctx.shared;

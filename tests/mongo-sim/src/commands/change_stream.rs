@@ -9,41 +9,18 @@ use tracing::debug;
 
 use super::Ctx;
 use super::crud::cursor_id;
+use crate::cursor::{ChangeCursor, Cursor, Scope, Stage};
 use crate::error::{CmdResult, CommandError, MAX_BSON_OBJECT_SIZE};
 use crate::matcher;
+use crate::namespace::Namespace;
 use crate::oplog::{EventKind, KIND_EVENT, KIND_INVALIDATE, OplogEntry, TokenKey};
-use crate::state::{Cursor, State};
-use crate::storage::Namespace;
+use crate::state::State;
 use crate::values::doc_key;
 
 const DEFAULT_BATCH: usize = 101;
 const DEFAULT_AWAIT: Duration = Duration::from_millis(1000);
 /// Longest a getMore waits, whatever maxTimeMS says.
 const MAX_AWAIT_MS: f64 = 3_600_000.0;
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Scope {
-    Collection(Namespace),
-    Database(String),
-    Cluster,
-}
-
-#[derive(Debug, Clone)]
-pub enum Stage {
-    Match(Document),
-    Project(Document),
-}
-
-#[derive(Debug)]
-pub struct ChangeCursor {
-    pub scope: Scope,
-    /// Everything at or before this position has been delivered or skipped.
-    pub after: TokenKey,
-    pub lookup: bool,
-    /// Stages after `$changeStream`, applied to each event in order.
-    pub stages: Vec<Stage>,
-    pub ns: String,
-}
 
 pub fn is_change_stream(cmd: &Document) -> bool {
     matches!(cmd.get("pipeline"), Some(Bson::Array(p))

@@ -8,11 +8,13 @@ use std::time::{Duration, Instant};
 use bson::{Bson, Document, doc, oid::ObjectId};
 
 use super::{Ctx, txn};
+use crate::cursor::{Cursor, FindCursor};
 use crate::error::{CmdResult, CommandError, MAX_BSON_OBJECT_SIZE};
 use crate::matcher;
+use crate::namespace::Namespace;
 use crate::oplog::EventKind;
-use crate::state::{Cursor, FindCursor, Parts};
-use crate::storage::{Change, Namespace, WriteError};
+use crate::state::Parts;
+use crate::storage::{Change, WriteError};
 use crate::update::{self, UpdateSpec};
 use crate::values::{DocKey, cmp_values, doc_key};
 

@@ -5,97 +5,7 @@ use tracing::info;
 
 use super::Ctx;
 use crate::error::{CmdResult, CommandError};
-
-/// `alwaysOn` is `{skip: 0, times: None}`; `{times: n}` and `{skip: n}` may be combined.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Mode {
-    /// Let this many matching commands through first.
-    skip: u64,
-    /// Then fire this many times (forever when `None`).
-    times: Option<u64>,
-}
-
-#[derive(Debug, Clone)]
-struct FailCommand {
-    mode: Mode,
-    commands: Vec<String>,
-    error_code: Option<i32>,
-    error_labels: Option<Vec<String>>,
-    close_connection: bool,
-    block_ms: Option<u64>,
-    write_concern_error: Option<Document>,
-}
-
-/// What a fired fail point does to the command.
-#[derive(Debug, Default)]
-pub struct FailAction {
-    pub block_ms: Option<u64>,
-    pub close_connection: bool,
-    pub error: Option<CommandError>,
-    /// Run the command, then report this `writeConcernError`.
-    pub write_concern_error: Option<Document>,
-    /// The error arises inside the cursor (so change-stream resume labels apply), not in
-    /// front of the command.
-    pub in_cursor: bool,
-}
-
-#[derive(Debug, Default)]
-pub struct FailPoints {
-    fail_command: Option<FailCommand>,
-    /// `failGetMoreAfterCursorCheckout`: fails getMore as if the cursor itself failed.
-    fail_get_more: Option<FailCommand>,
-    /// How many times `failCommand` has fired since configured.
-    times_entered: u64,
-}
-
-impl FailPoints {
-    /// Consumes one activation of a fail point that applies to `command`.
-    pub fn check(&mut self, command: &str) -> Option<FailAction> {
-        if let Some(action) = fire(&mut self.fail_command, command) {
-            self.times_entered += 1;
-            return Some(action);
-        }
-        let mut action = fire(&mut self.fail_get_more, command)?;
-        action.in_cursor = true;
-        self.times_entered += 1;
-        Some(action)
-    }
-}
-
-fn fire(slot: &mut Option<FailCommand>, command: &str) -> Option<FailAction> {
-    let fp = slot.as_mut()?;
-    if !fp.commands.iter().any(|c| c == command) {
-        return None;
-    }
-    if fp.mode.skip > 0 {
-        fp.mode.skip -= 1;
-        return None;
-    }
-    if let Some(n) = &mut fp.mode.times {
-        if *n == 0 {
-            return None;
-        }
-        *n -= 1;
-    }
-    let action = FailAction {
-        block_ms: fp.block_ms,
-        close_connection: fp.close_connection,
-        error: fp.error_code.map(|code| {
-            let mut e = CommandError::new(
-                code,
-                format!("Failing command {command} via 'failCommand' failpoint"),
-            );
-            e.labels = fp.error_labels.clone();
-            e
-        }),
-        write_concern_error: fp.write_concern_error.clone(),
-        in_cursor: false,
-    };
-    if fp.mode.times == Some(0) {
-        *slot = None;
-    }
-    Some(action)
-}
+use crate::failpoints::{FailCommand, FailPointName, Mode};
 
 fn parse_mode(v: Option<&Bson>) -> CmdResult<Option<Mode>> {
     let count = |v: &Bson| {
@@ -152,9 +62,9 @@ pub fn configure(ctx: &Ctx<'_>) -> CmdResult<Document> {
         ));
     }
     let name = ctx.cmd.get_str("configureFailPoint").unwrap_or_default();
-    let get_more_only = match name {
-        "failCommand" => false,
-        "failGetMoreAfterCursorCheckout" => true,
+    let point = match name {
+        "failCommand" => FailPointName::FailCommand,
+        "failGetMoreAfterCursorCheckout" => FailPointName::FailGetMoreAfterCursorCheckout,
         _ => {
             return Err(CommandError::bad_value(format!(
                 "Cannot find failpoint {name}"
@@ -163,13 +73,9 @@ pub fn configure(ctx: &Ctx<'_>) -> CmdResult<Document> {
     };
     let mode = parse_mode(ctx.cmd.get("mode"))?;
     let mut fps = ctx.shared.failpoints();
-    let count = fps.times_entered;
+    let count = fps.times_entered();
     let Some(mode) = mode else {
-        if get_more_only {
-            fps.fail_get_more = None;
-        } else {
-            fps.fail_command = None;
-        }
+        fps.disable(point);
         info!(fail_point = name, "fail point disabled");
         return Ok(doc! {"count": count as i64});
     };
@@ -182,7 +88,9 @@ pub fn configure(ctx: &Ctx<'_>) -> CmdResult<Document> {
         }
     };
     let commands: Vec<String> = match data.get("failCommands") {
-        _ if get_more_only => vec!["getMore".to_string()],
+        _ if point == FailPointName::FailGetMoreAfterCursorCheckout => {
+            vec!["getMore".to_string()]
+        }
         Some(Bson::Array(a)) => a
             .iter()
             .filter_map(|b| match b {
@@ -243,20 +151,17 @@ pub fn configure(ctx: &Ctx<'_>) -> CmdResult<Document> {
         ));
     }
     info!(fail_point = name, commands = ?commands, error_code, close_connection, block_ms, "fail point configured");
-    let slot = if get_more_only {
-        &mut fps.fail_get_more
-    } else {
-        &mut fps.fail_command
-    };
-    *slot = Some(FailCommand {
-        mode,
-        commands,
-        error_code,
-        error_labels,
-        close_connection,
-        block_ms,
-        write_concern_error,
-    });
-    fps.times_entered = 0;
+    fps.arm(
+        point,
+        FailCommand {
+            mode,
+            commands,
+            error_code,
+            error_labels,
+            close_connection,
+            block_ms,
+            write_concern_error,
+        },
+    );
     Ok(doc! {"count": count as i64})
 }

@@ -14,8 +14,8 @@ use bson::{Bson, Document, doc};
 use tracing::{debug, warn};
 
 use crate::error::{CmdResult, CommandError, LabelContext};
+use crate::namespace::Namespace;
 use crate::state::Shared;
-use crate::storage::Namespace;
 use crate::wire::{self, Message};
 
 /// The connection a request arrived on.

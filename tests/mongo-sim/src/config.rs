@@ -1,0 +1,45 @@
+//! Server configuration.
+
+use std::time::Duration;
+
+use bson::oid::ObjectId;
+
+/// How the server presents itself and its limits.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Address to bind.
+    pub host: String,
+    /// Port to bind; 0 picks an ephemeral one.
+    pub port: u16,
+    /// Answer as a standalone server (no replica set, no transactions, no change streams).
+    pub standalone: bool,
+    pub set_name: String,
+    /// `settings.replicaSetId`; a new one per server when `None`.
+    pub replica_set_id: Option<ObjectId>,
+    /// How many change events the history retains.
+    pub history_limit: usize,
+    /// `host:port` to advertise in `hello`; `127.0.0.1:<port>` when `None`.
+    pub advertised_host: Option<String>,
+    /// Larger messages close the connection.
+    pub max_message_bytes: usize,
+    pub max_wire_version: i32,
+    /// Open transactions older than this are aborted when they block other writes.
+    pub transaction_lifetime: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            host: "127.0.0.1".to_string(),
+            port: 0,
+            standalone: false,
+            set_name: "rs0".to_string(),
+            replica_set_id: None,
+            history_limit: 100_000,
+            advertised_host: None,
+            max_message_bytes: 48_000_000,
+            max_wire_version: 21,
+            transaction_lifetime: Duration::from_secs(60),
+        }
+    }
+}
