@@ -29,7 +29,7 @@ fn stdout(output: &Output) -> String {
 #[test]
 fn every_shipped_policy_passes_its_cases_on_the_same_host() {
     for (policy_file, cases) in [
-        (None, "guest/cases"),
+        (None, "guest/default/cases"),
         (
             Some(handoff_test_policies::BATCHING),
             "guest/batching/cases",
@@ -65,7 +65,7 @@ fn a_mismatch_prints_a_diff_and_fails_and_update_accepts_it() {
     let s = Scratch::new();
     let case = s.path("cases/every-operation");
     std::fs::create_dir_all(&case).unwrap();
-    let source = workspace().join("guest/cases/every-operation");
+    let source = workspace().join("guest/default/cases/every-operation");
     std::fs::copy(source.join("stream.jsonl"), case.join("stream.jsonl")).unwrap();
     let mut spec: Value =
         serde_json::from_str(&std::fs::read_to_string(source.join("case.json")).unwrap()).unwrap();

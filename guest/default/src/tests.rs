@@ -101,8 +101,10 @@ fn fresh() -> Checkpoint {
 
 #[test]
 fn every_event_id_vector_matches() {
-    let vectors: serde_json::Value =
-        serde_json::from_str(include_str!("../../tests/fixtures/event-id-vectors.json")).unwrap();
+    let vectors: serde_json::Value = serde_json::from_str(include_str!(
+        "../../../tests/fixtures/event-id-vectors.json"
+    ))
+    .unwrap();
     let vectors = vectors.as_array().unwrap();
     assert!(vectors.len() >= 5);
     for vector in vectors {
