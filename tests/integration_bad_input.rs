@@ -31,19 +31,17 @@ fn run_with(live: &Live, args: &[&str], env: &[(&str, &str)]) -> Output {
     command.output().expect("run handoff")
 }
 
-/// No database but the server's own exists: nothing was written anywhere.
-fn assert_nothing_written(live: &Live) {
-    let names = live.wait(live.client.list_database_names()).unwrap();
-    let user: Vec<_> = names
-        .iter()
-        .filter(|n| !["admin", "config", "local"].contains(&n.as_str()))
-        .collect();
-    assert!(user.is_empty(), "databases were created: {user:?}");
+/// No database exists but those that did before (on a test server of its own, none but the
+/// server's own): nothing was written anywhere.
+fn assert_nothing_written(live: &Live, before: &[String]) {
+    let user = live.user_databases();
+    assert_eq!(user, before, "databases were created");
 }
 
 #[test]
 fn every_input_outside_the_rules_is_refused_with_nothing_written() {
     let live = Live::start();
+    let databases = live.user_databases();
     let mut tried = 0;
     let inputs = [
         ("--database", "SOURCE_DATABASE"),
@@ -174,7 +172,7 @@ fn every_input_outside_the_rules_is_refused_with_nothing_written() {
     let output = command.output().unwrap();
     assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
     tried += 1;
-    assert_nothing_written(&live);
+    assert_nothing_written(&live, &databases);
     eprintln!("{tried} bad inputs refused");
 }
 
@@ -211,12 +209,12 @@ fn bad_inputs_to_a_replay_never_touch_its_state() {
 /// Fields to set (`Some`) or remove (`None`) in a checkpoint.
 type Changes = Vec<(&'static str, Option<Bson>)>;
 
-/// A checkpoint document as the baseline creates it, for the live server.
+/// A checkpoint document as the baseline creates it, for the live deployment.
 fn checkpoint_doc(live: &Live, consumer: &str) -> Document {
     handoff::domain::checkpoint::initial(
         consumer,
-        &format!("{DB}.orders"),
-        &live.server.replica_set_id().to_hex(),
+        &format!("{}.orders", live.db),
+        &live.replica_set_id(),
     )
 }
 
@@ -271,7 +269,10 @@ fn malformed_or_foreign_checkpoints_are_refused_and_left_as_they_are() {
         ),
         (
             "source-other",
-            vec![("source", Some(Bson::String(format!("{DB}.invoices"))))],
+            vec![(
+                "source",
+                Some(Bson::String(format!("{}.invoices", live.db))),
+            )],
             4,
             "belongs to another source",
         ),
@@ -543,8 +544,11 @@ fn broken_fixture_lines_are_refused_with_their_line_number_and_nothing_written()
 
 #[test]
 fn a_uri_with_credentials_never_shows_the_password() {
-    let live = Live::start();
-    let port = live.server.port();
+    // Its own test server, whatever MONGODB_URI says: one that refuses every credential offered
+    // on a plain connection.
+    let live = Live::with_config(mongo_sim::Config::default());
+    let databases = live.user_databases();
+    let port = live.server().port();
     let password = "Sup3rS3cretPw";
     let cases = [
         // The test server has no users: the credentials are refused.
@@ -674,24 +678,25 @@ fn a_uri_with_credentials_never_shows_the_password() {
         assert!(!all.contains(password), "{args:?}: {all}");
         tried += 1;
     }
-    assert_nothing_written(&live);
+    assert_nothing_written(&live, &databases);
     eprintln!("{tried} runs with credentials, none showed the password");
 }
 
 #[test]
 fn a_uri_the_driver_cannot_parse_gets_a_fixed_message_that_echoes_nothing_of_it() {
     let live = Live::start();
-    let port = live.server.port();
+    let databases = live.user_databases();
+    let host = live.address();
     let secret = "Zq7SecretPart";
     for uri in [
         format!("mongodb://alice:{secret}@/db"),
-        format!("mongodb://alice:pa?ss{secret}@127.0.0.1:{port}/"),
-        format!("mongodb://alice:{secret}%@127.0.0.1:{port}/"),
-        format!("mongodb://127.0.0.1:{port}/?authMechanismProperties=AWS_SESSION_TOKEN={secret}"),
-        format!("mongodb://127.0.0.1:{port}/?readPreference={secret}"),
-        format!("mongodb://127.0.0.1:{port}/?{secret}=1"),
+        format!("mongodb://alice:pa?ss{secret}@{host}/"),
+        format!("mongodb://alice:{secret}%@{host}/"),
+        format!("mongodb://{host}/?authMechanismProperties=AWS_SESSION_TOKEN={secret}"),
+        format!("mongodb://{host}/?readPreference={secret}"),
+        format!("mongodb://{host}/?{secret}=1"),
         format!(
-            "mongodb://127.0.0.1:{port}/?tls=true&tlsCertificateKeyFile=/k.pem&tlsCertificateKeyFilePassword={secret}"
+            "mongodb://{host}/?tls=true&tlsCertificateKeyFile=/k.pem&tlsCertificateKeyFilePassword={secret}"
         ),
     ] {
         let output = run_with(
@@ -719,5 +724,5 @@ fn a_uri_the_driver_cannot_parse_gets_a_fixed_message_that_echoes_nothing_of_it(
             assert!(!all.contains(fragment), "{uri}: {fragment} echoed: {all}");
         }
     }
-    assert_nothing_written(&live);
+    assert_nothing_written(&live, &databases);
 }

@@ -17,7 +17,7 @@ const ROUNDS: usize = 6;
 fn concurrent_runs_on_one_consumer_hand_off_every_event_exactly_once() {
     let live = Live::start();
     let start = live.start_consumer();
-    let uri = live.uri();
+    let (uri, db) = (live.uri(), live.db.clone());
     // The writer keeps inserting while the rounds race.
     let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
     let writer = std::thread::spawn(move || {
@@ -27,7 +27,7 @@ fn concurrent_runs_on_one_consumer_hand_off_every_event_exactly_once() {
             .unwrap();
         rt.block_on(async move {
             let client = mongodb::Client::with_uri_str(&uri).await.unwrap();
-            let orders = client.database(DB).collection::<bson::Document>("orders");
+            let orders = client.database(&db).collection::<bson::Document>("orders");
             let mut written = 0;
             while stop_rx.try_recv().is_err() {
                 orders

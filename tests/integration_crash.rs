@@ -57,7 +57,7 @@ fn seed() -> u64 {
 
 /// The known sequence of source changes, paced by the generator. Returns the operation type of
 /// every change event it caused, in commit order.
-fn write_sequence(uri: String, seed: u64) -> Vec<&'static str> {
+fn write_sequence(uri: String, db: String, seed: u64) -> Vec<&'static str> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -65,7 +65,7 @@ fn write_sequence(uri: String, seed: u64) -> Vec<&'static str> {
     let mut rng = Rng::new(seed ^ 0x5eed);
     rt.block_on(async move {
         let client = mongodb::Client::with_uri_str(&uri).await.expect("client");
-        let orders = client.database(DB).collection::<bson::Document>("orders");
+        let orders = client.database(&db).collection::<bson::Document>("orders");
         let mut ops = Vec::new();
         for i in 0..STEPS {
             orders
@@ -287,15 +287,16 @@ fn killed_runs_lose_nothing_and_hand_off_nothing_twice() {
     eprintln!("HANDOFF_CRASH_SEED={seed} (kills wanted: {target})");
     let mut rng = Rng::new(seed);
     // The server runs in this process and outlives every killed run. A killed run's open
-    // transaction is reaped after a second, as a real server does after its lifetime limit.
+    // transaction is reaped after a second, as a real server does after its lifetime limit (a
+    // minute by default, hence always a test server of its own).
     let live = Live::with_config(Config {
         transaction_lifetime: Duration::from_secs(1),
         ..Config::default()
     });
     let start = live.start_consumer();
 
-    let uri = live.uri();
-    let writer = std::thread::spawn(move || write_sequence(uri, seed));
+    let (uri, db) = (live.uri(), live.db.clone());
+    let writer = std::thread::spawn(move || write_sequence(uri, db, seed));
     let mut tally = Tally::default();
     let give_up = Instant::now() + Duration::from_secs(50 + u64::from(target));
     while tally.kills < target || !writer.is_finished() {

@@ -3,9 +3,10 @@
 //! Kestra cannot run here, so each flow is verified the way the engine would use it: the YAML
 //! parses; it keeps the baseline flow's identity, triggers, inputs and concurrency; every
 //! `{{ inputs.x }}` is declared; every variable the capture task passes is one `handoff` reads; the
-//! capture task's commands, rendered with the inputs' defaults and a test-server URI in place of
-//! the secret, run in a working directory holding the namespace files; its stdout is parsed as
-//! Kestra parses it; and the values later tasks reference exist with the right types.
+//! capture task's commands, rendered with the inputs' defaults and a replica set's URI in place of
+//! the secret (a test server's, or `MONGODB_URI`'s with a database of the test's own), run in a
+//! working directory holding the namespace files; its stdout is parsed as Kestra parses it; and the
+//! values later tasks reference exist with the right types.
 
 mod support;
 
@@ -14,8 +15,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use bson::doc;
-use mongo_sim::{Config, ServerHandle};
 use serde_json::Value;
+use support::live::Live;
 
 const BASELINE_INPUTS: &[(&str, &str, &str)] = &[
     ("database", "STRING", "change_demo"),
@@ -320,7 +321,8 @@ fn every_flow_keeps_the_baseline_contract_and_runs_against_a_replica_set() {
         );
 
         // Run it: idle, handed off, invalidated, failing.
-        let server = ServerHandle::start_blocking(Config::default()).unwrap();
+        let live = Live::start();
+        let uri = live.uri();
         let workdir = tempfile::tempdir().unwrap();
         let policy_path = workdir.path().join(policy_file);
         let export = support::handoff()
@@ -329,12 +331,15 @@ fn every_flow_keeps_the_baseline_contract_and_runs_against_a_replica_set() {
             .output()
             .unwrap();
         assert!(export.status.success());
+        // The database input names the test's database (the default on a test server of its own).
+        let mut inputs = defaults.clone();
+        inputs.insert("database".into(), live.db.clone());
         let capture = Capture {
             task,
-            inputs: defaults.clone(),
+            inputs: inputs.clone(),
         };
         let check = |expected_status: &str, expected_events: Option<u64>| {
-            let (code, stdout) = capture.run(&server.uri(), workdir.path());
+            let (code, stdout) = capture.run(&uri, workdir.path());
             assert_eq!(code, 0, "{name}: {stdout}");
             let (vars, metrics) = kestra_parse(&stdout);
             for key in &referenced {
@@ -364,62 +369,24 @@ fn every_flow_keeps_the_baseline_contract_and_runs_against_a_replica_set() {
                 "timer"
             );
         };
-        let writer = Writer::new(&server.uri());
         check("IDLE", Some(0));
-        writer.run(|c| async move {
-            c.database("change_demo")
-                .collection("orders")
-                .insert_many(vec![doc! {"a": 1}, doc! {"a": 2}])
-                .await
-                .map(|_| ())
-        });
+        live.wait(
+            live.coll("orders")
+                .insert_many(vec![doc! {"a": 1}, doc! {"a": 2}]),
+        )
+        .expect("insert");
         check("HANDED_OFF", Some(2));
-        writer.run(|c| async move {
-            c.database("change_demo")
-                .collection::<bson::Document>("orders")
-                .drop()
-                .await
-        });
+        live.wait(live.coll("orders").drop()).expect("drop");
         check("INVALIDATED", None);
 
         // A failing run exits non-zero, so the flow's retry and errors branch fire.
-        let mut bad = Capture {
-            task,
-            inputs: defaults.clone(),
-        };
+        let mut bad = Capture { task, inputs };
         bad.inputs.insert("max_events".into(), "0".into());
-        let (code, stdout) = bad.run(&server.uri(), workdir.path());
+        let (code, stdout) = bad.run(&uri, workdir.path());
         assert_ne!(code, 0, "{name}");
         assert!(kestra_parse(&stdout).0.is_empty());
         std::fs::remove_file(&policy_path).unwrap();
-        let (code, _) = capture.run(&server.uri(), workdir.path());
+        let (code, _) = capture.run(&uri, workdir.path());
         assert_ne!(code, 0, "{name}: a missing policy file must fail the task");
-    }
-}
-
-/// Writes to the source collection through the official driver.
-struct Writer {
-    rt: tokio::runtime::Runtime,
-    client: mongodb::Client,
-}
-
-impl Writer {
-    fn new(uri: &str) -> Writer {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        let client = rt
-            .block_on(async { mongodb::Client::with_uri_str(uri).await })
-            .unwrap();
-        Writer { rt, client }
-    }
-
-    fn run<F, Fut>(&self, f: F)
-    where
-        F: FnOnce(mongodb::Client) -> Fut,
-        Fut: std::future::Future<Output = mongodb::error::Result<()>>,
-    {
-        self.rt.block_on(f(self.client.clone())).expect("write");
     }
 }

@@ -1,4 +1,4 @@
-//! What neither the URI nor the data can weaken, on the test server: checkpoint and outbox work
+//! What neither the URI nor the data can weaken: checkpoint and outbox work
 //! always uses majority writes, majority or snapshot reads and the primary, whatever the URI
 //! asks; an event or a record over MongoDB's 16 MiB document limit stops the run with its own
 //! exit code and nothing written; large events are inserted a batch at a time.
@@ -36,7 +36,8 @@ fn in_transaction(c: &Document) -> bool {
 #[test]
 fn the_uri_cannot_weaken_the_concerns_or_move_reads_off_the_primary() {
     for preference in ["secondary", "secondaryPreferred"] {
-        let live = Live::start();
+        // Its own test server, whatever MONGODB_URI says: the commands the run sent are read back.
+        let live = Live::with_config(mongo_sim::Config::default());
         let uri = format!(
             "{}&w=1&journal=false&readConcernLevel=local&readPreference={preference}",
             live.uri()
@@ -48,7 +49,7 @@ fn the_uri_cannot_weaken_the_concerns_or_move_reads_off_the_primary() {
                 .output()
                 .unwrap()
         };
-        live.server.clear_received_commands();
+        live.server().clear_received_commands();
         let first = run(&live);
         assert_eq!(support::ok(&first)["status"], "IDLE");
         let start = live.checkpoint_token();
@@ -66,7 +67,7 @@ fn the_uri_cannot_weaken_the_concerns_or_move_reads_off_the_primary() {
             stream.iter().map(event_id).collect::<Vec<_>>()
         );
 
-        let received = live.server.received_commands();
+        let received = live.server().received_commands();
         // What `handoff` sent (it names itself in its handshake), not this test's own reads.
         let data: Vec<&Document> = received
             .iter()
@@ -208,7 +209,8 @@ fn an_event_under_16_mib_whose_outbox_record_is_over_stops_the_run_with_exit_13(
 
 #[test]
 fn a_batch_of_large_events_is_inserted_a_batch_at_a_time_and_handed_off_once() {
-    let live = Live::start();
+    // Its own test server, whatever MONGODB_URI says: the commands the run sent are read back.
+    let live = Live::with_config(mongo_sim::Config::default());
     let start = live.start_consumer();
     let events = 150;
     let documents: Vec<Document> = (0..events)
@@ -216,7 +218,7 @@ fn a_batch_of_large_events_is_inserted_a_batch_at_a_time_and_handed_off_once() {
         .collect();
     live.wait(live.coll("orders").insert_many(documents))
         .expect("insert");
-    live.server.clear_received_commands();
+    live.server().clear_received_commands();
     let output = live
         .command()
         .args([
@@ -238,7 +240,7 @@ fn a_batch_of_large_events_is_inserted_a_batch_at_a_time_and_handed_off_once() {
     assert_checkpoint_at_end(&live, stream.last().unwrap().get_document("_id").unwrap());
     // One insertMany per commit: far fewer insert commands than records.
     let inserts: Vec<i64> = live
-        .server
+        .server()
         .received_commands()
         .iter()
         .filter(|c| c.get_str("app").ok() == Some("handoff"))

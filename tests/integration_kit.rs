@@ -9,9 +9,9 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-use bson::{Document, doc};
-use mongo_sim::{Config, ServerHandle};
+use bson::doc;
 use serde_json::Value;
+use support::live::Live;
 use support::*;
 
 fn workspace() -> PathBuf {
@@ -321,14 +321,15 @@ fn policy_new_builds_tests_checks_and_passes_its_cases_as_generated() {
 
 #[test]
 fn record_captures_live_traffic_that_replays_to_the_same_outbox() {
-    let server = ServerHandle::start_blocking(Config::default()).unwrap();
+    let live = Live::start();
     let s = Scratch::new();
     let recording = s.path("recorded/stream.jsonl");
     fails(
         &handoff()
             .args(["record", "--redact", "_id._data", "--out"])
             .arg(&recording)
-            .env("MONGODB_URI", server.uri())
+            .env("MONGODB_URI", live.uri())
+            .env("SOURCE_DATABASE", &live.db)
             .output()
             .unwrap(),
         2,
@@ -344,7 +345,8 @@ fn record_captures_live_traffic_that_replays_to_the_same_outbox() {
             "--out",
         ])
         .arg(&recording)
-        .env("MONGODB_URI", server.uri())
+        .env("MONGODB_URI", live.uri())
+        .env("SOURCE_DATABASE", &live.db)
         .env("HANDOFF_LOG", "info")
         .stderr(Stdio::piped())
         .spawn()
@@ -358,15 +360,8 @@ fn record_captures_live_traffic_that_replays_to_the_same_outbox() {
             "the recorder ended before recording"
         );
     }
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let client = mongodb::Client::with_uri_str(server.uri()).await.unwrap();
-        let orders = client
-            .database("change_demo")
-            .collection::<Document>("orders");
+    live.wait(async {
+        let orders = live.coll("orders");
         orders
             .insert_many(vec![
                 doc! {"_id": 1, "email": "a@example.com"},
@@ -387,10 +382,13 @@ fn record_captures_live_traffic_that_replays_to_the_same_outbox() {
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
-    assert_eq!(lines[0]["$deployment"]["source"], "change_demo.orders");
+    assert_eq!(
+        lines[0]["$deployment"]["source"],
+        format!("{}.orders", live.db)
+    );
     assert_eq!(
         lines[0]["$deployment"]["replicaSetId"],
-        server.replica_set_id().to_hex()
+        live.replica_set_id()
     );
     let events: Vec<&Value> = lines
         .iter()
@@ -411,7 +409,7 @@ fn record_captures_live_traffic_that_replays_to_the_same_outbox() {
     assert_eq!(events[2]["fullDocument"]["qty"], 2);
 
     // The recording is a fixture: replaying it hands off the recorded events with the live IDs.
-    let out = ok(&replay(&recording, &s.state(), &[]));
+    let out = ok(&replay(&recording, &s.state(), &["--database", &live.db]));
     assert_eq!(out["events_handed_off"], 3);
     let ids = outbox_ids(&inspect(&s.state()).1);
     let expected: Vec<String> = events

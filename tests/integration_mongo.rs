@@ -2,8 +2,8 @@
 //!
 //! Every test starts its own test server (`tests/mongo-sim`). With `MONGODB_URI` set, the tests
 //! that need nothing but a replica set run against that deployment instead (each in its own
-//! database); those that need a server configured for them (bounded history, standalone) always
-//! use their own test server.
+//! database, one test at a time); those that need a server configured for them (bounded history,
+//! standalone) always use their own test server.
 
 mod support;
 
@@ -17,6 +17,7 @@ use mongodb::Client;
 use mongodb::options::ClientOptions;
 use sha2::Digest;
 use support::handoff;
+use support::live::{Turn, shared_uri};
 
 /// A replica set for one test: a test server of its own, or `MONGODB_URI`.
 struct Deployment {
@@ -25,13 +26,16 @@ struct Deployment {
     db: String,
     rt: tokio::runtime::Runtime,
     client: Client,
+    /// Set once a fail point was configured on the shared deployment.
+    fail_point_set: std::cell::Cell<bool>,
+    _turn: Option<Turn>,
 }
 
 impl Deployment {
     fn any(name: &str) -> Deployment {
-        match std::env::var("MONGODB_URI") {
-            Ok(uri) if !uri.is_empty() => Self::connect(None, uri, name),
-            _ => Self::sim(Config::default(), name),
+        match shared_uri() {
+            Some(uri) => Self::connect(None, uri, name, Some(Turn::take())),
+            None => Self::sim(Config::default(), name),
         }
     }
 
@@ -42,10 +46,15 @@ impl Deployment {
         } else {
             server.uri()
         };
-        Self::connect(Some(server), uri, name)
+        Self::connect(Some(server), uri, name, None)
     }
 
-    fn connect(server: Option<ServerHandle>, uri: String, name: &str) -> Deployment {
+    fn connect(
+        server: Option<ServerHandle>,
+        uri: String,
+        name: &str,
+        turn: Option<Turn>,
+    ) -> Deployment {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
@@ -63,6 +72,8 @@ impl Deployment {
             db,
             rt,
             client,
+            fail_point_set: std::cell::Cell::new(false),
+            _turn: turn,
         }
     }
 
@@ -116,6 +127,7 @@ impl Deployment {
     }
 
     fn fail_point(&self, mode: Bson, data: Document) {
+        self.fail_point_set.set(true);
         self.wait(
             self.client.database("admin").run_command(
                 doc! {"configureFailPoint": "failCommand", "mode": mode, "data": data},
@@ -133,6 +145,19 @@ impl Deployment {
                 .as_document()
                 .is_some()
         );
+    }
+}
+
+impl Drop for Deployment {
+    fn drop(&mut self) {
+        // A fail point a failed test left on would strike the next tests on the deployment.
+        if self._server.is_none() && self.fail_point_set.get() {
+            let _ = self.wait(
+                self.client
+                    .database("admin")
+                    .run_command(doc! {"configureFailPoint": "failCommand", "mode": "off"}),
+            );
+        }
     }
 }
 

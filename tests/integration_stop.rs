@@ -7,81 +7,17 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use bson::{Document, doc};
-use futures_util::TryStreamExt;
-use mongo_sim::{Config, ServerHandle};
+use support::live::Live;
 
-struct Live {
-    server: ServerHandle,
-    rt: tokio::runtime::Runtime,
-    client: mongodb::Client,
-}
-
-impl Live {
-    fn new() -> Live {
-        let server = ServerHandle::start_blocking(Config::default()).unwrap();
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        let client = rt
-            .block_on(async { mongodb::Client::with_uri_str(server.uri()).await })
-            .unwrap();
-        Live { server, rt, client }
-    }
-
-    fn spawn(&self, max_wait: &str) -> Child {
-        support::handoff()
-            .arg("run")
-            .env("MONGODB_URI", self.server.uri())
-            .env("MAX_EVENTS", "500")
-            .env("MAX_WAIT_SECONDS", max_wait)
-            .env("HANDOFF_LOG", "handoff=debug")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap()
-    }
-
-    fn outbox(&self) -> Vec<Document> {
-        self.rt.block_on(async {
-            let coll = self
-                .client
-                .database("change_demo")
-                .collection::<Document>("kestra_change_outbox");
-            coll.find(doc! {})
-                .await
-                .unwrap()
-                .try_collect()
-                .await
-                .unwrap()
-        })
-    }
-
-    fn checkpoint(&self) -> Document {
-        self.rt.block_on(async {
-            let coll = self
-                .client
-                .database("change_demo")
-                .collection::<Document>("kestra_change_checkpoints");
-            coll.find_one(doc! {"_id": "orders-to-outbox"})
-                .await
-                .unwrap()
-                .unwrap()
-        })
-    }
-
-    fn insert(&self, range: std::ops::Range<i32>) {
-        self.rt.block_on(async {
-            let coll = self
-                .client
-                .database("change_demo")
-                .collection::<Document>("orders");
-            coll.insert_many(range.map(|i| doc! {"_id": i}).collect::<Vec<_>>())
-                .await
-                .unwrap();
-        });
-    }
+/// `handoff run` with its debug log, idle for `max_wait` seconds before it ends.
+fn spawn(live: &Live, max_wait: &str) -> Child {
+    live.command()
+        .env("MAX_WAIT_SECONDS", max_wait)
+        .env("HANDOFF_LOG", "handoff=debug")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
 }
 
 fn sigterm(child: &Child) {
@@ -114,8 +50,8 @@ fn wait_for(reader: &mut impl BufRead, needle: &str, count: usize) -> Vec<String
 
 #[test]
 fn sigterm_while_idle_stops_promptly_with_outputs_and_no_watermark() {
-    let live = Live::new();
-    let mut child = live.spawn("30");
+    let live = Live::start();
+    let mut child = spawn(&live, "30");
     let mut stderr = BufReader::new(child.stderr.take().unwrap());
     wait_for(&mut stderr, "run starting", 1);
     std::thread::sleep(Duration::from_millis(500));
@@ -130,14 +66,14 @@ fn sigterm_while_idle_stops_promptly_with_outputs_and_no_watermark() {
     assert_eq!(outputs["stopped"], true);
     // Stopped before its idle watermark: the checkpoint holds only the stream's starting
     // position, saved before anything was read, and nothing was handed off.
-    let checkpoint = live.checkpoint();
+    let checkpoint = live.checkpoint().expect("a checkpoint");
     let start = checkpoint
         .get_document("token")
         .expect("the starting position was saved");
     assert!(start.get_str("_data").is_ok());
     assert_eq!(checkpoint.get_str("mode").ok(), Some("resumeAfter"));
     live.insert(0..2);
-    let out = support::ok(&live.spawn("1").wait_with_output().unwrap());
+    let out = support::ok(&spawn(&live, "1").wait_with_output().unwrap());
     assert_eq!(
         out["events_handed_off"], 2,
         "events after the saved position were lost"
@@ -146,10 +82,10 @@ fn sigterm_while_idle_stops_promptly_with_outputs_and_no_watermark() {
 
 #[test]
 fn sigterm_mid_handoff_keeps_checkpoint_and_outbox_consistent() {
-    let live = Live::new();
-    support::ok(&live.spawn("1").wait_with_output().unwrap());
+    let live = Live::start();
+    support::ok(&spawn(&live, "1").wait_with_output().unwrap());
     live.insert(0..400);
-    let mut child = live.spawn("30");
+    let mut child = spawn(&live, "30");
     let mut stderr = BufReader::new(child.stderr.take().unwrap());
     wait_for(&mut stderr, "event committed", 20);
     let sent = Instant::now();
@@ -180,9 +116,9 @@ fn sigterm_mid_handoff_keeps_checkpoint_and_outbox_consistent() {
         .unwrap()
         .get_document("_id")
         .unwrap();
-    assert_eq!(live.checkpoint().get_document("token").unwrap(), last);
+    assert_eq!(&live.checkpoint_token(), last);
     // The next run continues from there: every event exactly once.
-    support::ok(&live.spawn("1").wait_with_output().unwrap());
+    support::ok(&spawn(&live, "1").wait_with_output().unwrap());
     let outbox = live.outbox();
     assert_eq!(outbox.len(), 400);
     let ids: std::collections::HashSet<_> = outbox

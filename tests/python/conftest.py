@@ -1,4 +1,5 @@
-"""Product-level PyMongo suites: the test server (tests/mongo-sim) and the `handoff` binary."""
+"""Product-level PyMongo suites: the test server (tests/mongo-sim), or the replica set MONGODB_URI
+names, and the `handoff` binary."""
 
 import importlib.util
 import os
@@ -15,11 +16,17 @@ _spec = importlib.util.spec_from_file_location("mongo_sim_fixtures", SIM_PYTHON 
 _fixtures = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_fixtures)
 SimServer = _fixtures.SimServer
-
+UriDeployment = _fixtures.UriDeployment
 
 
 @pytest.fixture
 def sim():
+    """A test server of the test's own; with MONGODB_URI set (and not empty), that deployment
+    instead (the tests here each use a database of their own)."""
+    uri = _fixtures.shared_uri()
+    if uri:
+        yield UriDeployment(uri)
+        return
     server = SimServer()
     yield server
     server.stop()

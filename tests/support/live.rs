@@ -1,7 +1,14 @@
-//! A test server started in the test process (it outlives every `handoff run` the test starts or
-//! kills), a driver client on it, and the checkpoint and outbox read back.
+//! A replica set for one test and a driver client on it, and the checkpoint and outbox read back.
+//!
+//! By default every test starts its own test server in the test process (it outlives every
+//! `handoff run` the test starts or kills). With `MONGODB_URI` set and non-empty, [`Live::start`]
+//! uses that deployment instead, each test in a database of its own; tests that need a server
+//! configured for them ([`Live::with_config`]) keep their own test server either way.
 
 use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Condvar, Mutex};
+use std::thread::ThreadId;
 use std::time::Duration;
 
 use bson::{Bson, Document, doc};
@@ -11,40 +18,169 @@ use mongodb::Client;
 use mongodb::options::ClientOptions;
 use sha2::Digest;
 
+/// The database of a test on its own test server.
 pub const DB: &str = "change_demo";
 pub const CONSUMER: &str = "orders-to-outbox";
 pub const CHECKPOINTS: &str = "kestra_change_checkpoints";
 pub const OUTBOX: &str = "kestra_change_outbox";
 
+/// The deployment `MONGODB_URI` names, when it is set and not empty.
+pub fn shared_uri() -> Option<String> {
+    std::env::var("MONGODB_URI")
+        .ok()
+        .filter(|uri| !uri.is_empty())
+}
+
+/// A database name no other test uses, on a deployment other runs may share:
+/// `handoff_<test>_<process id>_<counter>`, within the 63 characters `handoff` accepts.
+pub fn database_name() -> String {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let thread = std::thread::current();
+    let test: String = match thread.name() {
+        Some(name) if name != "main" => name
+            .chars()
+            .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+            .take(32)
+            .collect(),
+        _ => "test".into(),
+    };
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    format!("handoff_{test}_{}_{n}", std::process::id())
+}
+
+/// Who uses the shared deployment now: the thread of one test, as often as it asks.
+static TURN: Mutex<(Option<ThreadId>, usize)> = Mutex::new((None, 0));
+static TURN_FREED: Condvar = Condvar::new();
+
+/// A test's turn on the shared deployment. The tests of a suite take turns there: a fail point
+/// one of them sets applies to every client of the server, whatever the database.
+pub struct Turn(());
+
+impl Turn {
+    /// Waits until no other test holds a turn (the same thread may hold several).
+    pub fn take() -> Turn {
+        let me = std::thread::current().id();
+        let mut turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
+        while turn.0.is_some_and(|holder| holder != me) {
+            turn = TURN_FREED.wait(turn).unwrap_or_else(|p| p.into_inner());
+        }
+        turn.0 = Some(me);
+        turn.1 += 1;
+        Turn(())
+    }
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        let mut turn = TURN.lock().unwrap_or_else(|p| p.into_inner());
+        turn.1 -= 1;
+        if turn.1 == 0 {
+            turn.0 = None;
+            TURN_FREED.notify_all();
+        }
+    }
+}
+
 pub struct Live {
-    pub server: ServerHandle,
+    /// The test's own test server; `None` on the deployment `MONGODB_URI` names.
+    server: Option<ServerHandle>,
+    uri: String,
+    /// The database of the watched collection, the checkpoint and the outbox.
+    pub db: String,
     pub rt: tokio::runtime::Runtime,
     pub client: Client,
+    /// Set once a fail point was configured on the shared deployment: it is turned off when the
+    /// test ends, however it ends.
+    fail_point_set: AtomicBool,
+    _turn: Option<Turn>,
 }
 
 impl Live {
+    /// A replica set: the deployment `MONGODB_URI` names, else a test server of its own.
     pub fn start() -> Live {
-        Live::with_config(Config::default())
+        match shared_uri() {
+            Some(uri) => {
+                let turn = Turn::take();
+                Live::connect(None, uri, database_name(), Some(turn))
+            }
+            None => Live::with_config(Config::default()),
+        }
     }
 
+    /// A test server of its own, configured for the test, whatever `MONGODB_URI` says.
     pub fn with_config(config: Config) -> Live {
         let server = ServerHandle::start_blocking(config).expect("test server starts");
+        let uri = server.uri();
+        Live::connect(Some(server), uri, DB.into(), None)
+    }
+
+    fn connect(server: Option<ServerHandle>, uri: String, db: String, turn: Option<Turn>) -> Live {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
             .build()
             .expect("runtime");
-        let uri = server.uri();
         let client = rt.block_on(async {
             let mut options = ClientOptions::parse(&uri).await.expect("uri");
             options.server_selection_timeout = Some(Duration::from_secs(5));
             Client::with_options(options).expect("client")
         });
-        Live { server, rt, client }
+        Live {
+            server,
+            uri,
+            db,
+            rt,
+            client,
+            fail_point_set: AtomicBool::new(false),
+            _turn: turn,
+        }
     }
 
     pub fn uri(&self) -> String {
-        self.server.uri()
+        self.uri.clone()
+    }
+
+    /// The test's own test server; panics on a shared deployment (such tests use
+    /// [`Live::with_config`]).
+    pub fn server(&self) -> &ServerHandle {
+        self.server
+            .as_ref()
+            .expect("this test runs on its own test server (Live::with_config)")
+    }
+
+    /// `host:port` of the first server the URI names.
+    pub fn address(&self) -> String {
+        let options = self.wait(ClientOptions::parse(&self.uri)).expect("uri");
+        options.hosts.first().expect("a host").to_string()
+    }
+
+    /// `settings.replicaSetId` of the deployment, as `handoff` reads it.
+    pub fn replica_set_id(&self) -> String {
+        let reply = self
+            .wait(
+                self.client
+                    .database("admin")
+                    .run_command(doc! {"replSetGetConfig": 1}),
+            )
+            .expect("replSetGetConfig");
+        match reply
+            .get_document("config")
+            .and_then(|c| c.get_document("settings"))
+            .map(|s| s.get("replicaSetId"))
+        {
+            Ok(Some(Bson::ObjectId(id))) => id.to_hex(),
+            other => panic!("replSetGetConfig gave no replicaSetId: {other:?}"),
+        }
+    }
+
+    /// The databases other than the server's own (`admin`, `config`, `local`).
+    pub fn user_databases(&self) -> Vec<String> {
+        let mut names = self
+            .wait(self.client.list_database_names())
+            .expect("listDatabases");
+        names.retain(|n| !["admin", "config", "local"].contains(&n.as_str()));
+        names.sort();
+        names
     }
 
     /// Runs a driver action (or any future) to completion.
@@ -53,15 +189,16 @@ impl Live {
     }
 
     pub fn coll(&self, name: &str) -> mongodb::Collection<Document> {
-        self.client.database(DB).collection(name)
+        self.client.database(&self.db).collection(name)
     }
 
-    /// `handoff run` on this server: one-second idle wait, up to 500 events.
+    /// `handoff run` on this deployment and database: one-second idle wait, up to 500 events.
     pub fn command(&self) -> Command {
         let mut command = super::handoff();
         command
             .arg("run")
-            .env("MONGODB_URI", self.uri())
+            .env("MONGODB_URI", &self.uri)
+            .env("SOURCE_DATABASE", &self.db)
             .env("MAX_WAIT_SECONDS", "1")
             .env("MAX_EVENTS", "500");
         command
@@ -121,6 +258,7 @@ impl Live {
     }
 
     pub fn fail_point(&self, mode: Bson, data: Document) {
+        self.fail_point_set.store(true, Ordering::Relaxed);
         self.wait(
             self.client.database("admin").run_command(
                 doc! {"configureFailPoint": "failCommand", "mode": mode, "data": data},
@@ -174,6 +312,19 @@ impl Live {
     }
 }
 
+impl Drop for Live {
+    fn drop(&mut self) {
+        // A fail point a failed test left on would strike the next tests on the deployment.
+        if self.server.is_none() && self.fail_point_set.load(Ordering::Relaxed) {
+            let _ = self.wait(
+                self.client
+                    .database("admin")
+                    .run_command(doc! {"configureFailPoint": "failCommand", "mode": "off"}),
+            );
+        }
+    }
+}
+
 /// The default policy's event ID: SHA-256 of the token's canonical text.
 pub fn event_id(event: &Document) -> String {
     let token = event.get_document("_id").expect("event token");
@@ -201,7 +352,8 @@ pub fn outbox_event_ids(outbox: &[Document]) -> Vec<String> {
         .collect()
 }
 
-/// The hex of a `{_data: HEX}` token (the test server's hex order is stream order).
+/// The hex of a `{_data: HEX}` token (resume tokens sort by it in stream order, MongoDB's and the
+/// test server's alike).
 pub fn token_hex(token: &Document) -> String {
     token.get_str("_data").expect("_data").to_string()
 }
@@ -211,8 +363,10 @@ pub fn token_hex(token: &Document) -> String {
 pub fn assert_checkpoint_at_end(live: &Live, last: &Document) {
     let checkpoint = live.checkpoint_token();
     let (at, last_hex) = (token_hex(&checkpoint), token_hex(last));
+    // Past the last event with no event after that one: a high-water mark, whatever the
+    // deployment's token layout.
     assert!(
-        checkpoint == *last || (at > last_hex && at.ends_with("02")),
+        checkpoint == *last || (at > last_hex && live.events_after(last).is_empty()),
         "checkpoint {at} is neither the last event {last_hex} nor a high-water mark after it"
     );
     assert!(

@@ -105,10 +105,12 @@ pub fn cache_dir() -> PathBuf {
     Path::new(env!("CARGO_TARGET_TMPDIR")).join("handoff-cache")
 }
 
-/// `handoff` with a clean environment: none of the baseline's variables leak in.
+/// `handoff` with a clean environment: none of the baseline's variables leak in (not even the
+/// `MONGODB_URI` a run of the suites against a real replica set is given).
 pub fn handoff() -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_handoff"));
     for key in [
+        "MONGODB_URI",
         "SOURCE_DATABASE",
         "SOURCE_COLLECTION",
         "CONSUMER_ID",

@@ -1,6 +1,13 @@
-"""Starts the mongo-sim binary on an ephemeral port for the PyMongo tests."""
+"""Starts the mongo-sim binary on an ephemeral port for the PyMongo tests.
 
+With MONGODB_URI set (and not empty), the tests that need nothing but a replica set use that
+deployment instead, each in a database of its own; those that need a server configured for them
+(`start_server`) or the test server itself (`sim_server`) still start the binary.
+"""
+
+import itertools
 import os
+import re
 import subprocess
 import tempfile
 from pathlib import Path
@@ -63,11 +70,51 @@ class SimServer:
         os.unlink(self.log.name)
 
 
+class UriDeployment:
+    """The replica set MONGODB_URI names, in place of a test server."""
+
+    def __init__(self, uri):
+        self.uri = uri
+        with self.client() as c:
+            self.set_name = c.admin.command("hello").get("setName", "")
+
+    def client(self, **kwargs):
+        kwargs.setdefault("serverSelectionTimeoutMS", 5000)
+        return MongoClient(self.uri, **kwargs)
+
+    def stop(self):
+        pass
+
+
+def shared_uri():
+    """The deployment MONGODB_URI names, when it is set and not empty."""
+    return os.environ.get("MONGODB_URI") or None
+
+
+_databases = itertools.count()
+
+
+def database_name(test):
+    """A database no other test uses, on a deployment other runs may share:
+    `py_<test>_<process id>_<counter>`, within MongoDB's 63 characters."""
+    return f"py_{re.sub(r'[^A-Za-z0-9]', '_', test)[:32]}_{os.getpid()}_{next(_databases)}"
+
+
 @pytest.fixture(scope="session")
-def server():
+def sim_server():
+    """A test server, whatever MONGODB_URI says."""
     s = SimServer()
     yield s
     s.stop()
+
+
+@pytest.fixture(scope="session")
+def server(request):
+    """The deployment MONGODB_URI names, else the session's test server."""
+    uri = shared_uri()
+    if uri:
+        return UriDeployment(uri)
+    return request.getfixturevalue("sim_server")
 
 
 @pytest.fixture
@@ -89,3 +136,16 @@ def client(server):
     c = server.client()
     yield c
     c.close()
+
+
+@pytest.fixture
+def sim_client(sim_server):
+    c = sim_server.client()
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def db(client, request):
+    """A database of the test's own on `server`."""
+    return client[database_name(request.node.name)]

@@ -1,4 +1,8 @@
-"""The mongo-sim server as PyMongo 4.15 sees it."""
+"""The mongo-sim server as PyMongo 4.15 sees it.
+
+With MONGODB_URI set, the tests that hold for any replica set run against that deployment (the
+same expectations, checked against MongoDB itself); those about the test server's own handshake
+or configuration keep a test server (`sim_server`, `start_server`)."""
 
 import hashlib
 import threading
@@ -16,7 +20,9 @@ def fresh(name):
     return f"{name}_{uuid.uuid4().hex[:8]}"
 
 
-def test_hello_identifies_a_replica_set_primary(server, client):
+def test_hello_identifies_a_replica_set_primary(sim_server, sim_client):
+    # Always a test server: its own handshake (one node at its address, no topologyVersion).
+    server, client = sim_server, sim_client
     hello = client.admin.command("hello")
     assert hello["ok"] == 1
     assert hello["isWritablePrimary"] is True
@@ -35,20 +41,22 @@ def test_hello_identifies_a_replica_set_primary(server, client):
     assert client.topology_description.topology_type_name == "ReplicaSetWithPrimary"
 
 
-def test_direct_connection(server):
+def test_direct_connection(sim_server):
+    # Always a test server: a direct connection to the one node it is.
+    server = sim_server
     with MongoClient(server.direct_uri, serverSelectionTimeoutMS=5000) as c:
         assert c.admin.command("ping")["ok"] == 1
         c.direct_db.things.insert_one({"_id": 1})
         assert c.direct_db.things.find_one({"_id": 1}) == {"_id": 1}
 
 
-def test_repl_set_get_config_has_a_fixed_replica_set_id(client):
+def test_repl_set_get_config_has_a_fixed_replica_set_id(server, client):
     first = client.admin.command("replSetGetConfig")["config"]
     second = client.admin.command("replSetGetConfig")["config"]
     rs_id = first["settings"]["replicaSetId"]
     assert isinstance(rs_id, ObjectId)
     assert rs_id == second["settings"]["replicaSetId"]
-    assert first["_id"] == "rs0"
+    assert first["_id"] == server.set_name
 
 
 def test_replica_set_id_and_set_name_are_configurable(start_server):
@@ -68,8 +76,8 @@ def test_standalone_is_refused_by_replica_set_checks(start_server):
         assert err.value.code == 76
 
 
-def test_upsert_with_set_on_insert_and_find_one(client):
-    coll = client.py_crud[fresh("checkpoints")]
+def test_upsert_with_set_on_insert_and_find_one(db):
+    coll = db[fresh("checkpoints")]
     update = {"$setOnInsert": {"source": "py_crud.orders", "replicaSetId": "x", "token": None, "mode": "resumeAfter"}}
     first = coll.update_one({"_id": "consumer"}, update, upsert=True)
     assert first.upserted_id == "consumer"
@@ -86,8 +94,8 @@ def test_upsert_with_set_on_insert_and_find_one(client):
     assert stale.matched_count == 0
 
 
-def test_unacknowledged_writes(client):
-    coll = client.py_crud[fresh("w0")]
+def test_unacknowledged_writes(db):
+    coll = db[fresh("w0")]
     coll.with_options(write_concern=WriteConcern(w=0)).insert_one({"_id": 1})
     deadline = time.monotonic() + 5
     while coll.find_one({"_id": 1}) is None:
@@ -95,8 +103,7 @@ def test_unacknowledged_writes(client):
         time.sleep(0.01)
 
 
-def test_with_transaction_commits_update_and_insert(client):
-    db = client.py_txn
+def test_with_transaction_commits_update_and_insert(client, db):
     checkpoints, outbox = db[fresh("cp")], db[fresh("out")]
     checkpoints.insert_one({"_id": "c", "token": None, "source": "py_txn.src"})
 
@@ -115,8 +122,7 @@ def test_with_transaction_commits_update_and_insert(client):
     assert outbox.count_documents({}) == 1
 
 
-def test_with_transaction_retries_an_injected_write_conflict(client):
-    db = client.py_txn
+def test_with_transaction_retries_an_injected_write_conflict(client, db):
     outbox = db[fresh("out")]
     client.admin.command(
         "configureFailPoint", "failCommand", mode={"times": 1}, data={"failCommands": ["insert"], "errorCode": 112}
@@ -127,14 +133,18 @@ def test_with_transaction_retries_an_injected_write_conflict(client):
         attempts.append(1)
         outbox.insert_one({"_id": "once"}, session=session)
 
-    with client.start_session() as session:
-        session.with_transaction(handoff)
+    try:
+        with client.start_session() as session:
+            session.with_transaction(handoff)
+    finally:
+        # Left on, it would strike the next tests on a shared deployment.
+        client.admin.command("configureFailPoint", "failCommand", mode="off")
     assert len(attempts) == 2
     assert outbox.count_documents({}) == 1
 
 
-def test_aborted_transaction_leaves_nothing(client):
-    coll = client.py_txn[fresh("abort")]
+def test_aborted_transaction_leaves_nothing(client, db):
+    coll = db[fresh("abort")]
     with client.start_session() as session:
         session.start_transaction()
         coll.insert_one({"_id": 1}, session=session)
@@ -151,8 +161,8 @@ def watch_next(stream, timeout=10):
     raise AssertionError("no change event")
 
 
-def test_watch_resume_after_and_start_after(client):
-    coll = client.py_cs[fresh("orders")]
+def test_watch_resume_after_and_start_after(db):
+    coll = db[fresh("orders")]
     options = {"full_document": "updateLookup", "max_await_time_ms": 1000}
     with coll.watch([], **options) as stream:
         assert stream.try_next() is None
@@ -179,8 +189,8 @@ def test_watch_resume_after_and_start_after(client):
         assert watch_next(stream)["_id"] == updated["_id"]
 
 
-def test_try_next_waits_for_max_await(client):
-    coll = client.py_cs[fresh("idle")]
+def test_try_next_waits_for_max_await(db):
+    coll = db[fresh("idle")]
     with coll.watch([], max_await_time_ms=1000) as stream:
         started = time.monotonic()
         assert stream.try_next() is None
@@ -197,8 +207,8 @@ def test_try_next_waits_for_max_await(client):
         assert event["documentKey"] == {"_id": "late"}
 
 
-def test_drop_invalidates_and_start_after_continues(client):
-    coll = client.py_cs[fresh("dropme")]
+def test_drop_invalidates_and_start_after_continues(db):
+    coll = db[fresh("dropme")]
     coll.insert_one({"_id": 0})
     with coll.watch([], max_await_time_ms=1000) as stream:
         coll.insert_one({"_id": 1})
@@ -338,11 +348,10 @@ def run_handoff(uri, db_name, source_name, consumer, checkpoint_name, outbox_nam
     return {"status": status, "events_handed_off": handed_off, "last_event_id": last_id, "consumer_id": consumer}
 
 
-def test_baseline_handoff_end_to_end(server, client):
-    db_name = fresh("change_demo")
+def test_baseline_handoff_end_to_end(server, db):
+    db_name = db.name
     args = dict(uri=server.uri, db_name=db_name, source_name="orders", consumer="orders-to-outbox",
                 checkpoint_name="kestra_change_checkpoints", outbox_name="kestra_change_outbox")
-    db = client[db_name]
 
     # First run: no checkpoint yet; catches up immediately and saves an idle watermark.
     out = run_handoff(**args, max_events=50, wait_seconds=1)
