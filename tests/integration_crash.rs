@@ -252,7 +252,9 @@ fn check_run(live: &Live, run: &Finished, before: usize, tally: &mut Tally, seed
                 run.stderr
             );
             assert_eq!(after, before, "exit 10 after writing (seed {seed})");
-            assert!(reported.is_none());
+            let reported = reported.as_ref().expect("the failure's outputs");
+            assert_eq!(reported["status"], "FAILED", "seed {seed}");
+            assert_eq!(reported["error_class"], "unavailable", "seed {seed}");
         }
         Some(code) => panic!("unexpected exit {code} (seed {seed}): {}", run.stderr),
     }

@@ -133,26 +133,56 @@ fn expr_raw(template: &str, expr: &str) -> String {
     unreachable!()
 }
 
-/// What Kestra reads from a task's stdout: the merged outputs and the metrics.
-fn kestra_parse(stdout: &str) -> (serde_json::Map<String, Value>, Vec<Value>) {
-    let mut vars = serde_json::Map::new();
-    let mut metrics = Vec::new();
+/// What Kestra makes of a task's output: the merged outputs, the metrics and the log lines.
+struct Kestra {
+    vars: serde_json::Map<String, Value>,
+    metrics: Vec<Value>,
+    /// (level, message), in order.
+    logs: Vec<(String, String)>,
+}
+
+/// Reads a task's output as Kestra's task log line matcher does: a line matching
+/// `^::(\{.*})::$` is one JSON object whose `outputs` are merged, whose `metrics` are recorded
+/// and whose `logs` are logged at their `level` (one of slf4j's level names); any other line is
+/// logged as it is, at INFO from stdout and at ERROR from stderr.
+fn kestra_parse(stdout: &str, stderr: &str) -> Kestra {
+    let mut parsed = Kestra {
+        vars: serde_json::Map::new(),
+        metrics: Vec::new(),
+        logs: Vec::new(),
+    };
     for line in stdout.lines() {
-        if let Some(inner) = line
-            .trim()
+        let Some(inner) = line
             .strip_prefix("::")
             .and_then(|l| l.strip_suffix("::"))
-        {
-            let value: Value = serde_json::from_str(inner).expect("a task protocol line is JSON");
-            if let Some(Value::Object(outputs)) = value.get("outputs") {
-                vars.extend(outputs.clone());
-            }
-            if let Some(Value::Array(m)) = value.get("metrics") {
-                metrics.extend(m.clone());
+            .filter(|inner| inner.starts_with('{') && inner.ends_with('}'))
+        else {
+            parsed.logs.push(("INFO".into(), line.to_string()));
+            continue;
+        };
+        let value: Value = serde_json::from_str(inner).expect("a task protocol line is JSON");
+        if let Some(Value::Object(outputs)) = value.get("outputs") {
+            parsed.vars.extend(outputs.clone());
+        }
+        if let Some(Value::Array(m)) = value.get("metrics") {
+            parsed.metrics.extend(m.clone());
+        }
+        if let Some(Value::Array(logs)) = value.get("logs") {
+            for log in logs {
+                let level = log["level"].as_str().expect("a log level");
+                assert!(
+                    ["ERROR", "WARN", "INFO", "DEBUG", "TRACE"].contains(&level),
+                    "not an slf4j level: {level}"
+                );
+                let message = log["message"].as_str().expect("a log message");
+                parsed.logs.push((level.into(), message.into()));
             }
         }
     }
-    (vars, metrics)
+    for line in stderr.lines() {
+        parsed.logs.push(("ERROR".into(), line.to_string()));
+    }
+    parsed
 }
 
 struct Capture<'a> {
@@ -162,8 +192,9 @@ struct Capture<'a> {
 
 impl Capture<'_> {
     /// Runs the capture task as its runner would: a working directory with the namespace files,
-    /// `handoff` on the PATH, the rendered env, each command through `sh -c`.
-    fn run(&self, uri: &str, workdir: &Path) -> (i32, String) {
+    /// `handoff` on the PATH, the rendered env, each command through `sh -c`. Returns the exit
+    /// code and what Kestra makes of stdout and stderr.
+    fn run(&self, uri: &str, workdir: &Path) -> (i32, Kestra) {
         let env = self.task["env"].as_object().expect("capture task env");
         let bin_dir = Path::new(env!("CARGO_BIN_EXE_handoff")).parent().unwrap();
         let path = format!(
@@ -171,7 +202,7 @@ impl Capture<'_> {
             bin_dir.display(),
             std::env::var("PATH").unwrap_or_default()
         );
-        let mut stdout = String::new();
+        let (mut stdout, mut stderr) = (String::new(), String::new());
         for command in self.task["commands"].as_array().expect("commands") {
             let mut cmd = Command::new("sh");
             cmd.arg("-c")
@@ -189,11 +220,13 @@ impl Capture<'_> {
             }
             let output = cmd.output().unwrap();
             stdout.push_str(&String::from_utf8_lossy(&output.stdout));
+            stderr.push_str(&String::from_utf8_lossy(&output.stderr));
             if !output.status.success() {
-                return (output.status.code().unwrap_or(-1), stdout);
+                let code = output.status.code().unwrap_or(-1);
+                return (code, kestra_parse(&stdout, &stderr));
             }
         }
-        (0, stdout)
+        (0, kestra_parse(&stdout, &stderr))
     }
 }
 
@@ -339,9 +372,23 @@ fn every_flow_keeps_the_baseline_contract_and_runs_against_a_replica_set() {
             inputs: inputs.clone(),
         };
         let check = |expected_status: &str, expected_events: Option<u64>| {
-            let (code, stdout) = capture.run(&uri, workdir.path());
-            assert_eq!(code, 0, "{name}: {stdout}");
-            let (vars, metrics) = kestra_parse(&stdout);
+            let (code, kestra) = capture.run(&uri, workdir.path());
+            assert_eq!(code, 0, "{name}: {:?}", kestra.logs);
+            let Kestra {
+                vars,
+                metrics,
+                logs,
+            } = kestra;
+            // Routine logs keep their level: nothing of a successful run shows as an error.
+            assert!(
+                logs.iter().all(|(level, _)| level != "ERROR"),
+                "{name}: {logs:?}"
+            );
+            assert!(
+                logs.iter()
+                    .any(|(level, message)| level == "INFO" && message.contains("run finished")),
+                "{name}: {logs:?}"
+            );
             for key in &referenced {
                 assert!(
                     vars.contains_key(key),
@@ -379,14 +426,56 @@ fn every_flow_keeps_the_baseline_contract_and_runs_against_a_replica_set() {
         live.wait(live.coll("orders").drop()).expect("drop");
         check("INVALIDATED", None);
 
-        // A failing run exits non-zero, so the flow's retry and errors branch fire.
+        // A failing run exits non-zero, so the flow's retry and errors branch fire, and leaves
+        // outputs Kestra keeps for the failed task: what the errors branch reads.
+        let failure_vars: BTreeSet<String> = flow["errors"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|task| expressions(&serde_json::to_string(task).unwrap()))
+            .filter_map(|e| {
+                let rest = e.split("outputs.capture_and_checkpoint.vars.").nth(1)?;
+                Some(
+                    rest.chars()
+                        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                        .collect(),
+                )
+            })
+            .collect();
+        assert!(
+            failure_vars.contains("error_class") && failure_vars.contains("guidance"),
+            "{name}: the errors branch reads the failure's class and guidance: {failure_vars:?}"
+        );
         let mut bad = Capture { task, inputs };
         bad.inputs.insert("max_events".into(), "0".into());
-        let (code, stdout) = bad.run(&uri, workdir.path());
-        assert_ne!(code, 0, "{name}");
-        assert!(kestra_parse(&stdout).0.is_empty());
+        let (code, kestra) = bad.run(&uri, workdir.path());
+        assert_eq!(code, 2, "{name}");
+        for key in &failure_vars {
+            assert!(
+                kestra.vars.contains_key(key),
+                "{name}: errors read vars.{key}: {:?}",
+                kestra.vars
+            );
+        }
+        assert_eq!(kestra.vars["status"], "FAILED");
+        assert_eq!(kestra.vars["error_class"], "bad_input");
+        assert_eq!(kestra.vars["exit_code"], 2);
+        assert_eq!(kestra.vars["events_handed_off"], 0);
+        assert!(
+            kestra.vars["guidance"]
+                .as_str()
+                .unwrap()
+                .contains("max_events"),
+            "{:?}",
+            kestra.vars
+        );
+        // The failure itself is the one line logged as an error.
+        let errors: Vec<_> = kestra.logs.iter().filter(|(l, _)| l == "ERROR").collect();
+        assert_eq!(errors.len(), 1, "{name}: {:?}", kestra.logs);
+        assert!(errors[0].1.starts_with("error[bad_input]"), "{errors:?}");
         std::fs::remove_file(&policy_path).unwrap();
-        let (code, _) = capture.run(&uri, workdir.path());
-        assert_ne!(code, 0, "{name}: a missing policy file must fail the task");
+        let (code, kestra) = capture.run(&uri, workdir.path());
+        assert_eq!(code, 2, "{name}: a missing policy file must fail the task");
+        assert_eq!(kestra.vars["error_class"], "bad_input", "{name}");
     }
 }

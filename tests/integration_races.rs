@@ -88,6 +88,7 @@ fn two_runs_on_one_store_one_cas_loses_and_no_event_is_duplicated() {
                     let deadline = begin(&plan.limits);
                     let source = Box::new(ReplaySource::new(fixture));
                     plan.execute(&runtime, &policy, source, store, deadline)
+                        .map_err(HandoffError::from)
                 })
             })
             .collect();

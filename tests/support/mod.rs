@@ -167,12 +167,31 @@ pub fn ok(output: &Output) -> Value {
     outputs(output)
 }
 
-/// Asserts a failed run with `code` and a message containing `needle`; no outputs line.
-pub fn fails(output: &Output, code: i32, needle: &str) {
+/// Asserts a failed run with `code` and a message containing `needle`, and returns its failure
+/// outputs: status `FAILED`, its class and exit code as stderr states them.
+pub fn fails(output: &Output, code: i32, needle: &str) -> Value {
     let err = stderr(output);
     assert_eq!(output.status.code(), Some(code), "stderr: {err}");
     assert!(err.contains(needle), "expected {needle:?} in: {err}");
-    assert!(!String::from_utf8_lossy(&output.stdout).contains("\"outputs\""));
+    failure_outputs(output, code)
+}
+
+/// The outputs of a failed run, checked against its exit code and its `error[class]` line.
+pub fn failure_outputs(output: &Output, code: i32) -> Value {
+    let out = outputs(output);
+    let err = stderr(output);
+    assert_eq!(out["status"], "FAILED", "{out}");
+    assert_eq!(out["exit_code"], code, "{out}");
+    let class = out["error_class"].as_str().expect("error_class");
+    assert!(
+        err.contains(&format!("error[{class}]")),
+        "outputs say {class}, stderr: {err}"
+    );
+    assert!(
+        !out["guidance"].as_str().expect("guidance").is_empty(),
+        "{out}"
+    );
+    out
 }
 
 /// The checkpoint and outbox of a state store (`handoff inspect`).

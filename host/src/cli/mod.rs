@@ -24,10 +24,11 @@ use clap::{Parser, Subcommand};
 use handoff::domain::StopSignal;
 use handoff::domain::text::escape_untrusted;
 use handoff::error::HandoffError;
-use handoff::output::kestra::Kestra;
+use handoff::output::file::OutputsFile;
+use handoff::output::kestra::{Kestra, KestraLogs};
 use handoff::output::{self, RunOutputs};
-use handoff::run::Finished;
 use handoff::run::watchdog;
+use handoff::run::{FailedRun, Finished};
 use handoff::runtime::{Limits, PROCESS_START};
 
 /// How a command ended when it did not fail.
@@ -37,14 +38,60 @@ pub enum Outcome {
     Stopped,
 }
 
-/// Prints a finished run's outputs for the workflow engine (also a stopped one's: its commits
-/// stand) and says how it ended.
-fn report(finished: &Finished) -> Outcome {
-    output::emit(&Kestra, &RunOutputs::of(finished));
-    if finished.summary.stopped {
-        Outcome::Stopped
-    } else {
-        Outcome::Done
+/// Where a run's outputs go besides stdout.
+#[derive(clap::Args, Clone, Debug)]
+pub struct OutputArgs {
+    /// Also write the run's outputs as one JSON object to this file, atomically, on success and
+    /// on failure (for engines that read a file: Argo Workflows, Airflow, GitHub Actions).
+    #[arg(long, env = "HANDOFF_OUTPUTS_FILE", value_name = "PATH")]
+    pub outputs_file: Option<std::path::PathBuf>,
+}
+
+/// Runs a command that makes a run and reports it: the outputs of a finished run (also of a
+/// stopped one: its commits stand), or of a failed one (its class, exit code, what it committed
+/// and what to do next), on stdout and in the outputs file, before the process exits.
+fn run_reported(
+    output: &OutputArgs,
+    consumer_id: &str,
+    body: impl FnOnce() -> Result<Finished, FailedRun>,
+) -> handoff::error::Result<Outcome> {
+    let consumer_id = escape_untrusted(consumer_id, 64);
+    let file = match output
+        .outputs_file
+        .as_deref()
+        .map(OutputsFile::new)
+        .transpose()
+    {
+        Ok(file) => file,
+        Err(error) => {
+            let failed = FailedRun::before_run(error);
+            output::emit(&Kestra, &RunOutputs::failed(&failed, &consumer_id));
+            return Err(failed.failed.error);
+        }
+    };
+    match body() {
+        Ok(finished) => {
+            let outputs = RunOutputs::of(&finished);
+            output::emit(&Kestra, &outputs);
+            if let Some(file) = &file {
+                file.write(&outputs)?;
+            }
+            Ok(if finished.summary.stopped {
+                Outcome::Stopped
+            } else {
+                Outcome::Done
+            })
+        }
+        Err(failed) => {
+            let outputs = RunOutputs::failed(&failed, &consumer_id);
+            output::emit(&Kestra, &outputs);
+            if let Some(file) = &file
+                && let Err(error) = file.write(&outputs)
+            {
+                tracing::error!(%error, "the outputs of the failed run could not be written");
+            }
+            Err(failed.failed.error)
+        }
     }
 }
 
@@ -67,7 +114,8 @@ fn stop_signal() -> handoff::error::Result<StopSignal> {
     after_help = "Also reads [env: HANDOFF_LOG] (log filter, e.g. info) and [env: HANDOFF_CACHE_DIR] (compiled-policy cache)."
 )]
 struct Cli {
-    /// Log format on stderr.
+    /// Log format: `text` or `json` lines on stderr, or `kestra`: Kestra's log protocol lines on
+    /// stdout (`::{"logs":[…]}::`), levels kept.
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = "HANDOFF_LOG_FORMAT")]
     log_format: LogFormat,
     #[command(subcommand)]
@@ -78,6 +126,7 @@ struct Cli {
 enum LogFormat {
     Text,
     Json,
+    Kestra,
 }
 
 #[derive(Subcommand)]
@@ -106,6 +155,11 @@ fn init_logging(format: LogFormat) {
     let _ = match format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().try_init(),
+        LogFormat::Kestra => builder
+            .with_ansi(false)
+            .with_writer(std::io::stdout)
+            .event_format(KestraLogs)
+            .try_init(),
     };
 }
 

@@ -25,24 +25,27 @@ pub struct ReplayArgs {
     pub inputs: InputArgs,
     #[command(flatten)]
     pub policy: PolicyArgs,
+    #[command(flatten)]
+    pub output: super::OutputArgs,
 }
 
 pub fn run(args: ReplayArgs) -> Result<super::Outcome> {
-    let inputs = args.inputs.validate()?;
-    let params = args.policy.params()?;
-    let fixture = Fixture::read(&args.fixture)?;
-    let mut backends = Replay::new(
-        fixture,
-        args.state.clone(),
-        Duration::from_millis(args.state_lock_timeout_ms),
-        &inputs,
-    )?;
-    let plan = Plan {
-        inputs,
-        params,
-        limits: args.policy.limits(),
-        stop: super::stop_signal()?,
-    };
-    let finished = plan.run(|| args.policy.load(), &mut backends)?;
-    Ok(super::report(&finished))
+    super::run_reported(&args.output, &args.inputs.consumer.consumer_id, || {
+        let inputs = args.inputs.validate()?;
+        let params = args.policy.params()?;
+        let fixture = Fixture::read(&args.fixture)?;
+        let mut backends = Replay::new(
+            fixture,
+            args.state.clone(),
+            Duration::from_millis(args.state_lock_timeout_ms),
+            &inputs,
+        )?;
+        let plan = Plan {
+            inputs,
+            params,
+            limits: args.policy.limits(),
+            stop: super::stop_signal()?,
+        };
+        plan.run(|| args.policy.load(), &mut backends)
+    })
 }

@@ -16,17 +16,20 @@ pub struct RunArgs {
     pub inputs: InputArgs,
     #[command(flatten)]
     pub policy: PolicyArgs,
+    #[command(flatten)]
+    pub output: super::OutputArgs,
 }
 
 pub fn run(args: RunArgs) -> Result<super::Outcome> {
-    let plan = Plan {
-        inputs: args.inputs.validate()?,
-        params: args.policy.params()?,
-        limits: args.policy.limits(),
-        stop: super::stop_signal()?,
-    };
-    // The deployment is reached while the policy loads.
-    let mut backends = Mongo::new(&args.uri, &plan.inputs);
-    let finished = plan.run(|| args.policy.load(), &mut backends)?;
-    Ok(super::report(&finished))
+    super::run_reported(&args.output, &args.inputs.consumer.consumer_id, || {
+        let plan = Plan {
+            inputs: args.inputs.validate()?,
+            params: args.policy.params()?,
+            limits: args.policy.limits(),
+            stop: super::stop_signal()?,
+        };
+        // The deployment is reached while the policy loads.
+        let mut backends = Mongo::new(&args.uri, &plan.inputs);
+        plan.run(|| args.policy.load(), &mut backends)
+    })
 }

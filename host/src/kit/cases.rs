@@ -166,13 +166,15 @@ impl Case {
         let mut actual = Vec::new();
         let mut before = Dump::default();
         for _ in 0..self.runs()? {
-            let result = plan.execute(
-                runtime,
-                policy,
-                Box::new(ReplaySource::new(fixture.clone())),
-                store.clone(),
-                begin(&plan.limits),
-            );
+            let result = plan
+                .execute(
+                    runtime,
+                    policy,
+                    Box::new(ReplaySource::new(fixture.clone())),
+                    store.clone(),
+                    begin(&plan.limits),
+                )
+                .map_err(HandoffError::from);
             let after = store
                 .dump(&inputs.consumer_id)
                 .map_err(|e| HandoffError::Unavailable(e.to_string()))?;

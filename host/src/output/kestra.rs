@@ -1,8 +1,22 @@
-//! Kestra's task protocol on stdout: `::{"outputs": {...}}::` and `::{"metrics": [...]}::` lines.
+//! Kestra's task protocol on stdout: `::{"outputs": {...}}::`, `::{"metrics": [...]}::` and
+//! `::{"logs": [{"level": …, "message": …}]}::` lines.
+//!
+//! Kestra reads every line of a task's output that matches `^::(\{.*})::$` as one JSON object
+//! with optional `outputs`, `metrics` and `logs` (each log's `level` one of `ERROR`, `WARN`,
+//! `INFO`, `DEBUG`, `TRACE`); any other line is logged as it is, at INFO from stdout and at ERROR
+//! from stderr. So logs go to stdout as protocol lines, each one line of JSON.
+
+use std::fmt::Write as _;
 
 use serde_json::{Map, Value, json};
+use tracing::field::{Field, Visit};
+use tracing::{Event, Level, Subscriber};
+use tracing_subscriber::fmt::format::Writer;
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
+use tracing_subscriber::registry::LookupSpan;
 
 use super::{Format, MetricKind, RunOutputs};
+use crate::domain::text::escape_untrusted;
 
 /// The Kestra task protocol.
 pub struct Kestra;
@@ -42,6 +56,83 @@ fn metrics_line(run: &RunOutputs) -> String {
         })
         .collect();
     format!("::{}::", json!({ "metrics": metrics }))
+}
+
+/// The longest log message kept, in characters (fields included).
+const LOG_MESSAGE_CHARS: usize = 4096;
+
+/// Log events as Kestra log lines, their levels kept.
+pub struct KestraLogs;
+
+/// An event's message and fields as one text: `message key=value …`.
+#[derive(Default)]
+struct Collected {
+    message: String,
+    fields: String,
+}
+
+impl Visit for Collected {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        if field.name() == "message" {
+            self.message.push_str(value);
+        } else {
+            let _ = write!(self.fields, " {}={value}", field.name());
+        }
+    }
+
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "message" {
+            let _ = write!(self.message, "{value:?}");
+        } else {
+            let _ = write!(self.fields, " {}={value:?}", field.name());
+        }
+    }
+}
+
+/// The Kestra log line of one event.
+pub fn log_line(level: &Level, target: &str, message: &str, fields: &str) -> String {
+    let level = match *level {
+        Level::ERROR => "ERROR",
+        Level::WARN => "WARN",
+        Level::INFO => "INFO",
+        Level::DEBUG => "DEBUG",
+        Level::TRACE => "TRACE",
+    };
+    // A policy's own log lines say so; the host's speak for themselves.
+    let origin = if target == "policy" { "policy: " } else { "" };
+    // Escaped like any untrusted text: no character in it can end the line for Kestra's reader.
+    let message = escape_untrusted(&format!("{origin}{message}{fields}"), LOG_MESSAGE_CHARS);
+    format!(
+        "::{}::",
+        json!({ "logs": [{ "level": level, "message": message }] })
+    )
+}
+
+impl<S, N> FormatEvent<S, N> for KestraLogs
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        _ctx: &FmtContext<'_, S, N>,
+        mut writer: Writer<'_>,
+        event: &Event<'_>,
+    ) -> std::fmt::Result {
+        let mut collected = Collected::default();
+        event.record(&mut collected);
+        let metadata = event.metadata();
+        writeln!(
+            writer,
+            "{}",
+            log_line(
+                metadata.level(),
+                metadata.target(),
+                &collected.message,
+                &collected.fields
+            )
+        )
+    }
 }
 
 #[cfg(test)]
@@ -92,6 +183,33 @@ mod tests {
         assert_eq!(metrics["metrics"][0]["tags"], json!({"consumer": "c"}));
         assert_eq!(metrics["metrics"][2]["type"], json!("timer"));
         assert_eq!(metrics["metrics"][2]["value"], json!(1.5));
+    }
+
+    #[test]
+    fn log_lines_keep_their_level_and_stay_one_line() {
+        let line = log_line(
+            &Level::WARN,
+            "policy",
+            "two\nlines\u{2028}and a separator",
+            " key=va\rlue",
+        );
+        assert!(!line.contains('\n') && !line.contains('\r') && !line.contains('\u{2028}'));
+        let value = protocol(&line);
+        assert_eq!(value["logs"][0]["level"], json!("WARN"));
+        let message = value["logs"][0]["message"].as_str().unwrap();
+        assert!(message.starts_with("policy: two\\nlines"), "{message}");
+        assert!(message.ends_with("key=va\\rlue"), "{message}");
+        for (level, name) in [
+            (Level::ERROR, "ERROR"),
+            (Level::INFO, "INFO"),
+            (Level::DEBUG, "DEBUG"),
+            (Level::TRACE, "TRACE"),
+        ] {
+            assert_eq!(
+                protocol(&log_line(&level, "handoff", "m", ""))["logs"][0]["level"],
+                json!(name)
+            );
+        }
     }
 
     #[test]

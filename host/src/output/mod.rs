@@ -3,13 +3,22 @@
 //! [`RunOutputs`] is the one description of a run's outputs and metrics; a [`Format`] only
 //! decides how they are written. A new engine or format is one file here implementing it.
 //!
-//! - `kestra`: Kestra's task protocol lines (`::{"outputs": …}::`, `::{"metrics": …}::`).
+//! - `kestra`: Kestra's task protocol lines (`::{"outputs": …}::`, `::{"metrics": …}::`,
+//!   `::{"logs": …}::`);
+//! - `file`: the outputs as one JSON object in a file, written atomically, for engines that read
+//!   a file (Argo Workflows, Airflow, GitHub Actions).
 
+pub mod file;
 pub mod kestra;
 
 use serde_json::{Value, json};
 
-use crate::run::Finished;
+use crate::domain::text::escape_untrusted;
+use crate::run::{FailedRun, Finished};
+use crate::session::Committed;
+
+/// The status a failed run reports.
+pub const FAILED: &str = "FAILED";
 
 /// How a metric aggregates.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,18 +47,59 @@ impl RunOutputs {
     /// The outputs of a finished run (also of a stopped one: its commits stand).
     pub fn of(finished: &Finished) -> RunOutputs {
         let summary = &finished.summary;
-        let committed = &summary.committed;
+        let mut run = RunOutputs::committed(
+            summary.status.as_str(),
+            &summary.committed,
+            &summary.consumer_id,
+            Some(&finished.policy_sha256),
+            finished.duration,
+        );
+        if summary.stopped {
+            run.outputs.push(("stopped", json!(true)));
+        }
+        run
+    }
+
+    /// The outputs of a failed run: what it committed before the failure (which stands), its
+    /// failure class and exit code, and what to do next. `consumer_id` is the consumer when the
+    /// inputs were valid enough to name one.
+    pub fn failed(failed: &FailedRun, consumer_id: &str) -> RunOutputs {
+        let error = &failed.failed.error;
+        let mut run = RunOutputs::committed(
+            FAILED,
+            &failed.failed.committed,
+            consumer_id,
+            failed.policy_sha256.as_deref(),
+            failed.duration,
+        );
+        run.outputs.extend([
+            ("error_class", json!(error.kind())),
+            ("exit_code", json!(error.exit_code())),
+            (
+                "guidance",
+                json!(escape_untrusted(&error.to_string(), 2048)),
+            ),
+        ]);
+        run
+    }
+
+    fn committed(
+        status: &str,
+        committed: &Committed,
+        consumer_id: &str,
+        policy_sha256: Option<&str>,
+        duration: std::time::Duration,
+    ) -> RunOutputs {
         let mut outputs = vec![
-            ("status", json!(summary.status.as_str())),
+            ("status", json!(status)),
             ("events_handed_off", json!(committed.handed_off)),
             ("last_event_id", json!(committed.last_event_id)),
-            ("consumer_id", json!(summary.consumer_id)),
+            ("consumer_id", json!(consumer_id)),
             ("events_skipped", json!(committed.skipped)),
             ("events_quarantined", json!(committed.quarantined)),
-            ("policy_sha256", json!(finished.policy_sha256)),
         ];
-        if summary.stopped {
-            outputs.push(("stopped", json!(true)));
+        if let Some(sha256) = policy_sha256 {
+            outputs.push(("policy_sha256", json!(sha256)));
         }
         let metric = |name, kind, value| Metric { name, kind, value };
         RunOutputs {
@@ -68,11 +118,21 @@ impl RunOutputs {
                 metric(
                     "run_duration",
                     MetricKind::Timer,
-                    json!(finished.duration.as_secs_f64()),
+                    json!(duration.as_secs_f64()),
                 ),
             ],
-            tags: vec![("consumer", summary.consumer_id.clone())],
+            tags: vec![("consumer", consumer_id.to_string())],
         }
+    }
+
+    /// The outputs as one JSON object, in order.
+    pub fn to_json(&self) -> Value {
+        Value::Object(
+            self.outputs
+                .iter()
+                .map(|(key, value)| ((*key).to_string(), value.clone()))
+                .collect(),
+        )
     }
 }
 

@@ -15,4 +15,4 @@ pub mod watchdog;
 
 pub use backends::Backends;
 pub use inputs::{Inputs, RawInputs};
-pub use plan::{Finished, Plan, begin};
+pub use plan::{FailedRun, Finished, Plan, begin};

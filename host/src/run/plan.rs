@@ -9,8 +9,9 @@ use super::inputs::Inputs;
 use crate::domain::checkpoint;
 use crate::domain::{ChangeSource, CheckpointStore, CommitError, Consumer, StopSignal};
 use crate::error::{HandoffError, Result};
+
 use crate::runtime::{Limits, Policy, Runtime, Settings};
-use crate::session::{Session, Summary};
+use crate::session::{Failed, Session, Summary};
 
 /// Everything a run is given besides its policy and backends.
 #[derive(Clone, Debug)]
@@ -29,6 +30,35 @@ pub struct Finished {
     pub policy_sha256: String,
     /// From the start of the command to the end of the run.
     pub duration: Duration,
+}
+
+/// A run that failed: its failure, what it committed before (which stands), and the policy
+/// that ran, once it was loaded.
+#[derive(Debug)]
+pub struct FailedRun {
+    pub failed: Box<Failed>,
+    pub policy_sha256: Option<String>,
+    /// From the start of the command to the failure.
+    pub duration: Duration,
+}
+
+impl FailedRun {
+    /// A failure before the run could begin (its inputs refused, say): nothing was committed.
+    pub fn before_run(error: HandoffError) -> FailedRun {
+        FailedRun {
+            failed: Box::new(Failed::before_commits(error)),
+            policy_sha256: None,
+            duration: crate::runtime::PROCESS_START
+                .get()
+                .map_or(Duration::ZERO, Instant::elapsed),
+        }
+    }
+}
+
+impl From<HandoffError> for FailedRun {
+    fn from(error: HandoffError) -> FailedRun {
+        FailedRun::before_run(error)
+    }
 }
 
 /// The moment a run begins: its deadline, counted from now, which the watchdog then honours.
@@ -54,7 +84,7 @@ impl Plan {
         &self,
         load: impl FnOnce() -> Result<(Runtime, Policy)>,
         backends: &mut dyn Backends,
-    ) -> Result<Finished> {
+    ) -> Result<Finished, FailedRun> {
         let started = crate::runtime::PROCESS_START
             .get()
             .copied()
@@ -63,11 +93,13 @@ impl Plan {
             let preparing = scope.spawn(|| backends.prepare());
             (load(), preparing.join())
         });
+        let mut policy_sha256 = None;
         let executed = (|| {
             prepared.map_err(|_| {
                 HandoffError::Internal(anyhow::anyhow!("preparing the backends panicked"))
             })??;
             let (runtime, policy) = loaded?;
+            policy_sha256 = Some(policy.sha256.clone());
             let deadline = begin(&self.limits);
             let (source, store) = backends.open(deadline)?;
             let summary = self.execute(&runtime, &policy, source, store, deadline)?;
@@ -78,7 +110,11 @@ impl Plan {
             })
         })();
         backends.close();
-        executed
+        executed.map_err(|failed: Failed| FailedRun {
+            failed: Box::new(failed),
+            policy_sha256,
+            duration: started.elapsed(),
+        })
     }
 
     /// Runs the policy once against `source` and `store`, until `deadline` at the latest.
@@ -89,7 +125,7 @@ impl Plan {
         mut source: Box<dyn ChangeSource>,
         store: Arc<dyn CheckpointStore>,
         deadline: Instant,
-    ) -> Result<Summary> {
+    ) -> Result<Summary, Failed> {
         let started = Instant::now();
         let deployment = source.deployment()?;
         let consumer = Consumer {

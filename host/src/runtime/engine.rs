@@ -15,7 +15,7 @@ use super::limits::{Limiter, Limits};
 use super::policy::{Policy, PolicySource, check_contract};
 use super::wasi::{Waits, wasi_ctx};
 use crate::error::{HandoffError, Result};
-use crate::session::{Report, Session, Status, Summary};
+use crate::session::{Failed, Report, Session, Status, Summary};
 
 /// How often the epoch advances; the granularity of the compute slice and run deadline.
 const TICK: Duration = Duration::from_millis(10);
@@ -104,7 +104,7 @@ impl Runtime {
         session: Session,
         settings: &Settings,
         limits: &Limits,
-    ) -> Result<Summary> {
+    ) -> Result<Summary, Failed> {
         let slice = limits.slice;
         let run_timeout = limits.run_timeout;
         let run_deadline = session.deadline();
@@ -172,7 +172,7 @@ impl Runtime {
                     .map_err(|trap| classify_trap(store.data(), trap))
             });
         let mut state = store.into_data();
-        match outcome {
+        let finished = match outcome {
             Ok(result) => state.session.finish(result.map(report_from)),
             // Stopped while computing: nothing was in flight, the commits stand.
             Err(_) if state.session.stop_requested() && state.session.failure().is_none() => {
@@ -183,7 +183,11 @@ impl Runtime {
                 Some(_) => state.session.finish(Err(String::new())),
                 None => Err(error),
             },
-        }
+        };
+        finished.map_err(|error| Failed {
+            error,
+            committed: state.session.committed().clone(),
+        })
     }
 }
 

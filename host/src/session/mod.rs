@@ -32,7 +32,7 @@ use bson::Document;
 
 pub use commit::{Decision, MAX_BATCH, MAX_ID_LEN};
 pub use refusal::{Refusal, RefusalKind};
-pub use report::{Committed, Report, Status, Summary};
+pub use report::{Committed, Failed, Report, Status, Summary};
 pub use stream::EventView;
 
 use crate::domain::StopSignal;

@@ -56,6 +56,36 @@ pub struct Summary {
     pub stopped: bool,
 }
 
+/// A run that failed, with what it committed before the failure (which stands).
+#[derive(Debug, thiserror::Error)]
+#[error("{error}")]
+pub struct Failed {
+    pub error: HandoffError,
+    pub committed: Committed,
+}
+
+impl Failed {
+    /// A failure before anything could be committed.
+    pub fn before_commits(error: HandoffError) -> Failed {
+        Failed {
+            error,
+            committed: Committed::default(),
+        }
+    }
+}
+
+impl From<HandoffError> for Failed {
+    fn from(error: HandoffError) -> Failed {
+        Failed::before_commits(error)
+    }
+}
+
+impl From<Failed> for HandoffError {
+    fn from(failed: Failed) -> HandoffError {
+        failed.error
+    }
+}
+
 impl Session {
     /// Checks the policy's outcome against what the host saw committed.
     pub fn finish(&mut self, outcome: Result<Report, String>) -> Result<Summary, HandoffError> {
