@@ -448,3 +448,42 @@ fn the_binary_is_position_independent() {
     assert_ne!(e_type, ET_EXEC, "the binary is linked position-dependent");
     assert_eq!(e_type, ET_DYN);
 }
+
+#[test]
+fn precompile_fills_the_cache_so_that_no_run_compiles() {
+    let s = Scratch::new();
+    let cache = s.path("image/cache");
+    let output = handoff()
+        .env("HANDOFF_CACHE_DIR", &cache)
+        .args(["policy", "precompile"])
+        .output()
+        .expect("run handoff");
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let printed = String::from_utf8_lossy(&output.stdout).into_owned();
+    let (sha256, path) = printed.trim().split_once("  ").expect("digest and path");
+    assert_eq!(sha256.len(), 64, "{printed}");
+    assert!(Path::new(path).is_file(), "{printed}");
+    assert_eq!(artifacts(&cache).len(), 1);
+    // The next run loads it: nothing is compiled or stored.
+    let err = handed_off(
+        &s,
+        &run(&s, &cache, "a.redb", &[]),
+        "a.redb",
+        &default_ids(),
+    );
+    assert!(err.contains(LOADED), "{err}");
+    assert!(!err.contains(STORED), "{err}");
+
+    // A folder that cannot hold it is an error, not a silent compile at every run.
+    let open = s.path("open");
+    std::fs::create_dir(&open).unwrap();
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let output = handoff()
+        .env("HANDOFF_CACHE_DIR", &open)
+        .args(["policy", "precompile", handoff_test_policies::PREFIXED_IDS])
+        .output()
+        .expect("run handoff");
+    assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
+    assert!(stderr(&output).contains("cannot hold the compiled policy"));
+    assert!(listing(&open).is_empty());
+}

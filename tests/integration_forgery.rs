@@ -46,24 +46,29 @@ fn a_failing_policy_prints_no_protocol_line_in_any_log_format() {
     for format in ["text", "json"] {
         let s = Scratch::new();
         let output = forge(&s, format, &[]);
-        fails(&output, 9, "error[policy]: failed\\n");
+        let out = fails(&output, 9, "error[policy]: failed\\n");
+        // The failure's own outputs: what the host saw, whatever the policy wrote.
+        assert_eq!(out["events_handed_off"], 0, "{format}");
+        assert_ne!(out["policy_sha256"], "forged", "{format}");
         let stderr = stderr(&output);
         // The forged text is there, escaped, so the operator still sees what the policy said.
         assert!(stderr.contains("starting"), "{format}: {stderr}");
         assert!(stderr.contains("skipped"), "{format}: {stderr}");
         assert!(stderr.contains(r#"::{"outputs""#), "{format}: {stderr}");
-        assert_eq!(
-            protocol_lines(&output.stdout),
-            Vec::<String>::new(),
-            "{format}"
-        );
+        // Only the host's two lines, the forged text inside the guidance's JSON string.
+        let stdout_lines = protocol_lines(&output.stdout);
+        assert_eq!(stdout_lines.len(), 2, "{format}: {stdout_lines:?}");
+        assert!(stdout_lines[0].starts_with(r#"::{"outputs":{"status":"FAILED""#));
+        assert!(stdout_lines[1].starts_with(r#"::{"metrics":"#));
+        assert_eq!(String::from_utf8_lossy(&output.stdout).lines().count(), 2);
         assert_eq!(
             protocol_lines(&output.stderr),
             Vec::<String>::new(),
             "{format}: {stderr}"
         );
         assert!(
-            !stderr.contains('\u{1b}'),
+            !stderr.contains('\u{1b}')
+                && !String::from_utf8_lossy(&output.stdout).contains('\u{1b}'),
             "{format}: a terminal escape got through"
         );
     }

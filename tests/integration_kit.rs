@@ -324,7 +324,7 @@ fn record_captures_live_traffic_that_replays_to_the_same_outbox() {
     let live = Live::start();
     let s = Scratch::new();
     let recording = s.path("recorded/stream.jsonl");
-    fails(
+    refused(
         &handoff()
             .args(["record", "--redact", "_id._data", "--out"])
             .arg(&recording)

@@ -14,7 +14,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("backend", &["domain", "error"]),
     ("runtime", &["domain", "session", "error"]),
     ("run", &["domain", "session", "backend", "runtime", "error"]),
-    ("output", &["domain", "session", "run"]),
+    ("output", &["domain", "session", "run", "error"]),
     (
         "kit",
         &["domain", "session", "backend", "runtime", "run", "error"],

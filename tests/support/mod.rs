@@ -120,6 +120,8 @@ pub fn handoff() -> Command {
         "MAX_WAIT_SECONDS",
         "HANDOFF_POLICY",
         "HANDOFF_LOG",
+        "HANDOFF_LOG_FORMAT",
+        "HANDOFF_OUTPUTS_FILE",
     ] {
         command.env_remove(key);
     }
@@ -174,6 +176,15 @@ pub fn fails(output: &Output, code: i32, needle: &str) -> Value {
     assert_eq!(output.status.code(), Some(code), "stderr: {err}");
     assert!(err.contains(needle), "expected {needle:?} in: {err}");
     failure_outputs(output, code)
+}
+
+/// Asserts a command that is not a run (or a process the watchdog ended) failed with `code` and a
+/// message containing `needle`, printing no outputs.
+pub fn refused(output: &Output, code: i32, needle: &str) {
+    let err = stderr(output);
+    assert_eq!(output.status.code(), Some(code), "stderr: {err}");
+    assert!(err.contains(needle), "expected {needle:?} in: {err}");
+    assert!(!String::from_utf8_lossy(&output.stdout).contains("\"outputs\""));
 }
 
 /// The outputs of a failed run, checked against its exit code and its `error[class]` line.

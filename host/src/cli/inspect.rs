@@ -16,6 +16,10 @@ use handoff::run::inputs::valid_name;
 use super::args::ConsumerArgs;
 
 #[derive(Args)]
+#[command(after_help = concat!(
+    "Example:\n  handoff inspect --state /tmp/demo.redb | head -1   # the checkpoint\n\n",
+    exit_codes!(),
+))]
 pub struct InspectArgs {
     /// The embedded state store.
     #[arg(long)]

@@ -10,6 +10,30 @@
 //! plus 12 for a run stopped by a signal, 14 when the watchdog ends the process
 //! (`handoff::run::watchdog`) and 130 / 143 when a second SIGINT / SIGTERM does.
 
+/// The exit codes, as every command's help states them (a macro, so that help texts can
+/// `concat!` it).
+macro_rules! exit_codes {
+    () => {
+        "Exit codes:
+  0    done
+  1    internal error (a defect of handoff)
+  2    bad input: arguments, URI, fixture, policy file (nothing written)
+  3    conflict: the checkpoint moved under the run, or the state is in use (retry)
+  4    mismatch: the checkpoint belongs to another source or replica set
+  5    malformed checkpoint
+  6    history lost: the saved token fell off the oplog (reconcile, then reset)
+  7    invalid token: the saved token cannot resume with its mode
+  8    stream fatal: the server ended the stream for good
+  9    policy: the policy failed, broke a rule or is not a usable component
+  10   unavailable: the deployment or the store cannot be reached (retry)
+  11   authentication: the server refused the credentials
+  12   stopped by SIGTERM/SIGINT after the last commit (what it committed stands)
+  13   event too large: a change event or its record is over 16 MiB
+  14   watchdog: the run outlived its deadline plus the grace period
+  130, 143  a second SIGINT / SIGTERM ended the process at once"
+    };
+}
+
 mod args;
 mod inspect;
 mod policy;
@@ -95,6 +119,13 @@ fn run_reported(
     }
 }
 
+/// Whether the command line asks for a run (`run` or `replay`), whose failures report outputs.
+fn makes_a_run() -> bool {
+    std::env::args_os()
+        .skip(1)
+        .any(|arg| arg == "run" || arg == "replay")
+}
+
 /// The process's stop flag, raised by SIGTERM and SIGINT (registered once, at the first call; a
 /// second signal then ends the process at once).
 fn stop_signal() -> handoff::error::Result<StopSignal> {
@@ -106,12 +137,31 @@ fn stop_signal() -> handoff::error::Result<StopSignal> {
     Ok(STOP.get_or_init(|| stop).clone())
 }
 
+/// `handoff --version`: the package, the contract versions it runs, the engine, the build.
+const LONG_VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    "\ncontract: handoff:policy@",
+    env!("HANDOFF_CONTRACT"),
+    " (runs policies built for ",
+    env!("HANDOFF_CONTRACT_OLDEST"),
+    " up to ",
+    env!("HANDOFF_CONTRACT"),
+    ")\nengine:   wasmtime ",
+    env!("HANDOFF_WASMTIME_VERSION"),
+    "\ncommit:   ",
+    env!("HANDOFF_BUILD_COMMIT"),
+);
+
 #[derive(Parser)]
 #[command(
     name = "handoff",
     version,
+    long_version = LONG_VERSION,
     about = "Hands MongoDB change-stream events to a durable outbox under a sandboxed policy",
-    after_help = "Also reads [env: HANDOFF_LOG] (log filter, e.g. info) and [env: HANDOFF_CACHE_DIR] (compiled-policy cache)."
+    after_help = concat!(
+        "Also reads [env: HANDOFF_LOG] (log filter, e.g. info) and [env: HANDOFF_CACHE_DIR] (compiled-policy cache).\n\n",
+        exit_codes!()
+    )
 )]
 struct Cli {
     /// Log format: `text` or `json` lines on stderr, or `kestra`: Kestra's log protocol lines on
@@ -142,6 +192,15 @@ enum Command {
     Policy(policy::PolicyCommand),
     /// Captures a live change stream into a fixture (policy test cases from real traffic).
     Record(record::RecordArgs),
+    /// Prints a shell completion script (e.g. `handoff completions bash > /etc/bash_completion.d/handoff`).
+    #[command(after_help = concat!("Example:\n  source <(handoff completions bash)\n\n", exit_codes!()))]
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Prints the manual page (roff), e.g. `handoff man > /usr/local/share/man/man1/handoff.1`.
+    #[command(after_help = concat!("Example:\n  handoff man | man -l -\n\n", exit_codes!()))]
+    Man,
 }
 
 fn init_logging(format: LogFormat) {
@@ -173,7 +232,33 @@ pub fn main() -> ExitCode {
                 clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => {
                     ExitCode::SUCCESS
                 }
-                _ => ExitCode::from(HandoffError::BadInput(String::new()).exit_code()),
+                _ => {
+                    let refused = HandoffError::BadInput(error.kind().to_string());
+                    if makes_a_run() {
+                        // A run refused for its arguments still reports, as any failed run does.
+                        let consumer = std::env::var("CONSUMER_ID").unwrap_or_default();
+                        // The argument's name only: its value may be anything, a secret included.
+                        let argument = match error.get(clap::error::ContextKind::InvalidArg) {
+                            Some(clap::error::ContextValue::String(name))
+                                if name.starts_with("--") =>
+                            {
+                                format!(" ({})", escape_untrusted(name, 80))
+                            }
+                            _ => String::new(),
+                        };
+                        let failed = FailedRun::before_run(HandoffError::BadInput(format!(
+                            "{}{argument}; see `handoff run --help`",
+                            error.kind()
+                        )));
+                        output::emit(&Kestra, &RunOutputs::failed(&failed, &consumer));
+                    }
+                    // Every failure ends with its class, as the engines' alerts expect.
+                    eprintln!(
+                        "error[{}]: the arguments were refused (see above)",
+                        refused.kind()
+                    );
+                    refused.to_exit_code()
+                }
             };
         }
     };
@@ -208,6 +293,18 @@ pub fn main() -> ExitCode {
         Command::Inspect(args) => inspect::run(args).map(|()| Outcome::Done),
         Command::Policy(command) => policy::run(command).map(|()| Outcome::Done),
         Command::Record(args) => record::run(args).map(|()| Outcome::Done),
+        Command::Completions { shell } => {
+            let mut command = <Cli as clap::CommandFactory>::command().bin_name("handoff");
+            command.build();
+            // A closed pipe is an error to report, not a panic.
+            clap_complete::Generator::try_generate(&shell, &command, &mut std::io::stdout())
+                .map(|()| Outcome::Done)
+                .map_err(|e| HandoffError::Internal(e.into()))
+        }
+        Command::Man => clap_mangen::Man::new(<Cli as clap::CommandFactory>::command())
+            .render(&mut std::io::stdout())
+            .map(|()| Outcome::Done)
+            .map_err(|e| HandoffError::Internal(e.into())),
     };
     match result {
         Ok(Outcome::Done) => ExitCode::SUCCESS,

@@ -7,6 +7,7 @@ use clap::Subcommand;
 use handoff::error::{HandoffError, Result};
 use handoff::kit::cases::Case;
 use handoff::kit::{check, scaffold};
+use handoff::runtime::cache::{ArtifactCache, Lookup};
 use handoff::runtime::{PolicySource, Runtime};
 
 /// The watchdog's grace period past each case run's deadline under `policy test`.
@@ -16,6 +17,7 @@ pub const TEST_WATCHDOG_GRACE_SECONDS: u64 = 30;
 pub enum PolicyCommand {
     /// Creates a policy crate NAME (Rust, wit-bindgen, wasm32-wasip2) that builds and passes its
     /// own tests and cases as generated.
+    #[command(after_help = concat!("Example:\n  handoff policy new shop-policy && cd shop-policy && cargo test\n\n", exit_codes!()))]
     New {
         /// The crate's name (lowercase letters, digits, '-' or '_').
         name: String,
@@ -25,12 +27,14 @@ pub enum PolicyCommand {
     },
     /// Inspects a policy file: component or not, contract version, imports, size, SHA-256.
     /// Exits 9 when this host would refuse it.
+    #[command(after_help = concat!("Example:\n  handoff policy check target/wasm32-wasip2/release/shop_policy.wasm\n\n", exit_codes!()))]
     Check {
         /// The `.wasm` file.
         file: PathBuf,
     },
     /// Runs a policy over test cases (each a recorded stream and expected results) on fresh
     /// stores; prints a diff for each mismatch and exits non-zero if any.
+    #[command(after_help = concat!("Example:\n  handoff policy test --policy shop_policy.wasm cases/\n\n", exit_codes!()))]
     Test {
         /// The policy to test (default: the embedded default policy).
         #[arg(long)]
@@ -41,7 +45,16 @@ pub enum PolicyCommand {
         #[arg(long)]
         update: bool,
     },
+    /// Compiles a policy (default: the embedded default policy) into the artifact cache
+    /// (`HANDOFF_CACHE_DIR`), so that runs load it instead of compiling it: e.g. once when an image
+    /// is built. Fails when the cache folder cannot hold it.
+    #[command(after_help = concat!("Example:\n  HANDOFF_CACHE_DIR=/var/cache/handoff handoff policy precompile\n\n", exit_codes!()))]
+    Precompile {
+        /// The `.wasm` file (default: the embedded default policy).
+        file: Option<PathBuf>,
+    },
     /// Writes the embedded default policy component to FILE (e.g. to upload as a namespace file).
+    #[command(after_help = concat!("Example:\n  handoff policy export-default handoff/policy.wasm\n\n", exit_codes!()))]
     ExportDefault {
         /// Where to write the `.wasm` file.
         file: PathBuf,
@@ -94,7 +107,7 @@ pub fn run(command: PolicyCommand) -> Result<()> {
                 Some(path) => PolicySource::from_file(path)?,
                 None => PolicySource::embedded_default(),
             };
-            let runtime = Runtime::new(handoff::runtime::cache::ArtifactCache::default_dir())?;
+            let runtime = Runtime::new(ArtifactCache::default_dir())?;
             let policy = runtime.load(&source)?;
             println!("policy {} ({})", source.origin, &source.sha256[..16]);
             let (mut passed, mut failed) = (0, 0);
@@ -128,6 +141,39 @@ pub fn run(command: PolicyCommand) -> Result<()> {
                 )));
             }
             Ok(())
+        }
+        PolicyCommand::Precompile { file } => {
+            let source = match &file {
+                Some(path) => PolicySource::from_file(path)?,
+                None => PolicySource::embedded_default(),
+            };
+            let dir = ArtifactCache::default_dir().ok_or_else(|| {
+                HandoffError::BadInput(
+                    "no cache folder: set HANDOFF_CACHE_DIR (or HOME or XDG_CACHE_HOME)".into(),
+                )
+            })?;
+            // Loading compiles the policy, checks it against the contract and stores it.
+            let runtime = Runtime::new(Some(dir))?;
+            runtime.load(&source)?;
+            // Only an artifact the next run will load counts.
+            let cache = runtime.cache().ok_or_else(|| {
+                HandoffError::Internal(anyhow::anyhow!("the runtime has no artifact cache"))
+            })?;
+            match cache.load(runtime.engine(), &source.sha256) {
+                Lookup::Hit(_) => {
+                    println!(
+                        "{}  {}",
+                        source.sha256,
+                        cache.artifact_path(&source.sha256).display()
+                    );
+                    Ok(())
+                }
+                Lookup::Miss | Lookup::Refused => Err(HandoffError::BadInput(format!(
+                    "the cache folder {} cannot hold the compiled policy (see the warning above): \
+                     it must be a folder of this user's, not a symlink, writable by no one else",
+                    cache.dir().display()
+                ))),
+            }
         }
         PolicyCommand::ExportDefault { file } => {
             let source = PolicySource::embedded_default();

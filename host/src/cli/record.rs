@@ -11,6 +11,11 @@ use handoff::error::Result;
 use handoff::kit::record::{Recording, check_redactions, record};
 
 #[derive(Args)]
+#[command(after_help = concat!(
+    "Example:\n  MONGODB_URI='mongodb://db1/?replicaSet=rs0' handoff record --out cases/busy/stream.jsonl \\\n",
+    "      --collection orders --redact fullDocument.email --max-events 100\n\n",
+    exit_codes!(),
+))]
 pub struct RecordArgs {
     /// Where to write the recording (JSON Lines, the fixture format).
     #[arg(long)]

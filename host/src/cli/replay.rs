@@ -12,6 +12,13 @@ use handoff::run::Plan;
 use handoff::run::backends::Replay;
 
 #[derive(Args)]
+#[command(after_help = concat!(
+    "Example:\n",
+    "  handoff replay tests/fixtures/demo.jsonl --state /tmp/demo.redb\n",
+    "  handoff inspect --state /tmp/demo.redb\n\n",
+    "Outputs as `handoff run` (see `handoff run --help`).\n\n",
+    exit_codes!(),
+))]
 pub struct ReplayArgs {
     /// The recorded change stream (JSON Lines of Extended JSON).
     pub fixture: PathBuf,

@@ -8,6 +8,16 @@ use handoff::run::Plan;
 use handoff::run::backends::Mongo;
 
 #[derive(Args)]
+#[command(after_help = concat!(
+    "Example:\n",
+    "  MONGODB_URI='mongodb://db1,db2,db3/?replicaSet=rs0' handoff run \\\n",
+    "      --database shop --collection orders --consumer-id orders-to-outbox \\\n",
+    "      --log-format kestra --outputs-file outputs.json\n\n",
+    "Outputs (stdout, and --outputs-file): status, events_handed_off, last_event_id, consumer_id,\n",
+    "events_skipped, events_quarantined, policy_sha256; on failure status FAILED with error_class,\n",
+    "exit_code and guidance.\n\n",
+    exit_codes!(),
+))]
 pub struct RunArgs {
     /// The replica set's connection string (never printed or logged).
     #[arg(long, env = "MONGODB_URI", hide_env_values = true)]

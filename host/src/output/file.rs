@@ -16,7 +16,8 @@ pub struct OutputsFile {
 
 impl OutputsFile {
     /// Checks, before the run, that the file can be written where asked: its folder exists and
-    /// it is not a folder itself. Nothing is written.
+    /// it is not a folder itself. The outputs of an earlier run at that path are removed, so that
+    /// an engine never reads them as this run's if this one ends without writing (killed, say).
     pub fn new(path: &Path) -> Result<OutputsFile> {
         let bad = |what: &str| {
             HandoffError::BadInput(format!("--outputs-file {}: {what}", path.display()))
@@ -30,6 +31,11 @@ impl OutputsFile {
         let folder = folder_of(path);
         if !folder.is_dir() {
             return Err(bad("its folder does not exist"));
+        }
+        match std::fs::remove_file(path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(bad(&format!("the previous outputs cannot be removed: {e}"))),
         }
         Ok(OutputsFile {
             path: path.to_path_buf(),
@@ -80,7 +86,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("outputs.json");
         std::fs::write(&path, "old").unwrap();
-        OutputsFile::new(&path).unwrap().write(&outputs()).unwrap();
+        let file = OutputsFile::new(&path).unwrap();
+        // An earlier run's outputs are gone as soon as this run starts.
+        assert!(!path.exists());
+        file.write(&outputs()).unwrap();
         let written: serde_json::Value =
             serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
         assert_eq!(written, json!({"status": "IDLE", "events_handed_off": 0}));

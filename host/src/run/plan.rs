@@ -103,18 +103,23 @@ impl Plan {
             let deadline = begin(&self.limits);
             let (source, store) = backends.open(deadline)?;
             let summary = self.execute(&runtime, &policy, source, store, deadline)?;
-            Ok(Finished {
-                summary,
-                policy_sha256: policy.sha256.clone(),
-                duration: started.elapsed(),
-            })
+            Ok((summary, policy.sha256.clone()))
         })();
         backends.close();
-        executed.map_err(|failed: Failed| FailedRun {
-            failed: Box::new(failed),
-            policy_sha256,
-            duration: started.elapsed(),
-        })
+        // The run's duration includes closing its backends.
+        let duration = started.elapsed();
+        match executed {
+            Ok((summary, policy_sha256)) => Ok(Finished {
+                summary,
+                policy_sha256,
+                duration,
+            }),
+            Err(failed) => Err(FailedRun {
+                failed: Box::new(failed),
+                policy_sha256,
+                duration,
+            }),
+        }
     }
 
     /// Runs the policy once against `source` and `store`, until `deadline` at the latest.

@@ -114,6 +114,16 @@ impl ArtifactCache {
         std::env::var_os("HOME").map(|home| Path::new(&home).join(".cache").join("handoff"))
     }
 
+    /// The folder.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Where the artifact of a policy is (or would be) kept.
+    pub fn artifact_path(&self, sha256: &str) -> PathBuf {
+        self.dir.join(self.file_name(sha256))
+    }
+
     fn file_name(&self, sha256: &str) -> String {
         format!("{sha256}-{}{SUFFIX}", hex::encode(&self.engine_key[..8]))
     }

@@ -89,6 +89,11 @@ impl Runtime {
         &self.engine
     }
 
+    /// The artifact cache, when one is used.
+    pub fn cache(&self) -> Option<&ArtifactCache> {
+        self.cache.as_ref()
+    }
+
     /// Compiles (or loads from the cache) and checks a policy. Only a component that passed the
     /// contract check is cached.
     pub fn load(&self, source: &PolicySource) -> Result<Policy> {

@@ -179,6 +179,11 @@ pub fn check_contract(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_contract_constant_is_the_wit_packages_version() {
+        assert_eq!(super::CONTRACT.to_string(), env!("HANDOFF_CONTRACT"));
+    }
+
     use super::*;
 
     #[test]
