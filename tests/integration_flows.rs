@@ -33,12 +33,15 @@ const BASELINE_INPUTS: &[(&str, &str, &str)] = &[
     ("max_wait_seconds", "INT", "10"),
 ];
 
+/// Folders of `flows/` holding other engines' examples (checked by `integration_engines`).
+const OTHER_ENGINES: &[&str] = &["airflow", "argo", "github-actions"];
+
 fn flows() -> Vec<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../flows");
     let mut found = Vec::new();
     for dir in std::fs::read_dir(&root).expect("flows/") {
         let dir = dir.unwrap().path();
-        if dir.is_dir() {
+        if dir.is_dir() && !OTHER_ENGINES.iter().any(|engine| dir.ends_with(engine)) {
             for file in std::fs::read_dir(&dir).unwrap() {
                 let file = file.unwrap().path();
                 if matches!(
