@@ -29,6 +29,15 @@ use support::live::Live;
 /// after the last commit (12). Every other failure is permanent.
 const RETRYABLE: [i32; 3] = [3, 10, 12];
 
+/// The inputs every example exposes, with the Kestra flow's defaults.
+const INPUT_DEFAULTS: [(&str, &str); 5] = [
+    ("database", "change_demo"),
+    ("collection", "orders"),
+    ("consumer_id", "orders-to-outbox"),
+    ("max_events", "50"),
+    ("max_wait_seconds", "10"),
+];
+
 fn retryable(code: i32) -> bool {
     RETRYABLE.contains(&code)
 }
@@ -398,13 +407,7 @@ fn argo_workflow_template_hands_off_and_retries_only_what_a_later_attempt_can_fi
             parameter["value"].as_str().expect("a default").to_string(),
         );
     }
-    for (name, default) in [
-        ("database", "change_demo"),
-        ("collection", "orders"),
-        ("consumer_id", "orders-to-outbox"),
-        ("max_events", "50"),
-        ("max_wait_seconds", "10"),
-    ] {
+    for (name, default) in INPUT_DEFAULTS {
         assert_eq!(parameters[name], default);
     }
     argo_render(&text.replace("{{steps.", "<steps."), &parameters);
@@ -642,13 +645,7 @@ fn github_actions_workflow_hands_off_and_retries_only_what_a_later_attempt_can_f
     let on = &workflow["on"];
     assert!(on["schedule"][0]["cron"].is_string(), "{on}");
     let dispatch_inputs = &on["workflow_dispatch"]["inputs"];
-    for (name, default) in [
-        ("database", "change_demo"),
-        ("collection", "orders"),
-        ("consumer_id", "orders-to-outbox"),
-        ("max_events", "50"),
-        ("max_wait_seconds", "10"),
-    ] {
+    for (name, default) in INPUT_DEFAULTS {
         assert_eq!(dispatch_inputs[name]["default"], default, "{name}");
     }
     assert_eq!(workflow["concurrency"]["cancel-in-progress"], false);

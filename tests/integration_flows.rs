@@ -136,6 +136,21 @@ fn expr_raw(template: &str, expr: &str) -> String {
     unreachable!()
 }
 
+/// The capture task's variables (`outputs.capture_and_checkpoint.vars.X`) a part of a flow reads.
+fn capture_vars_read(part: &Value) -> BTreeSet<String> {
+    expressions(&serde_json::to_string(part).unwrap())
+        .into_iter()
+        .filter_map(|e| {
+            let rest = e.split("outputs.capture_and_checkpoint.vars.").nth(1)?;
+            Some(
+                rest.chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect(),
+            )
+        })
+        .collect()
+}
+
 /// What Kestra makes of a task's output: the merged outputs, the metrics and the log lines.
 struct Kestra {
     vars: serde_json::Map<String, Value>,
@@ -345,18 +360,7 @@ fn every_flow_keeps_the_baseline_contract_and_runs_against_a_replica_set() {
             .as_object_mut()
             .expect("a flow object")
             .remove("errors");
-        let referenced: BTreeSet<String> =
-            expressions(&serde_json::to_string(&succeeding).unwrap())
-                .into_iter()
-                .filter_map(|e| {
-                    let rest = e.split("outputs.capture_and_checkpoint.vars.").nth(1)?;
-                    Some(
-                        rest.chars()
-                            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-                            .collect(),
-                    )
-                })
-                .collect();
+        let referenced = capture_vars_read(&succeeding);
         assert!(
             referenced.contains("status") && referenced.contains("events_handed_off"),
             "{referenced:?}"
@@ -437,20 +441,7 @@ fn every_flow_keeps_the_baseline_contract_and_runs_against_a_replica_set() {
 
         // A failing run exits non-zero, so the flow's retry and errors branch fire, and leaves
         // outputs Kestra keeps for the failed task: what the errors branch reads.
-        let failure_vars: BTreeSet<String> = flow["errors"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .flat_map(|task| expressions(&serde_json::to_string(task).unwrap()))
-            .filter_map(|e| {
-                let rest = e.split("outputs.capture_and_checkpoint.vars.").nth(1)?;
-                Some(
-                    rest.chars()
-                        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-                        .collect(),
-                )
-            })
-            .collect();
+        let failure_vars = capture_vars_read(&flow["errors"]);
         assert!(
             failure_vars.contains("error_class") && failure_vars.contains("guidance"),
             "{name}: the errors branch reads the failure's class and guidance: {failure_vars:?}"
