@@ -361,6 +361,17 @@ fn every_flow_keeps_the_baseline_contract_and_runs_against_a_replica_set() {
             .expect("a flow object")
             .remove("errors");
         let referenced = capture_vars_read(&succeeding);
+        // Quarantined events alert the operators.
+        assert!(
+            tasks
+                .iter()
+                .any(|t| t["type"] == "io.kestra.plugin.core.flow.If"
+                    && t["condition"]
+                        .as_str()
+                        .is_some_and(|c| c.contains("vars.events_quarantined > 0"))
+                    && t["then"].as_array().is_some_and(|then| !then.is_empty())),
+            "{name}: no alert on quarantined events"
+        );
         assert!(
             referenced.contains("status") && referenced.contains("events_handed_off"),
             "{referenced:?}"

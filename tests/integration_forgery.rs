@@ -150,3 +150,26 @@ fn a_batch_cannot_amplify_host_allocations() {
     fails(&output, 9, "a commit covers at most 500 events");
     assert!(inspect(&s.state()).1.is_empty());
 }
+
+/// Shaped records whose IDs, event types, values and payloads all name the same 8 MiB of policy
+/// memory, 100,000 times: the host copies payload text only while the commit stays within its
+/// 64 MiB bound, then refuses the commit; nothing is written.
+#[test]
+fn shaped_records_cannot_amplify_host_allocations() {
+    let s = Scratch::new();
+    let fixture = s.fixture(
+        "one.jsonl",
+        &[deployment(REPLICA_SET_ID), event(1, "insert")],
+    );
+    let output = handoff()
+        .arg("replay")
+        .arg(&fixture)
+        .arg("--state")
+        .arg(s.state())
+        .args(["--policy", handoff_test_policies::LOG_AMPLIFIER])
+        .args(["--policy-param", "call=commit-records"])
+        .output()
+        .expect("run handoff");
+    fails(&output, 9, "the payloads of one commit exceed 64 MiB");
+    assert!(inspect(&s.state()).1.is_empty());
+}

@@ -21,7 +21,7 @@ use handoff::domain::token::canonical_text;
 use handoff::domain::{
     Checkpoint, CheckpointStore, Commit, Consumer, Deployment, Dump, Mode, Start,
 };
-use handoff::session::{Decision, Report, Session, Status};
+use handoff::session::{Decision, Report, Session, Shaped, Status};
 use proptest::prelude::*;
 use serde_json::Value;
 
@@ -153,13 +153,28 @@ fn id() -> impl Strategy<Value = Id> {
 #[derive(Clone, Debug)]
 enum Choice {
     HandOff(Id),
+    /// A hand-off with a policy-shaped record (contract 1.2).
+    Record(Id),
     Skip,
     Quarantine(Id),
 }
 
+/// A well-formed shaped record under `id`.
+fn shaped(id: String) -> Decision {
+    Decision::HandOffRecord(Box::new(Shaped {
+        id,
+        event_type: "OrderCreated".into(),
+        schema_version: 1,
+        aggregate_id: "\"o-1\"".into(),
+        aggregate_version: Some("3".into()),
+        payload: r#"{"total": 5}"#.into(),
+    }))
+}
+
 fn choice() -> impl Strategy<Value = Choice> {
     prop_oneof![
-        6 => id().prop_map(Choice::HandOff),
+        5 => id().prop_map(Choice::HandOff),
+        1 => id().prop_map(Choice::Record),
         1 => Just(Choice::Skip),
         1 => id().prop_map(Choice::Quarantine),
     ]
@@ -189,7 +204,8 @@ fn mode() -> impl Strategy<Value = Mode> {
 
 fn op() -> impl Strategy<Value = Op> {
     let right_choice = prop_oneof![
-        6 => Just(Choice::HandOff(Id::Fresh)),
+        5 => Just(Choice::HandOff(Id::Fresh)),
+        1 => Just(Choice::Record(Id::Fresh)),
         1 => Just(Choice::Skip),
         1 => Just(Choice::Quarantine(Id::Fresh)),
     ];
@@ -367,6 +383,21 @@ fn check_write(
                         prop_assert_eq!(record.get_document("event").unwrap(), event);
                         q += 1;
                     }
+                    Decision::HandOffRecord(record) => {
+                        let stored = &new_outbox[o];
+                        prop_assert_eq!(
+                            stored.get_str("_id").unwrap(),
+                            format!("{CONSUMER}/{}", record.id)
+                        );
+                        prop_assert_eq!(stored.get_str("eventType").unwrap(), "OrderCreated");
+                        prop_assert_eq!(
+                            stored.get_document("payload").unwrap(),
+                            &doc! {"total": 5}
+                        );
+                        prop_assert_eq!(stored.get_document("event").unwrap(), event);
+                        model.ids.push(record.id.clone());
+                        o += 1;
+                    }
                     Decision::Skip(_) => {}
                 }
             }
@@ -486,6 +517,7 @@ fn run_case(lines: Vec<Line>, begin: Begin, ops: Vec<Op>) -> Result<(Dump, bool)
                         |i| match (&choices[i % choices.len()], i + 1 == n && invalidate) {
                             (_, true) => Decision::Skip("invalidate".into()),
                             (Choice::HandOff(id), _) => Decision::HandOff(model.id(id)),
+                            (Choice::Record(id), _) => shaped(model.id(id)),
                             (Choice::Quarantine(id), _) => Decision::Quarantine {
                                 id: model.id(id),
                                 reason: "fuzz".into(),
@@ -578,6 +610,7 @@ fn run_case(lines: Vec<Line>, begin: Begin, ops: Vec<Op>) -> Result<(Dump, bool)
                     .iter()
                     .map(|c| match c {
                         Choice::HandOff(i) => Decision::HandOff(model.id(i)),
+                        Choice::Record(i) => shaped(model.id(i)),
                         Choice::Skip => Decision::Skip("fuzz".into()),
                         Choice::Quarantine(i) => Decision::Quarantine {
                             id: model.id(i),

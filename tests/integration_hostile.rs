@@ -303,3 +303,59 @@ fn a_hostile_policy_against_mongodb_leaves_the_deployment_healthy() {
     );
     assert_checkpoint_at_end(&live, stream.last().unwrap().get_document("_id").unwrap());
 }
+
+/// A policy-shaped record that breaks a rule of the contract is refused with its reason (exit 9)
+/// and nothing is written; a well-formed one is stored with the fields the policy chose.
+#[test]
+fn shaped_records_breaking_the_contract_are_refused() {
+    let s = Scratch::new();
+    let fixture = stream(&s, "three.jsonl", 3);
+    for (attack, message) in [
+        ("dollar-key", "the payload holds a key starting with `$`"),
+        ("nul-key", "the payload holds a key with a NUL character"),
+        (
+            "top-level-id",
+            "the payload may not hold an `_id` at its top level",
+        ),
+        ("event-type", "an eventType must be 1-100 characters"),
+        ("aggregate-document", "the aggregateId must be one value"),
+        ("not-json", "the payload is not JSON"),
+        ("payload-array", "the payload must be a document"),
+        ("oversized-payload", "the payload is over 4194304 bytes"),
+    ] {
+        fails(
+            &hostile(
+                &fixture,
+                &s,
+                handoff_test_policies::HOSTILE_RECORDS,
+                &["--policy-param", &format!("attack={attack}")],
+            ),
+            9,
+            message,
+        );
+        let (checkpoint, outbox) = inspect(&s.state());
+        assert!(outbox.is_empty(), "{attack}");
+        assert_eq!(checkpoint["token"], Value::Null, "{attack}");
+    }
+    let out = ok(&hostile(
+        &fixture,
+        &s,
+        handoff_test_policies::HOSTILE_RECORDS,
+        &["--policy-param", "attack=valid"],
+    ));
+    assert_eq!(out["events_handed_off"], 1);
+    let (checkpoint, outbox) = inspect(&s.state());
+    assert_eq!(outbox.len(), 1);
+    let record = &outbox[0];
+    assert_eq!(record["_id"], "orders-to-outbox/shaped-1");
+    assert_eq!(record["eventType"], "OrderCreated");
+    assert_eq!(record["schemaVersion"], 1);
+    assert_eq!(record["aggregateId"], "o-1");
+    assert_eq!(record["aggregateVersion"], 7);
+    assert_eq!(record["payload"]["total"], 5);
+    // Extended JSON in the payload is stored as its BSON type.
+    assert!(record["payload"]["at"]["$date"].is_string(), "{record}");
+    assert_eq!(record["token"], token(1));
+    assert_eq!(record["event"]["_id"], token(1));
+    assert_eq!(checkpoint["token"], token(1));
+}

@@ -38,6 +38,10 @@ fn every_shipped_policy_passes_its_cases_on_the_same_host() {
             Some(handoff_test_policies::QUARANTINE),
             "guest/quarantine/cases",
         ),
+        (
+            Some(handoff_test_policies::DOMAIN_EVENTS),
+            "guest/domain-events/cases",
+        ),
     ] {
         let mut args = vec!["test"];
         if let Some(file) = policy_file {
@@ -188,13 +192,20 @@ fn policy_check_tells_what_a_file_is_and_refuses_what_the_host_would() {
     assert!(text.contains(&format!("sha256:    {digest}")), "{text}");
     assert!(text.contains(&format!("size:      {} bytes", bytes.len())));
     assert!(
-        text.contains("contract:  1.1.0 (this host implements 1.1.0): compatible"),
+        text.contains("contract:  1.2.0 (this host implements 1.2.0): compatible"),
         "{text}"
     );
     assert!(text.contains("verdict:   this host runs it"));
 
     let legacy = policy(&["check", handoff_test_policies::LEGACY_V1_0]);
-    assert!(stdout(&legacy).contains("contract:  1.0.0 (this host implements 1.1.0): compatible"));
+    assert!(stdout(&legacy).contains("contract:  1.0.0 (this host implements 1.2.0): compatible"));
+    let legacy_batches = policy(&["check", handoff_test_policies::LEGACY_V1_1]);
+    assert!(
+        stdout(&legacy_batches)
+            .contains("contract:  1.1.0 (this host implements 1.2.0): compatible"),
+        "{}",
+        stdout(&legacy_batches)
+    );
     // An older minor version also runs: its IDs show it is the one making the decisions.
     let fixture = s.fixture("f.jsonl", &[deployment(REPLICA_SET_ID), event(1, "insert")]);
     let out = ok(&replay(
@@ -206,11 +217,22 @@ fn policy_check_tells_what_a_file_is_and_refuses_what_the_host_would() {
         out["last_event_id"],
         format!("v1-{}", &baseline_event_id(&token(1))[..16])
     );
+    // So does a policy built against 1.1.0 that commits batches.
+    let out = ok(&replay(
+        &fixture,
+        &s.path("legacy-1.1.redb"),
+        &["--policy", handoff_test_policies::LEGACY_V1_1],
+    ));
+    assert_eq!(
+        out["last_event_id"],
+        format!("v11-{}", &baseline_event_id(&token(1))[..16])
+    );
+    assert_eq!(out["events_handed_off"], 1);
 
     for (file, needle) in [
         (
             handoff_test_policies::FUTURE_MINOR,
-            "newer than this host's 1.1.0; upgrade handoff",
+            "newer than this host's 1.2.0; upgrade handoff",
         ),
         (
             handoff_test_policies::FUTURE_MAJOR,

@@ -163,7 +163,7 @@ fn a_core_module_and_a_non_policy_component_are_refused() {
     fails(
         &replay(&fixture, &s.state(), &["--policy", empty.to_str().unwrap()]),
         9,
-        "not a handoff policy: it exports no handoff:policy/policy@1.1.0",
+        "not a handoff policy: it exports no handoff:policy/policy@1.2.0",
     );
     assert!(!s.state().exists());
 }

@@ -8,7 +8,7 @@ use bson::Document;
 use handoff::backend::memory::MemoryStore;
 use handoff::backend::replay::Fixture;
 use handoff::backend::replay::ReplaySource;
-use handoff::domain::{CheckpointStore, Commit, CommitError, Dump};
+use handoff::domain::{Applied, CheckpointStore, Commit, CommitError, Dump};
 use handoff::error::HandoffError;
 use handoff::run::RawInputs;
 use handoff::run::{Plan, begin};
@@ -31,7 +31,7 @@ impl CheckpointStore for Gate {
         self.loaded.wait();
         doc
     }
-    fn commit(&self, commit: &Commit<'_>) -> Result<(), CommitError> {
+    fn commit(&self, commit: &Commit<'_>) -> Result<Applied, CommitError> {
         self.inner.commit(commit)
     }
     fn dump(&self, consumer: &str) -> Result<Dump, CommitError> {
@@ -84,6 +84,7 @@ fn two_runs_on_one_store_one_cas_loses_and_no_event_is_duplicated() {
                         params: vec![],
                         limits: Limits::default(),
                         stop: Default::default(),
+                        outbox: Default::default(),
                     };
                     let deadline = begin(&plan.limits);
                     let source = Box::new(ReplaySource::new(fixture));

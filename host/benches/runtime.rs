@@ -131,6 +131,16 @@ impl native::Host for NativeHost<'_> {
                 native::Decision::Quarantine { id, reason } => {
                     session::Decision::Quarantine { id, reason }
                 }
+                native::Decision::Record(r) => {
+                    session::Decision::HandOffRecord(Box::new(session::Shaped {
+                        id: r.id,
+                        event_type: r.event_type,
+                        schema_version: r.schema_version,
+                        aggregate_id: r.aggregate_id,
+                        aggregate_version: r.aggregate_version,
+                        payload: r.payload,
+                    }))
+                }
             })
             .collect();
         self.0

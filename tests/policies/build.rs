@@ -22,6 +22,11 @@ const SHIPPED: &[(&str, &str, &str)] = &[
         "handoff_default_policy",
         "DEFAULT",
     ),
+    (
+        "handoff-domain-events-policy",
+        "handoff_domain_events_policy",
+        "DOMAIN_EVENTS",
+    ),
 ];
 
 fn main() {

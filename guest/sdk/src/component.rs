@@ -87,6 +87,50 @@ pub fn log(message: &str) {
     host::log(types::LogLevel::Info, message, &[]);
 }
 
+/// A commit whose decisions include shaped records (`commit-records`, contract 1.2).
+fn commit_records(
+    expected: Option<&str>,
+    next: &str,
+    mode: crate::Mode,
+    decisions: Vec<crate::Decision>,
+) -> Result<(), String> {
+    let decisions = decisions
+        .into_iter()
+        .map(|d| match d {
+            crate::Decision::HandOff(id) => types::RecordDecision::HandOff(id),
+            crate::Decision::Skip(reason) => types::RecordDecision::Skip(reason),
+            crate::Decision::Quarantine { id, reason } => {
+                types::RecordDecision::Quarantine(types::QuarantineDecision { id, reason })
+            }
+            crate::Decision::Record(record) => {
+                let crate::Record {
+                    id,
+                    event_type,
+                    schema_version,
+                    aggregate_id,
+                    aggregate_version,
+                    payload,
+                } = *record;
+                types::RecordDecision::HandOffRecord(types::OutboxRecord {
+                    id,
+                    event_type,
+                    schema_version,
+                    aggregate_id,
+                    aggregate_version,
+                    payload,
+                })
+            }
+        })
+        .collect();
+    host::commit_records(&types::RecordsRequest {
+        expected: expected.map(str::to_string),
+        next: next.to_string(),
+        mode: mode_to_wit(mode),
+        decisions,
+    })
+    .map_err(commit_error)
+}
+
 impl crate::Host for WitHost {
     fn open(&mut self, start: crate::Start) -> Result<(), String> {
         let start = match start {
@@ -136,6 +180,12 @@ impl crate::Host for WitHost {
         mode: crate::Mode,
         decisions: Vec<crate::Decision>,
     ) -> Result<(), String> {
+        if decisions
+            .iter()
+            .any(|d| matches!(d, crate::Decision::Record(_)))
+        {
+            return commit_records(expected, next, mode, decisions);
+        }
         let decisions = decisions
             .into_iter()
             .map(|d| match d {
@@ -144,6 +194,7 @@ impl crate::Host for WitHost {
                 crate::Decision::Quarantine { id, reason } => {
                     types::EventDecision::Quarantine(types::QuarantineDecision { id, reason })
                 }
+                crate::Decision::Record(record) => types::EventDecision::HandOff(record.id),
             })
             .collect();
         host::commit_batch(&types::BatchRequest {

@@ -67,11 +67,31 @@ impl Settings {
     }
 }
 
-/// What a batched commit does with one delivered event (contract 1.1).
+/// An outbox record shaped by the policy (contract 1.2): a domain event with a stable business
+/// schema. `aggregate_id`, `aggregate_version` and `payload` are Extended JSON text (what
+/// [`Host::field`] returns reads back as is).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Record {
+    /// The event ID.
+    pub id: String,
+    /// `eventType`, e.g. `OrderCreated`: 1-100 characters from `[A-Za-z0-9._:-]`.
+    pub event_type: String,
+    pub schema_version: u32,
+    /// One Extended JSON value, e.g. `"o-5"`; at most 1 KiB.
+    pub aggregate_id: String,
+    /// One Extended JSON value, when known.
+    pub aggregate_version: Option<String>,
+    /// One Extended JSON document (no `_id` at its top level, no `$` keys); at most 4 MiB.
+    pub payload: String,
+}
+
+/// What a batched commit does with one delivered event (contract 1.1; `Record` 1.2).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Decision {
     /// An outbox record with this event ID.
     HandOff(String),
+    /// This policy-shaped outbox record.
+    Record(Box<Record>),
     /// No record; the checkpoint moves past the event.
     Skip(String),
     /// A quarantine record with this ID and reason.
@@ -99,7 +119,9 @@ pub trait Host {
         mode: Mode,
         outbox_id: Option<&str>,
     ) -> Result<(), String>;
-    /// Commits the next delivered events, one decision each, in one transaction (contract 1.1).
+    /// Commits the next delivered events, one decision each, in one transaction (contract 1.1;
+    /// with [`Decision::Record`], 1.2). A record the outbox already holds for the same event (a
+    /// checkpoint moved back) is not written twice: the host counts it as a suppressed duplicate.
     fn commit_batch(
         &mut self,
         expected: Option<&str>,

@@ -6,8 +6,8 @@ use std::sync::Mutex;
 
 use bson::Document;
 
-use crate::domain::store::{compare_and_set, record_ids};
-use crate::domain::{CheckpointStore, Commit, CommitError, Dump};
+use crate::domain::store::{compare_and_set, record_ids, same_hand_off};
+use crate::domain::{Applied, CheckpointStore, Commit, CommitError, Dump};
 
 /// Records of one kind, keyed by `_id`, remembering their commit order.
 #[derive(Default)]
@@ -66,7 +66,7 @@ impl CheckpointStore for MemoryStore {
             .clone())
     }
 
-    fn commit(&self, commit: &Commit<'_>) -> Result<(), CommitError> {
+    fn commit(&self, commit: &Commit<'_>) -> Result<Applied, CommitError> {
         let mut guard = self.lock()?;
         let state = &mut *guard;
         let stored = state
@@ -76,12 +76,19 @@ impl CheckpointStore for MemoryStore {
         let updated = compare_and_set(stored, commit)?;
         let outbox_ids = record_ids(&commit.outbox)?;
         let quarantine_ids = record_ids(&commit.quarantine)?;
-        for (ids, records) in [
-            (&outbox_ids, &state.outbox),
-            (&quarantine_ids, &state.quarantine),
+        let mut applied = Applied::default();
+        for (ids, docs, records) in [
+            (&outbox_ids, &commit.outbox, &state.outbox),
+            (&quarantine_ids, &commit.quarantine, &state.quarantine),
         ] {
-            if let Some(id) = ids.iter().find(|id| records.by_id.contains_key(*id)) {
-                return Err(CommitError::Duplicate(id.clone()));
+            for (id, doc) in ids.iter().zip(docs) {
+                match records.by_id.get(id) {
+                    Some(stored) if same_hand_off(stored, doc) => {
+                        applied.duplicates.push(id.clone());
+                    }
+                    Some(_) => return Err(CommitError::Duplicate(id.clone())),
+                    None => {}
+                }
             }
         }
         state
@@ -92,11 +99,14 @@ impl CheckpointStore for MemoryStore {
             (quarantine_ids, &commit.quarantine, &mut state.quarantine),
         ] {
             for (id, doc) in ids.into_iter().zip(docs) {
+                if records.by_id.contains_key(&id) {
+                    continue;
+                }
                 records.order.push(id.clone());
                 records.by_id.insert(id, doc.clone());
             }
         }
-        Ok(())
+        Ok(applied)
     }
 
     fn dump(&self, consumer: &str) -> Result<Dump, CommitError> {

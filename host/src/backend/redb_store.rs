@@ -13,8 +13,8 @@ use redb::{
     Database, ReadTransaction, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction,
 };
 
-use crate::domain::store::{compare_and_set, record_ids};
-use crate::domain::{CheckpointStore, Collections, Commit, CommitError, Dump};
+use crate::domain::store::{compare_and_set, record_ids, same_hand_off};
+use crate::domain::{Applied, CheckpointStore, Collections, Commit, CommitError, Dump};
 use crate::error::HandoffError;
 
 type DocTable<'a> = TableDefinition<'a, &'static str, &'static [u8]>;
@@ -39,11 +39,13 @@ fn encode(doc: &Document) -> Result<Vec<u8>, CommitError> {
     doc.to_vec().map_err(unavailable)
 }
 
-/// Inserts records in commit order; a record whose `_id` exists aborts the whole transaction.
+/// Inserts records in commit order. A record whose `_id` exists with the same event token is
+/// skipped and added to `duplicates`; with another token it aborts the whole transaction.
 fn insert_ordered(
     txn: &WriteTransaction,
     (records, order): (&str, &str),
     docs: &[Document],
+    duplicates: &mut Vec<String>,
 ) -> Result<(), CommitError> {
     if docs.is_empty() {
         return Ok(());
@@ -55,18 +57,29 @@ fn insert_ordered(
     let mut order = txn
         .open_table(OrderTable::new(order))
         .map_err(unavailable)?;
-    let first = order
+    let mut position = order
         .last()
         .map_err(unavailable)?
         .map_or(0, |(key, _)| key.value() + 1);
-    for (position, (id, doc)) in (first..).zip(ids.iter().zip(docs)) {
-        if table.get(id.as_str()).map_err(unavailable)?.is_some() {
-            return Err(CommitError::Duplicate(id.clone()));
+    for (id, doc) in ids.iter().zip(docs) {
+        let stored = table
+            .get(id.as_str())
+            .map_err(unavailable)?
+            .map(|guard| decode(guard.value()))
+            .transpose()?;
+        match stored {
+            Some(stored) if same_hand_off(&stored, doc) => {
+                duplicates.push(id.clone());
+                continue;
+            }
+            Some(_) => return Err(CommitError::Duplicate(id.clone())),
+            None => {}
         }
         table
             .insert(id.as_str(), encode(doc)?.as_slice())
             .map_err(unavailable)?;
         order.insert(position, id.as_str()).map_err(unavailable)?;
+        position += 1;
     }
     Ok(())
 }
@@ -182,7 +195,7 @@ impl CheckpointStore for RedbStore {
         Ok(doc)
     }
 
-    fn commit(&self, commit: &Commit<'_>) -> Result<(), CommitError> {
+    fn commit(&self, commit: &Commit<'_>) -> Result<Applied, CommitError> {
         let txn = self.db.begin_write().map_err(unavailable)?;
         {
             let mut checkpoints = txn
@@ -202,13 +215,21 @@ impl CheckpointStore for RedbStore {
                 .map_err(unavailable)?;
         }
         // An error below drops the transaction, which aborts it: nothing of this step is written.
-        insert_ordered(&txn, (&self.outbox.0, &self.outbox.1), &commit.outbox)?;
+        let mut applied = Applied::default();
+        insert_ordered(
+            &txn,
+            (&self.outbox.0, &self.outbox.1),
+            &commit.outbox,
+            &mut applied.duplicates,
+        )?;
         insert_ordered(
             &txn,
             (&self.quarantine.0, &self.quarantine.1),
             &commit.quarantine,
+            &mut applied.duplicates,
         )?;
-        txn.commit().map_err(unavailable)
+        txn.commit().map_err(unavailable)?;
+        Ok(applied)
     }
 
     fn dump(&self, consumer: &str) -> Result<Dump, CommitError> {

@@ -9,6 +9,7 @@ use handoff::error::{HandoffError, Result};
 use handoff::run::inputs::{Inputs, RawInputs};
 use handoff::runtime::cache::ArtifactCache;
 use handoff::runtime::{Limits, Policy, PolicySource, Runtime};
+use handoff::session::OutboxOptions;
 
 /// Where a consumer's state lives, from flags or the baseline's environment variables.
 #[derive(Args, Clone, Debug)]
@@ -56,6 +57,16 @@ pub struct InputArgs {
     /// Idle seconds before the run ends, 1-30.
     #[arg(long, env = "MAX_WAIT_SECONDS", default_value = "10")]
     pub max_wait_seconds: String,
+    /// Keep the raw change event (`event`) in outbox records a policy shapes (true or false).
+    #[arg(
+        long,
+        env = "OUTBOX_KEEP_EVENT",
+        default_value = "true",
+        value_name = "BOOL",
+        value_parser = clap::value_parser!(bool),
+        action = clap::ArgAction::Set
+    )]
+    pub outbox_keep_event: bool,
 }
 
 impl InputArgs {
@@ -71,6 +82,12 @@ impl InputArgs {
             max_wait_seconds: self.max_wait_seconds.clone(),
         }
         .validate()
+    }
+
+    pub fn outbox(&self) -> OutboxOptions {
+        OutboxOptions {
+            keep_event: self.outbox_keep_event,
+        }
     }
 }
 

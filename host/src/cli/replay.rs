@@ -52,6 +52,7 @@ pub fn run(args: ReplayArgs) -> Result<super::Outcome> {
             params,
             limits: args.policy.limits(),
             stop: super::stop_signal()?,
+            outbox: args.inputs.outbox(),
         };
         plan.run(|| args.policy.load(), &mut backends)
     })

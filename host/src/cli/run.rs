@@ -37,6 +37,7 @@ pub fn run(args: RunArgs) -> Result<super::Outcome> {
             params: args.policy.params()?,
             limits: args.policy.limits(),
             stop: super::stop_signal()?,
+            outbox: args.inputs.outbox(),
         };
         // The deployment is reached while the policy loads.
         let mut backends = Mongo::new(&args.uri, &plan.inputs);

@@ -22,5 +22,5 @@ pub mod token;
 pub use checkpoint::{Checkpoint, Mode};
 pub use deployment::{Collections, Consumer, Deployment};
 pub use stop::StopSignal;
-pub use store::{CheckpointStore, Commit, CommitError, Dump};
+pub use store::{Applied, CheckpointStore, Commit, CommitError, Dump};
 pub use stream::{ChangeSource, ServerError, Start, StreamError};

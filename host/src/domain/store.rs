@@ -24,8 +24,10 @@ pub enum CommitError {
     /// The checkpoint is not at the expected token (or source) any more.
     #[error("checkpoint compare-and-set missed")]
     Conflict,
-    /// The outbox or the quarantine already holds a record with this `_id`.
-    #[error("a record {0} already exists")]
+    /// The outbox or the quarantine already holds a record with this `_id` for another event
+    /// (a different token). A record with the same `_id` and the same token is a duplicate the
+    /// store suppresses, not an error.
+    #[error("a record {0} already exists for another event")]
     Duplicate(String),
     /// The store failed; the transaction did not commit.
     #[error("{0}")]
@@ -34,6 +36,18 @@ pub enum CommitError {
     /// (MongoDB's 16 MiB); the transaction did not commit.
     #[error("the record {0} is over the 16 MiB document limit")]
     TooLarge(String),
+    /// The store refused the operation for this user (a missing privilege); retrying changes
+    /// nothing.
+    #[error("{0}")]
+    Unauthorized(String),
+}
+
+/// What a commit did besides moving the checkpoint.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Applied {
+    /// The `_id`s of records the store already held for the same event (the same `_id` and the
+    /// same token): not written again. A consumer whose checkpoint was moved back meets them.
+    pub duplicates: Vec<String>,
 }
 
 /// A consumer's state, in commit order.
@@ -50,9 +64,17 @@ pub trait CheckpointStore: Send + Sync {
     fn ensure_checkpoint(&self, consumer: &str, initial: Document)
     -> Result<Document, CommitError>;
     /// Compare-and-set on `{_id, token: expected, source}` plus the record inserts, atomically.
-    fn commit(&self, commit: &Commit<'_>) -> Result<(), CommitError>;
+    /// A record whose `_id` is already stored with the same event token (see [`same_hand_off`])
+    /// is left as it is and reported in [`Applied::duplicates`]; with another token the whole
+    /// commit fails with [`CommitError::Duplicate`].
+    fn commit(&self, commit: &Commit<'_>) -> Result<Applied, CommitError>;
     /// The checkpoint document and the records of `consumer`, in commit order.
     fn dump(&self, consumer: &str) -> Result<Dump, CommitError>;
+    /// How many times this store retried a transaction or its commit (a transient error, an
+    /// unknown commit result), over its lifetime.
+    fn transaction_retries(&self) -> u32 {
+        0
+    }
 }
 
 /// The compare-and-set both embedded stores apply: the filter `{_id, token: expected, source}`
@@ -84,6 +106,26 @@ fn same_token(saved: &Document, expected: &Document) -> bool {
     saved == expected || matches!((saved.to_vec(), expected.to_vec()), (Ok(a), Ok(b)) if a == b)
 }
 
+/// The event token a record carries: its `token` field (quarantine and shaped outbox records),
+/// else its raw event's `_id` (the baseline's outbox record).
+pub fn record_token(record: &Document) -> Option<&Document> {
+    record
+        .get_document("token")
+        .or_else(|_| {
+            record
+                .get_document("event")
+                .and_then(|e| e.get_document("_id"))
+        })
+        .ok()
+}
+
+/// Whether a stored record and a new one with the same `_id` hand off the same event: both
+/// carry a token and the tokens are the same BSON. Such a new record is a duplicate to suppress;
+/// anything else under the same `_id` is a conflict.
+pub fn same_hand_off(stored: &Document, new: &Document) -> bool {
+    matches!((record_token(stored), record_token(new)), (Some(a), Some(b)) if same_token(a, b))
+}
+
 /// The `_id`s of records, which must be strings.
 pub(crate) fn record_ids(records: &[Document]) -> Result<Vec<String>, CommitError> {
     records
@@ -101,6 +143,22 @@ pub(crate) fn record_ids(records: &[Document]) -> Result<Vec<String>, CommitErro
 mod tests {
     use super::*;
     use bson::doc;
+
+    #[test]
+    fn a_record_is_the_same_hand_off_only_with_the_same_token() {
+        let raw = |data: &str| doc! { "_id": "c/1", "event": { "_id": { "_data": data } } };
+        let shaped = |data: &str| doc! { "_id": "c/1", "token": { "_data": data }, "payload": {} };
+        assert!(same_hand_off(&raw("82a"), &raw("82a")));
+        assert!(same_hand_off(&raw("82a"), &shaped("82a")));
+        assert!(!same_hand_off(&raw("82a"), &raw("82b")));
+        assert!(!same_hand_off(&shaped("82a"), &shaped("82b")));
+        // A record without a token (written by something else) is never taken as the same.
+        assert!(!same_hand_off(&doc! { "_id": "c/1" }, &raw("82a")));
+        assert!(!same_hand_off(
+            &raw("82a"),
+            &doc! { "_id": "c/1", "event": "x" }
+        ));
+    }
 
     #[test]
     fn a_token_holding_nan_passes_the_compare_and_set() {

@@ -30,6 +30,7 @@ use crate::domain::{CheckpointStore, Dump, StopSignal};
 use crate::error::{HandoffError, Result};
 use crate::run::{Plan, RawInputs, begin};
 use crate::runtime::{Limits, Policy, Runtime};
+use crate::session::OutboxOptions;
 
 /// One case as read from disk.
 pub struct Case {
@@ -119,6 +120,23 @@ impl Case {
         }
     }
 
+    /// `inputs.outbox_keep_event` of the case: `true` (the default) or `false`.
+    fn outbox(&self) -> Result<OutboxOptions> {
+        let keep_event = match self.input("outbox_keep_event", "true").as_str() {
+            "true" => true,
+            "false" => false,
+            other => {
+                return Err(bad(
+                    &self.dir,
+                    HandoffError::BadInput(format!(
+                        "inputs.outbox_keep_event must be true or false, not {other:?}"
+                    )),
+                ));
+            }
+        };
+        Ok(OutboxOptions { keep_event })
+    }
+
     fn params(&self) -> Result<Vec<(String, String)>> {
         match self.spec.get("params") {
             None => Ok(Vec::new()),
@@ -161,6 +179,7 @@ impl Case {
             params: self.params()?,
             limits: Limits::default(),
             stop: StopSignal::default(),
+            outbox: self.outbox()?,
         };
         let inputs = &plan.inputs;
         let mut actual = Vec::new();
@@ -217,6 +236,29 @@ fn record_id(record: &bson::Document) -> String {
     id.split_once('/').map_or(id, |(_, rest)| rest).to_string()
 }
 
+/// An outbox record as expectations show it: its event ID, or for a policy-shaped record the ID
+/// and the fields the policy chose.
+fn describe_record(record: &bson::Document) -> Value {
+    if !record.contains_key("eventType") {
+        return json!(record_id(record));
+    }
+    let mut shown = Map::new();
+    shown.insert("id".into(), json!(record_id(record)));
+    for key in [
+        "eventType",
+        "schemaVersion",
+        "aggregateId",
+        "aggregateVersion",
+        "payload",
+    ] {
+        if let Some(value) = record.get(key) {
+            shown.insert(key.into(), relaxed(value));
+        }
+    }
+    shown.insert("keepsEvent".into(), json!(record.contains_key("event")));
+    Value::Object(shown)
+}
+
 /// What one run did, in the form expectations are written in.
 fn describe(result: &Result<crate::session::Summary>, before: &Dump, after: &Dump) -> Value {
     let mut run = Map::new();
@@ -233,6 +275,13 @@ fn describe(result: &Result<crate::session::Summary>, before: &Dump, after: &Dum
                 "events_quarantined".into(),
                 json!(summary.committed.quarantined),
             );
+            // Shown only when a run met records it had already handed off.
+            if summary.committed.duplicates_suppressed > 0 {
+                run.insert(
+                    "duplicates_suppressed".into(),
+                    json!(summary.committed.duplicates_suppressed),
+                );
+            }
         }
         Err(error) => {
             run.insert("exit".into(), json!(error.kind()));
@@ -242,7 +291,7 @@ fn describe(result: &Result<crate::session::Summary>, before: &Dump, after: &Dum
     }
     let outbox: Vec<Value> = after.outbox[before.outbox.len().min(after.outbox.len())..]
         .iter()
-        .map(|r| json!(record_id(r)))
+        .map(describe_record)
         .collect();
     run.insert("outbox".into(), Value::Array(outbox));
     let quarantine: Vec<Value> = after.quarantine

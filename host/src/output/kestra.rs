@@ -159,6 +159,8 @@ mod tests {
                     handed_off: 2,
                     skipped: 0,
                     quarantined: 1,
+                    duplicates_suppressed: 1,
+                    transaction_retries: 4,
                     last_event_id: "ab".into(),
                     invalidated: false,
                     watermark_saved: true,
@@ -174,15 +176,35 @@ mod tests {
         assert_eq!(lines.len(), 2);
         assert_eq!(
             protocol(&lines[0]),
-            json!({"outputs": {"status": "HANDED_OFF", "events_handed_off": 2, "last_event_id": "ab", "consumer_id": "c", "events_skipped": 0, "events_quarantined": 1, "policy_sha256": "ff"}})
+            json!({"outputs": {"status": "HANDED_OFF", "events_handed_off": 2, "last_event_id": "ab", "consumer_id": "c", "events_skipped": 0, "events_quarantined": 1, "duplicates_suppressed": 1, "policy_sha256": "ff"}})
         );
         // Key order is kept as the baseline prints it.
         assert!(lines[0].starts_with(r#"::{"outputs":{"status":"HANDED_OFF","events_handed_off":2,"last_event_id":"ab","consumer_id":"c""#));
         let metrics = protocol(&lines[1]);
-        assert_eq!(metrics["metrics"][0]["value"], json!(2));
-        assert_eq!(metrics["metrics"][0]["tags"], json!({"consumer": "c"}));
-        assert_eq!(metrics["metrics"][2]["type"], json!("timer"));
-        assert_eq!(metrics["metrics"][2]["value"], json!(1.5));
+        let metric = |name: &str| {
+            metrics["metrics"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|m| m["name"] == name)
+                .cloned()
+                .unwrap_or_else(|| panic!("no metric {name}"))
+        };
+        assert_eq!(metric("events_handed_off")["value"], json!(2));
+        assert_eq!(
+            metric("events_handed_off")["tags"],
+            json!({"consumer": "c"})
+        );
+        assert_eq!(metric("events_quarantined")["value"], json!(1));
+        assert_eq!(metric("duplicates_suppressed")["value"], json!(1));
+        assert_eq!(metric("transaction_retries")["value"], json!(4));
+        assert_eq!(metric("resume_attempts_history_lost")["value"], json!(0));
+        assert_eq!(metric("run_duration")["type"], json!("timer"));
+        assert_eq!(metric("run_duration")["value"], json!(1.5));
+        // The consumer is the only tag.
+        for m in metrics["metrics"].as_array().unwrap() {
+            assert_eq!(m["tags"], json!({"consumer": "c"}), "{m}");
+        }
     }
 
     #[test]

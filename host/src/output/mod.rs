@@ -97,30 +97,39 @@ impl RunOutputs {
             ("consumer_id", json!(consumer_id)),
             ("events_skipped", json!(committed.skipped)),
             ("events_quarantined", json!(committed.quarantined)),
+            (
+                "duplicates_suppressed",
+                json!(committed.duplicates_suppressed),
+            ),
         ];
         if let Some(sha256) = policy_sha256 {
             outputs.push(("policy_sha256", json!(sha256)));
         }
         let metric = |name, kind, value| Metric { name, kind, value };
+        let counter = |name, value: u32| metric(name, MetricKind::Counter, json!(value));
+        let mut metrics = vec![
+            counter("events_handed_off", committed.handed_off),
+            counter("events_committed", committed.events),
+            counter("events_skipped", committed.skipped),
+            counter("events_quarantined", committed.quarantined),
+            counter("duplicates_suppressed", committed.duplicates_suppressed),
+            counter("transaction_retries", committed.transaction_retries),
+        ];
+        metrics.extend(
+            committed
+                .resume_attempts
+                .by_class()
+                .into_iter()
+                .map(|(name, value)| counter(name, value)),
+        );
+        metrics.push(metric(
+            "run_duration",
+            MetricKind::Timer,
+            json!(duration.as_secs_f64()),
+        ));
         RunOutputs {
             outputs,
-            metrics: vec![
-                metric(
-                    "events_handed_off",
-                    MetricKind::Counter,
-                    json!(committed.handed_off),
-                ),
-                metric(
-                    "events_committed",
-                    MetricKind::Counter,
-                    json!(committed.events),
-                ),
-                metric(
-                    "run_duration",
-                    MetricKind::Timer,
-                    json!(duration.as_secs_f64()),
-                ),
-            ],
+            metrics,
             tags: vec![("consumer", consumer_id.to_string())],
         }
     }

@@ -57,6 +57,7 @@ impl Backends for Mongo {
         connection.limit_to(deadline);
         let inputs = &self.inputs;
         let source = MongoSource::new(connection.clone(), &inputs.database, &inputs.collection);
+        source.check_watchable()?;
         let store = MongoStore::new(connection, &inputs.database, &inputs.collections());
         Ok((Box::new(source), Arc::new(store)))
     }

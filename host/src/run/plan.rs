@@ -11,7 +11,7 @@ use crate::domain::{ChangeSource, CheckpointStore, CommitError, Consumer, StopSi
 use crate::error::{HandoffError, Result};
 
 use crate::runtime::{Limits, Policy, Runtime, Settings};
-use crate::session::{Failed, Session, Summary};
+use crate::session::{Failed, OutboxOptions, Session, Summary};
 
 /// Everything a run is given besides its policy and backends.
 #[derive(Clone, Debug)]
@@ -21,6 +21,8 @@ pub struct Plan {
     pub limits: Limits,
     /// Raised to end the run after its in-flight commit.
     pub stop: StopSignal,
+    /// What the outbox keeps of a policy-shaped record's event.
+    pub outbox: OutboxOptions,
 }
 
 /// A run that ended without failing (a stopped run included: its commits stand).
@@ -148,6 +150,7 @@ impl Plan {
             )
             .map_err(|e| match e {
                 CommitError::Unavailable(m) => HandoffError::Unavailable(m),
+                CommitError::Unauthorized(m) => HandoffError::Authentication(unauthorized(&m)),
                 other => HandoffError::Unavailable(other.to_string()),
             })?;
         let loaded = checkpoint::validate(&stored, &consumer.source, &deployment.replica_set_id)?;
@@ -160,7 +163,8 @@ impl Plan {
         );
         let session = Session::new(consumer, deployment, loaded, source, store, deadline)
             .with_stop(self.stop.clone())
-            .with_max_events(self.inputs.max_events);
+            .with_max_events(self.inputs.max_events)
+            .with_outbox_options(self.outbox);
         let summary = runtime.run(policy, session, &self.settings(), &self.limits)?;
         tracing::info!(
             status = summary.status.as_str(),
@@ -170,4 +174,12 @@ impl Plan {
         );
         Ok(summary)
     }
+}
+
+/// What a run says when the store refused an operation for the URI's user.
+pub fn unauthorized(detail: &str) -> String {
+    format!(
+        "MongoDB refused an operation this user is not allowed to run: {detail}. Grant the role \
+         described in the README (Least privilege); nothing was written by the refused operation"
+    )
 }

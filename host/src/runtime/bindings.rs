@@ -190,6 +190,41 @@ impl wit_host::Host for RunState {
         self.back_to_guest(result)
     }
 
+    fn commit_records(&mut self, request: types::RecordsRequest) -> Result<(), types::CommitError> {
+        let decisions = request
+            .decisions
+            .into_iter()
+            .map(|d| match d {
+                types::RecordDecision::HandOff(id) => session::Decision::HandOff(id),
+                types::RecordDecision::HandOffRecord(r) => {
+                    session::Decision::HandOffRecord(Box::new(session::Shaped {
+                        id: r.id,
+                        event_type: r.event_type,
+                        schema_version: r.schema_version,
+                        aggregate_id: r.aggregate_id,
+                        aggregate_version: r.aggregate_version,
+                        payload: r.payload,
+                    }))
+                }
+                types::RecordDecision::Skip(reason) => session::Decision::Skip(reason),
+                types::RecordDecision::Quarantine(q) => session::Decision::Quarantine {
+                    id: q.id,
+                    reason: q.reason,
+                },
+            })
+            .collect();
+        let result = self
+            .session
+            .commit_batch(
+                request.expected.as_deref(),
+                &request.next,
+                mode_from(request.mode),
+                decisions,
+            )
+            .map_err(commit_error);
+        self.back_to_guest(result)
+    }
+
     fn advance_watermark(
         &mut self,
         expected: Option<String>,
@@ -290,6 +325,24 @@ fn bounded(
     Ok(text.to_str(&store)?.chars().take(chars + 1).collect())
 }
 
+/// The first `bytes` bytes of a string in guest memory (cut at a character boundary), plus one
+/// character to mark a cut.
+fn bounded_bytes(
+    text: &wasmtime::component::WasmStr,
+    store: impl wasmtime::AsContext,
+    bytes: usize,
+) -> wasmtime::Result<String> {
+    let text = text.to_str(&store)?;
+    let mut end = 0;
+    for (at, c) in text.char_indices() {
+        end = at + c.len_utf8();
+        if at >= bytes {
+            break;
+        }
+    }
+    Ok(text[..end].to_string())
+}
+
 /// Replaces the generated `log` import with one that reads its list lazily. Lifting the list
 /// whole would copy every string it names, and a policy can make a million entries name the
 /// same 30 MiB of its memory: terabytes of host allocations from a policy under its memory cap.
@@ -354,6 +407,114 @@ struct QuarantineView {
 
 /// The longest decision reason kept, in characters.
 const REASON_CHARS: usize = 1024;
+
+/// `records-request` as it lies in the policy's memory.
+#[derive(wasmtime::component::ComponentType, wasmtime::component::Lift)]
+#[component(record)]
+struct RecordsView {
+    expected: Option<String>,
+    next: String,
+    mode: types::ResumeMode,
+    decisions: wasmtime::component::WasmList<RecordDecisionView>,
+}
+
+/// `record-decision` with its strings left in the policy's memory.
+#[derive(wasmtime::component::ComponentType, wasmtime::component::Lift)]
+#[component(variant)]
+enum RecordDecisionView {
+    #[component(name = "hand-off")]
+    HandOff(wasmtime::component::WasmStr),
+    #[component(name = "hand-off-record")]
+    HandOffRecord(OutboxRecordView),
+    #[component(name = "skip")]
+    Skip(wasmtime::component::WasmStr),
+    #[component(name = "quarantine")]
+    Quarantine(QuarantineView),
+}
+
+/// `outbox-record` with its strings left in the policy's memory.
+#[derive(wasmtime::component::ComponentType, wasmtime::component::Lift)]
+#[component(record)]
+struct OutboxRecordView {
+    id: wasmtime::component::WasmStr,
+    #[component(name = "event-type")]
+    event_type: wasmtime::component::WasmStr,
+    #[component(name = "schema-version")]
+    schema_version: u32,
+    #[component(name = "aggregate-id")]
+    aggregate_id: wasmtime::component::WasmStr,
+    #[component(name = "aggregate-version")]
+    aggregate_version: Option<wasmtime::component::WasmStr>,
+    payload: wasmtime::component::WasmStr,
+}
+
+/// Replaces the generated `commit-records` import, as `commit-batch`: at most one decision more
+/// than a commit may cover, each string read up to one unit past its bound, and payload text
+/// copied only while the commit's total stays within its bound. What is read is then validated
+/// by the session (an over-long part is still refused).
+pub fn add_bounded_commit_records(
+    linker: &mut wasmtime::component::Linker<RunState>,
+) -> wasmtime::Result<()> {
+    use crate::session::{MAX_PAYLOAD_TEXT, MAX_PAYLOADS_PER_COMMIT, MAX_VALUE_TEXT};
+    linker.allow_shadowing(true);
+    let interface = format!("handoff:policy/host@{}", super::policy::CONTRACT);
+    linker.instance(&interface)?.func_wrap(
+        "commit-records",
+        |mut store: wasmtime::StoreContextMut<'_, RunState>, (request,): (RecordsView,)| {
+            let mut decisions = Vec::new();
+            let mut payloads = 0usize;
+            for index in 0..request.decisions.len().min(session::MAX_BATCH + 1) {
+                let Some(decision) = request.decisions.get(&mut store, index) else {
+                    break;
+                };
+                decisions.push(match decision? {
+                    RecordDecisionView::HandOff(id) => {
+                        types::RecordDecision::HandOff(bounded(&id, &store, session::MAX_ID_LEN)?)
+                    }
+                    RecordDecisionView::Skip(reason) => {
+                        types::RecordDecision::Skip(bounded(&reason, &store, REASON_CHARS)?)
+                    }
+                    RecordDecisionView::Quarantine(q) => {
+                        types::RecordDecision::Quarantine(types::QuarantineDecision {
+                            id: bounded(&q.id, &store, session::MAX_ID_LEN)?,
+                            reason: bounded(&q.reason, &store, REASON_CHARS)?,
+                        })
+                    }
+                    RecordDecisionView::HandOffRecord(r) => {
+                        let left = (MAX_PAYLOADS_PER_COMMIT + 1).saturating_sub(payloads);
+                        let payload =
+                            bounded_bytes(&r.payload, &store, MAX_PAYLOAD_TEXT.min(left))?;
+                        payloads += payload.len();
+                        let aggregate_version = match &r.aggregate_version {
+                            Some(v) => Some(bounded_bytes(v, &store, MAX_VALUE_TEXT)?),
+                            None => None,
+                        };
+                        types::RecordDecision::HandOffRecord(types::OutboxRecord {
+                            id: bounded(&r.id, &store, session::MAX_ID_LEN)?,
+                            event_type: bounded(&r.event_type, &store, 100)?,
+                            schema_version: r.schema_version,
+                            aggregate_id: bounded_bytes(&r.aggregate_id, &store, MAX_VALUE_TEXT)?,
+                            aggregate_version,
+                            payload,
+                        })
+                    }
+                });
+                if payloads > MAX_PAYLOADS_PER_COMMIT {
+                    break;
+                }
+            }
+            let request = types::RecordsRequest {
+                expected: request.expected,
+                next: request.next,
+                mode: request.mode,
+                decisions,
+            };
+            Ok((wit_host::Host::commit_records(store.data_mut(), request),))
+        },
+    )?;
+    linker.allow_shadowing(false);
+    Ok(())
+}
 
 /// Replaces the generated `commit-batch` import with one that reads at most one decision more
 /// than a commit may cover, and at most one character more than an ID or reason may hold, so

@@ -242,6 +242,8 @@ fn build_linker(engine: &Engine) -> Result<Linker<RunState>> {
     super::bindings::add_bounded_log(&mut linker).map_err(|e| HandoffError::Internal(e.into()))?;
     super::bindings::add_bounded_commit_batch(&mut linker)
         .map_err(|e| HandoffError::Internal(e.into()))?;
+    super::bindings::add_bounded_commit_records(&mut linker)
+        .map_err(|e| HandoffError::Internal(e.into()))?;
     Ok(linker)
 }
 

@@ -12,7 +12,7 @@ use crate::error::{HandoffError, Result};
 /// The contract version this host implements (`wit/policy.wit`).
 pub const CONTRACT: Version = Version {
     major: 1,
-    minor: 1,
+    minor: 2,
     patch: 0,
 };
 /// The package and interface a policy exports.
@@ -188,7 +188,7 @@ mod tests {
 
     #[test]
     fn versions_parse_strictly() {
-        assert_eq!(Version::parse("1.1.0"), Some(CONTRACT));
+        assert_eq!(Version::parse("1.2.0"), Some(CONTRACT));
         assert_eq!(
             Version::parse("1.2.3-rc.1"),
             Some(Version {

@@ -6,6 +6,7 @@ use std::collections::HashSet;
 use bson::{Document, doc};
 use sha2::{Digest, Sha256};
 
+use super::record::{MAX_PAYLOADS_PER_COMMIT, Shaped};
 use super::refusal::Refusal;
 use super::{Session, bson_size};
 use crate::domain::text::escape_untrusted;
@@ -31,6 +32,19 @@ pub enum Decision {
     Skip(String),
     /// A quarantine record with this ID and reason.
     Quarantine { id: String, reason: String },
+    /// An outbox record shaped by the policy (contract 1.2).
+    HandOffRecord(Box<Shaped>),
+}
+
+impl Decision {
+    /// The record ID the decision names, if it writes a record.
+    fn id(&self) -> Option<&str> {
+        match self {
+            Decision::HandOff(id) | Decision::Quarantine { id, .. } => Some(id),
+            Decision::HandOffRecord(shaped) => Some(&shaped.id),
+            Decision::Skip(_) => None,
+        }
+    }
 }
 
 /// One delivered event as a commit will write it.
@@ -93,6 +107,7 @@ impl Session {
 
     /// Commits the next delivered events, one decision each, in delivery order: in one
     /// transaction, or in consecutive ones when their records exceed the transaction bound.
+    /// (Contracts 1.1 and 1.2: a 1.2 policy's hand-offs may carry shaped records.)
     pub fn commit_batch(
         &mut self,
         expected: Option<&str>,
@@ -102,6 +117,20 @@ impl Session {
     ) -> Result<(), Refusal> {
         self.gate()?;
         self.check_expected(expected)?;
+        // Before coverage: a reader stops copying payloads past this bound.
+        let payloads: usize = decisions
+            .iter()
+            .map(|d| match d {
+                Decision::HandOffRecord(shaped) => shaped.payload.len(),
+                _ => 0,
+            })
+            .sum();
+        if payloads > MAX_PAYLOADS_PER_COMMIT {
+            return Err(self.reject(format!(
+                "the payloads of one commit exceed {} MiB",
+                MAX_PAYLOADS_PER_COMMIT >> 20
+            )));
+        }
         self.check_coverage(next, decisions.len())?;
         let mut plan = self.plan(&decisions, mode)?;
         // Consecutive transactions of at most `max_transaction_bytes` of records each.
@@ -182,59 +211,66 @@ impl Session {
                 invalidate,
                 ..Planned::default()
             };
-            match decision {
-                Decision::HandOff(id) | Decision::Quarantine { id, .. } => {
-                    if !valid_id(id) {
-                        return Err(self.reject(format!(
-                            "an outbox or quarantine ID must be 1-{MAX_ID_LEN} characters from [A-Za-z0-9._:-]"
-                        )));
-                    }
-                    let key = format!("{}/{id}", self.consumer.consumer);
-                    let hand_off = matches!(decision, Decision::HandOff(_));
-                    if !ids.insert((hand_off, key.clone())) {
-                        return Err(self.reject(format!("the ID {id} appears twice in one commit")));
-                    }
-                    let event = delivered.event.clone();
-                    let record = match decision {
-                        Decision::Quarantine { reason, .. } => {
-                            let reason: String = reason.chars().take(MAX_REASON_CHARS).collect();
-                            doc! {
-                                "_id": key,
-                                "consumer": &self.consumer.consumer,
-                                "source": &self.consumer.source,
-                                "token": token.clone(),
-                                "reason": reason,
-                                "event": event,
-                            }
-                        }
-                        _ => doc! {
+            if let Some(id) = decision.id() {
+                if !valid_id(id) {
+                    return Err(self.reject(format!(
+                        "an outbox or quarantine ID must be 1-{MAX_ID_LEN} characters from [A-Za-z0-9._:-]"
+                    )));
+                }
+                let key = format!("{}/{id}", self.consumer.consumer);
+                let hand_off = !matches!(decision, Decision::Quarantine { .. });
+                if !ids.insert((hand_off, key.clone())) {
+                    return Err(self.reject(format!("the ID {id} appears twice in one commit")));
+                }
+                let event = delivered.event.clone();
+                let record = match decision {
+                    Decision::Quarantine { reason, .. } => {
+                        let reason: String = reason.chars().take(MAX_REASON_CHARS).collect();
+                        doc! {
                             "_id": key,
                             "consumer": &self.consumer.consumer,
                             "source": &self.consumer.source,
+                            "token": token.clone(),
+                            "reason": reason,
                             "event": event,
-                        },
-                    };
-                    step.bytes = bson_size(&record);
-                    if step.bytes > self.bounds.max_record_bytes {
-                        return Err(self.record_too_large(id, step.bytes));
+                        }
                     }
-                    if hand_off {
-                        step.handed_off = Some(id.clone());
-                        step.outbox = Some(record);
-                    } else {
-                        step.quarantine = Some(record);
-                        step.quarantined = true;
+                    Decision::HandOffRecord(shaped) => {
+                        match shaped.record(key, &self.consumer, token, &event, self.outbox_options)
+                        {
+                            Ok(record) => record,
+                            Err(why) => {
+                                return Err(self.reject(format!("the record {id}: {why}")));
+                            }
+                        }
                     }
+                    _ => doc! {
+                        "_id": key,
+                        "consumer": &self.consumer.consumer,
+                        "source": &self.consumer.source,
+                        "event": event,
+                    },
+                };
+                step.bytes = bson_size(&record);
+                if step.bytes > self.bounds.max_record_bytes {
+                    return Err(self.record_too_large(id, step.bytes));
                 }
-                Decision::Skip(reason) => {
-                    if !invalidate {
-                        step.skipped = true;
-                        tracing::info!(
-                            reason = %escape_untrusted(reason, 200),
-                            "event skipped by the policy"
-                        );
-                    }
+                if hand_off {
+                    step.handed_off = Some(id.to_string());
+                    step.outbox = Some(record);
+                } else {
+                    step.quarantine = Some(record);
+                    step.quarantined = true;
                 }
+            }
+            if let Decision::Skip(reason) = decision
+                && !invalidate
+            {
+                step.skipped = true;
+                tracing::info!(
+                    reason = %escape_untrusted(reason, 200),
+                    "event skipped by the policy"
+                );
             }
             plan.push(step);
         }
@@ -270,13 +306,17 @@ impl Session {
             outbox,
             quarantine,
         };
-        if let Err(error) = self.store.commit(&step) {
-            return Err(self.fail(match error {
+        let result = self.store.commit(&step);
+        self.committed.transaction_retries = self.store.transaction_retries();
+        let applied = match result {
+            Ok(applied) => applied,
+            Err(error) => return Err(self.fail(match error {
                 CommitError::Conflict => HandoffError::Conflict(
                     "Checkpoint changed during this run; retry from the current token".into(),
                 ),
                 CommitError::Duplicate(id) => HandoffError::Conflict(format!(
-                    "A record {id} already exists; another run handed this event off. Retry from the current token"
+                    "A record {id} already exists for another event (a different token): the policy's IDs collide, \
+                     or another consumer writes under this consumer's IDs. Nothing was written"
                 )),
                 CommitError::Unavailable(detail) => HandoffError::Unavailable(format!(
                     "{RECONCILE_GUIDANCE} Store error: {detail}"
@@ -284,7 +324,16 @@ impl Session {
                 CommitError::TooLarge(id) => HandoffError::EventTooLarge(format!(
                     "{EVENT_TOO_LARGE_GUIDANCE} The record {id} is over the limit."
                 )),
-            }));
+                CommitError::Unauthorized(detail) => {
+                    HandoffError::Authentication(crate::run::plan::unauthorized(&detail))
+                }
+            })),
+        };
+        for id in &applied.duplicates {
+            tracing::info!(
+                record = %id,
+                "record already handed off for this event; not written again"
+            );
         }
         for done in self.pending.drain(..steps.len()) {
             self.pending_bytes = self.pending_bytes.saturating_sub(done.bytes);
@@ -298,6 +347,7 @@ impl Session {
         self.mode = mode;
         self.start_saved_for_policy = false;
         let c = &mut self.committed;
+        c.duplicates_suppressed += u32::try_from(applied.duplicates.len()).unwrap_or(u32::MAX);
         for step in steps.iter() {
             c.events += 1;
             if let Some(id) = &step.handed_off {
@@ -366,13 +416,18 @@ impl Session {
             outbox: Vec::new(),
             quarantine: Vec::new(),
         };
-        if let Err(error) = self.store.commit(&step) {
+        let result = self.store.commit(&step);
+        self.committed.transaction_retries = self.store.transaction_retries();
+        if let Err(error) = result {
             return Err(self.fail(match error {
                 CommitError::Conflict | CommitError::Duplicate(_) => {
                     HandoffError::Conflict(on_conflict.into())
                 }
                 CommitError::Unavailable(detail) | CommitError::TooLarge(detail) => {
                     HandoffError::Unavailable(format!("{on_unavailable} Store error: {detail}"))
+                }
+                CommitError::Unauthorized(detail) => {
+                    HandoffError::Authentication(crate::run::plan::unauthorized(&detail))
                 }
             }));
         }

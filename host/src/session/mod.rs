@@ -14,10 +14,12 @@
 //!
 //! - `stream`: opening the stream, delivering events, reading their fields;
 //! - `commit`: the policy's decisions checked, planned and written with the checkpoint;
+//! - `record`: outbox records shaped by the policy, checked and built;
 //! - `report`: what was committed, and the policy's report checked against it;
 //! - `refusal`: what a refused call tells the policy.
 
 mod commit;
+mod record;
 mod refusal;
 mod report;
 mod stream;
@@ -31,8 +33,11 @@ use std::time::Instant;
 use bson::Document;
 
 pub use commit::{Decision, MAX_BATCH, MAX_ID_LEN};
+pub use record::{
+    MAX_PAYLOAD_TEXT, MAX_PAYLOADS_PER_COMMIT, MAX_VALUE_TEXT, OutboxOptions, Shaped,
+};
 pub use refusal::{Refusal, RefusalKind};
-pub use report::{Committed, Failed, Report, Status, Summary};
+pub use report::{Committed, Failed, Report, ResumeAttempts, Status, Summary};
 pub use stream::EventView;
 
 use crate::domain::StopSignal;
@@ -111,6 +116,7 @@ pub struct Session {
     /// until its first commit, the policy's `expected: none` stands for that position.
     start_saved_for_policy: bool,
     bounds: Bounds,
+    outbox_options: OutboxOptions,
 }
 
 impl Session {
@@ -145,12 +151,19 @@ impl Session {
             max_events: None,
             start_saved_for_policy: false,
             bounds: Bounds::default(),
+            outbox_options: OutboxOptions::default(),
         }
     }
 
     /// Replaces the default byte and count bounds.
     pub fn with_bounds(mut self, bounds: Bounds) -> Self {
         self.bounds = bounds;
+        self
+    }
+
+    /// What the outbox keeps of policy-shaped records.
+    pub fn with_outbox_options(mut self, options: OutboxOptions) -> Self {
+        self.outbox_options = options;
         self
     }
 

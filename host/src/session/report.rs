@@ -37,6 +37,13 @@ pub struct Committed {
     pub handed_off: u32,
     pub skipped: u32,
     pub quarantined: u32,
+    /// Records (outbox or quarantine) the store already held for the same event and did not
+    /// write again; they are counted in `handed_off` / `quarantined` too.
+    pub duplicates_suppressed: u32,
+    /// Transactions or commits the store retried (transient errors, unknown commit results).
+    pub transaction_retries: u32,
+    /// Stream openings from a saved token, by outcome (boxed: a failed run's result stays small).
+    pub resume_attempts: Box<ResumeAttempts>,
     /// The ID of the last committed event, as the baseline reports it: the last outbox ID, or
     /// for an invalidated run the invalidate event's ID (SHA-256 of its canonical token).
     pub last_event_id: String,
@@ -44,6 +51,42 @@ pub struct Committed {
     pub last_outbox_id: String,
     pub invalidated: bool,
     pub watermark_saved: bool,
+}
+
+/// Attempts to resume the change stream from a saved token, by outcome class.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ResumeAttempts {
+    pub ok: u32,
+    pub history_lost: u32,
+    pub invalid_token: u32,
+    pub fatal: u32,
+    pub unavailable: u32,
+}
+
+impl ResumeAttempts {
+    /// Counts one attempt that ended with `error` (`None`: it succeeded).
+    pub fn count(&mut self, error: Option<&crate::domain::StreamError>) {
+        use crate::domain::StreamError;
+        let slot = match error {
+            None => &mut self.ok,
+            Some(StreamError::HistoryLost(_)) => &mut self.history_lost,
+            Some(StreamError::InvalidToken(_)) => &mut self.invalid_token,
+            Some(StreamError::Fatal(_) | StreamError::TooLarge(_)) => &mut self.fatal,
+            Some(StreamError::Unavailable(_)) => &mut self.unavailable,
+        };
+        *slot = slot.saturating_add(1);
+    }
+
+    /// The metric name and count of each class.
+    pub fn by_class(&self) -> [(&'static str, u32); 5] {
+        [
+            ("resume_attempts_ok", self.ok),
+            ("resume_attempts_history_lost", self.history_lost),
+            ("resume_attempts_invalid_token", self.invalid_token),
+            ("resume_attempts_fatal", self.fatal),
+            ("resume_attempts_unavailable", self.unavailable),
+        ]
+    }
 }
 
 /// The verified result of a successful run.

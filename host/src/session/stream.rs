@@ -81,7 +81,12 @@ impl Session {
     }
 
     fn open_source(&mut self, start: Start<Document>) -> Result<(), Refusal> {
-        match self.source.open(start) {
+        let resuming = !matches!(start, Start::Now);
+        let opened = self.source.open(start);
+        if resuming {
+            self.committed.resume_attempts.count(opened.as_ref().err());
+        }
+        match opened {
             Ok(()) => {
                 self.stream_open = true;
                 Ok(())

@@ -10,7 +10,7 @@ use super::*;
 use crate::backend::memory::MemoryStore;
 use crate::backend::replay::{Fixture, ReplaySource};
 use crate::domain::token::canonical_text;
-use crate::domain::{Commit, CommitError, Dump, Start, StreamError};
+use crate::domain::{Applied, Commit, CommitError, Dump, Start, StreamError};
 
 /// A memory store that remembers the size of every transaction it committed.
 #[derive(Default)]
@@ -27,14 +27,14 @@ impl CheckpointStore for Counting {
     ) -> Result<Document, CommitError> {
         self.inner.ensure_checkpoint(consumer, initial)
     }
-    fn commit(&self, commit: &Commit<'_>) -> Result<(), CommitError> {
-        self.inner.commit(commit)?;
+    fn commit(&self, commit: &Commit<'_>) -> Result<Applied, CommitError> {
+        let applied = self.inner.commit(commit)?;
         let bytes = commit.outbox.iter().map(bson_size).sum();
         self.transactions
             .lock()
             .unwrap()
             .push((commit.outbox.len(), bytes));
-        Ok(())
+        Ok(applied)
     }
     fn dump(&self, consumer: &str) -> Result<Dump, CommitError> {
         self.inner.dump(consumer)

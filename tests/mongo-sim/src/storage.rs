@@ -81,6 +81,17 @@ pub struct Collection {
 }
 
 impl Collection {
+    /// What `listCollections` calls it: `collection`, `view` or `timeseries`.
+    pub fn kind(&self) -> &'static str {
+        if self.options.contains_key("viewOn") {
+            "view"
+        } else if self.options.contains_key("timeseries") {
+            "timeseries"
+        } else {
+            "collection"
+        }
+    }
+
     fn new(options: Document) -> Self {
         let oid = bson::oid::ObjectId::new().bytes();
         let mut bytes = [0u8; 16];

@@ -1,6 +1,7 @@
 //! Test policy: one host call whose list names the same 8 MiB of its memory 100,000 times (the
 //! strings alias one buffer, so the policy stays far under its memory cap): a log call's fields,
-//! or with `--policy-param call=commit-batch` a batch's hand-off IDs. Copying every string would
+//! with `--policy-param call=commit-batch` a batch's hand-off IDs, or with `call=commit-records`
+//! the payloads and IDs of shaped records. Copying every string would
 //! cost the host terabytes. After a log call it fails with "logged", so the run's end shows the
 //! host came through.
 #![cfg_attr(not(target_arch = "wasm32"), allow(dead_code))]
@@ -39,6 +40,31 @@ mod policy {
                         .collect(),
                 });
                 host::commit_batch(&request).map_err(|e| format!("{e:?}"))?;
+                return Err("committed".into());
+            }
+            if settings
+                .params
+                .iter()
+                .any(|(k, v)| k == "call" && v == "commit-records")
+            {
+                let request = ManuallyDrop::new(types::RecordsRequest {
+                    expected: None,
+                    next: "{}".into(),
+                    mode: types::ResumeMode::ResumeAfter,
+                    decisions: (0..100_000)
+                        .map(|_| {
+                            types::RecordDecision::HandOffRecord(types::OutboxRecord {
+                                id: alias(),
+                                event_type: alias(),
+                                schema_version: 1,
+                                aggregate_id: alias(),
+                                aggregate_version: Some(alias()),
+                                payload: alias(),
+                            })
+                        })
+                        .collect(),
+                });
+                host::commit_records(&request).map_err(|e| format!("{e:?}"))?;
                 return Err("committed".into());
             }
             host::log(types::LogLevel::Info, "amplified", &fields);

@@ -60,6 +60,8 @@ pub(super) fn classify_stream(error: &DriverError, redactor: &Redactor) -> Strea
         Some(_) if error.contains_label("NonResumableChangeStreamError") => {
             StreamError::Fatal(detail)
         }
+        // Unauthorized, CommandNotSupportedOnView: retrying changes nothing.
+        Some(13) | Some(166) => StreamError::Fatal(detail),
         _ => StreamError::Unavailable(detail),
     }
 }
@@ -71,9 +73,13 @@ pub(super) fn classify_connect(error: &DriverError, redactor: &Redactor) -> Hand
         ErrorKind::Authentication { .. } => {
             HandoffError::Authentication(format!("MongoDB refused the credentials: {detail}"))
         }
-        ErrorKind::Command(e) if e.code == 18 || e.code == 13 => {
+        ErrorKind::Command(e) if e.code == 18 => {
             HandoffError::Authentication(format!("MongoDB refused the credentials: {detail}"))
         }
+        ErrorKind::Command(e) if e.code == 13 => HandoffError::Authentication(format!(
+            "MongoDB accepted the credentials but refused an operation this user is not allowed \
+             to run: {detail}. Grant the role described in the README (Least privilege)"
+        )),
         _ => HandoffError::Unavailable(format!(
             "Cannot reach a MongoDB server (server selection timed out after {} s or the connection failed): {detail}",
             SERVER_SELECTION_TIMEOUT.as_secs()

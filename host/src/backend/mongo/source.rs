@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use bson::{Bson, Document};
+use bson::{Bson, Document, doc};
 use mongodb::Collection;
 use mongodb::change_stream::ChangeStream;
 use mongodb::change_stream::event::ResumeToken;
@@ -14,7 +14,7 @@ use super::MAX_AWAIT;
 use super::connection::Connection;
 use super::errors::classify_stream;
 use crate::domain::{ChangeSource, Deployment, ServerError, Start, StreamError};
-use crate::error::Result;
+use crate::error::{HandoffError, Result};
 
 /// The watched collection's change stream.
 pub struct MongoSource {
@@ -32,6 +32,63 @@ impl MongoSource {
             collection,
             stream: None,
             clock: Instant::now(),
+        }
+    }
+}
+
+impl MongoSource {
+    /// Refuses a source MongoDB opens no change stream on (a view, a time-series collection)
+    /// before anything is written. `listCollections` with `nameOnly` and `authorizedCollections`
+    /// needs no privilege beyond those on the collection itself; a server that still refuses it
+    /// leaves the question to the stream's opening.
+    pub fn check_watchable(&self) -> Result<()> {
+        let namespace = self.collection.namespace();
+        let database = self.connection.database(&namespace.db);
+        let command = doc! {
+            "listCollections": 1,
+            "filter": { "name": &namespace.coll },
+            "nameOnly": true,
+            "authorizedCollections": true,
+        };
+        let reply = self
+            .connection
+            .bounded(async { database.run_command(command).await })
+            .map_err(|_| {
+                HandoffError::Unavailable(
+                    "the run deadline passed while checking the watched collection".into(),
+                )
+            })?;
+        let reply = match reply {
+            Ok(reply) => reply,
+            Err(e) => {
+                if let StreamError::Fatal(detail) = classify_stream(&e, &self.connection.redactor) {
+                    tracing::debug!(code = ?detail.code, "the collection's type could not be checked");
+                    return Ok(());
+                }
+                return Err(HandoffError::Unavailable(format!(
+                    "Cannot check the watched collection: {}",
+                    classify_stream(&e, &self.connection.redactor)
+                )));
+            }
+        };
+        let kind = reply
+            .get_document("cursor")
+            .ok()
+            .and_then(|c| c.get_array("firstBatch").ok())
+            .and_then(|batch| batch.first())
+            .and_then(Bson::as_document)
+            .and_then(|spec| spec.get_str("type").ok())
+            .unwrap_or("collection");
+        match kind {
+            "view" => Err(HandoffError::BadInput(format!(
+                "{namespace} is a view: MongoDB opens no change stream on a view. Watch the \
+                 collection it reads from instead"
+            ))),
+            "timeseries" => Err(HandoffError::BadInput(format!(
+                "{namespace} is a time-series collection: MongoDB opens no change stream on \
+                 time-series collections. Watch a regular collection instead"
+            ))),
+            _ => Ok(()),
         }
     }
 }

@@ -1,6 +1,7 @@
 //! The checkpoint, outbox and quarantine collections, written in one transaction per commit.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use bson::{Bson, Document, doc};
@@ -13,8 +14,9 @@ use mongodb::{ClientSession, Collection};
 use super::connection::Connection;
 use super::errors::server_error;
 use super::{MAX_DOCUMENT_BYTES, TRANSACTION_ATTEMPTS, transaction_options};
+use crate::domain::store::same_hand_off;
 use crate::domain::stream::BSON_OBJECT_TOO_LARGE;
-use crate::domain::{CheckpointStore, Collections, Commit, CommitError, Dump};
+use crate::domain::{Applied, CheckpointStore, Collections, Commit, CommitError, Dump};
 
 /// What an interrupted transaction means for the operator.
 const DEADLINE_IN_COMMIT: &str = "the run deadline passed while a transaction was in flight; its outcome is unknown, \
@@ -26,6 +28,8 @@ pub struct MongoStore {
     checkpoints: Collection<Document>,
     outbox: Collection<Document>,
     quarantine: Collection<Document>,
+    /// Transactions and commits retried, over the store's lifetime.
+    retries: AtomicU32,
 }
 
 impl MongoStore {
@@ -40,16 +44,29 @@ impl MongoStore {
             outbox: db.collection(&collections.outbox),
             quarantine: db.collection(&collections.quarantine),
             connection,
+            retries: AtomicU32::new(0),
         }
     }
 
+    /// A failed store operation: a missing privilege (`Unauthorized`, code 13), else an outage.
     fn unavailable(&self, error: &DriverError) -> CommitError {
-        CommitError::Unavailable(server_error(error, &self.connection.redactor).to_string())
+        let detail = server_error(error, &self.connection.redactor);
+        if detail.code == Some(13) {
+            CommitError::Unauthorized(detail.to_string())
+        } else {
+            CommitError::Unavailable(detail.to_string())
+        }
     }
 
     /// One attempt of the transaction. Whatever fails, the attempt's transaction is not left
-    /// open on the server.
-    async fn attempt(&self, commit: &Commit<'_>) -> std::result::Result<(), Attempt> {
+    /// open on the server. With `look_first`, the records' `_id`s are looked up in the
+    /// transaction before the inserts, so that records already stored for the same event are
+    /// left out (the attempt after a duplicate key; the common case costs no extra round trip).
+    async fn attempt(
+        &self,
+        commit: &Commit<'_>,
+        look_first: bool,
+    ) -> std::result::Result<Applied, Attempt> {
         let mut session = self
             .connection
             .client
@@ -61,16 +78,55 @@ impl MongoStore {
             .with_options(transaction_options())
             .await
             .map_err(Attempt::from)?;
-        if let Err(failure) = self.statements(&mut session, commit).await {
-            // The driver still holds the transaction as in progress: abort it on the server.
-            let _ = session.abort_transaction().await;
-            return Err(failure);
-        }
-        let committed = commit_with_retries(&mut session).await;
+        let applied = match self.statements(&mut session, commit, look_first).await {
+            Ok(applied) => applied,
+            Err(failure) => {
+                // The driver still holds the transaction as in progress: abort it on the server.
+                let _ = session.abort_transaction().await;
+                return Err(failure);
+            }
+        };
+        let committed = commit_with_retries(&mut session, &self.retries).await;
         if committed.is_err() {
             abandon(&mut session, &self.checkpoints).await;
         }
-        committed
+        committed.map(|()| applied)
+    }
+
+    /// The records of `records` to insert, leaving out those whose `_id` the collection holds
+    /// for the same event (added to `duplicates`); one held for another event is a conflict.
+    async fn not_yet_stored<'r>(
+        &self,
+        session: &mut ClientSession,
+        collection: &Collection<Document>,
+        records: &'r [Document],
+        duplicates: &mut Vec<String>,
+    ) -> std::result::Result<Vec<&'r Document>, Attempt> {
+        let ids: Vec<Bson> = records
+            .iter()
+            .filter_map(|r| r.get("_id").cloned())
+            .collect();
+        let mut cursor = collection
+            .find(doc! { "_id": { "$in": ids } })
+            .projection(doc! { "_id": 1, "token": 1, "event._id": 1 })
+            .session(&mut *session)
+            .await
+            .map_err(Attempt::from)?;
+        let mut stored = std::collections::HashMap::new();
+        while let Some(found) = cursor.next(&mut *session).await {
+            let found = found.map_err(Attempt::from)?;
+            stored.insert(record_id(&found), found);
+        }
+        let mut insert = Vec::with_capacity(records.len());
+        for record in records {
+            let id = record_id(record);
+            match stored.get(&id) {
+                Some(found) if same_hand_off(found, record) => duplicates.push(id),
+                Some(_) => return Err(Attempt::Final(CommitError::Duplicate(id))),
+                None => insert.push(record),
+            }
+        }
+        Ok(insert)
     }
 
     /// The compare-and-set and the record inserts, inside the session's transaction.
@@ -78,7 +134,8 @@ impl MongoStore {
         &self,
         session: &mut ClientSession,
         commit: &Commit<'_>,
-    ) -> std::result::Result<(), Attempt> {
+        look_first: bool,
+    ) -> std::result::Result<Applied, Attempt> {
         let expected = commit
             .expected
             .map_or(Bson::Null, |t| Bson::Document(t.clone()));
@@ -94,6 +151,7 @@ impl MongoStore {
         if changed.matched_count != 1 {
             return Err(Attempt::Final(CommitError::Conflict));
         }
+        let mut applied = Applied::default();
         for (collection, records) in [
             (&self.outbox, &commit.outbox),
             (&self.quarantine, &commit.quarantine),
@@ -104,22 +162,31 @@ impl MongoStore {
             if let Some(id) = oversized(records) {
                 return Err(Attempt::Final(CommitError::TooLarge(id)));
             }
+            let insert: Vec<&Document> = if look_first {
+                self.not_yet_stored(session, collection, records, &mut applied.duplicates)
+                    .await?
+            } else {
+                records.iter().collect()
+            };
+            if insert.is_empty() {
+                continue;
+            }
             if let Err(e) = collection
-                .insert_many(records)
+                .insert_many(insert.iter().copied())
                 .ordered(true)
                 .session(&mut *session)
                 .await
             {
-                return Err(insert_failure(e, records));
+                return Err(insert_failure(e, &insert));
             }
         }
-        Ok(())
+        Ok(applied)
     }
 }
 
 /// The `_id` of the first record over the document limit, if any.
-fn oversized(records: &[Document]) -> Option<String> {
-    records.iter().find_map(|record| {
+fn oversized<'a>(records: impl IntoIterator<Item = &'a Document>) -> Option<String> {
+    records.into_iter().find_map(|record| {
         let size = bson::serialize_to_vec(record).map_or(usize::MAX, |bytes| bytes.len());
         (size > MAX_DOCUMENT_BYTES).then(|| record_id(record))
     })
@@ -131,7 +198,7 @@ fn record_id(record: &Document) -> String {
 
 /// Classifies a failed `insertMany`: the failing record's `_id` for a duplicate key (11000) or a
 /// record over the document limit (10334), a transient error to retry, or a driver error.
-fn insert_failure(error: DriverError, records: &[Document]) -> Attempt {
+fn insert_failure(error: DriverError, records: &[&Document]) -> Attempt {
     if error.contains_label(TRANSIENT_TRANSACTION_ERROR) {
         return Attempt::Transient(error);
     }
@@ -148,7 +215,7 @@ fn insert_failure(error: DriverError, records: &[Document]) -> Attempt {
     let id_at = |index: Option<usize>| {
         index
             .and_then(|i| records.get(i))
-            .map(record_id)
+            .map(|record| record_id(record))
             .unwrap_or_default()
     };
     match failed {
@@ -158,7 +225,7 @@ fn insert_failure(error: DriverError, records: &[Document]) -> Attempt {
         {
             let id = match index {
                 Some(_) => id_at(index),
-                None => oversized(records).unwrap_or_default(),
+                None => oversized(records.iter().copied()).unwrap_or_default(),
             };
             Attempt::Final(CommitError::TooLarge(id))
         }
@@ -167,7 +234,10 @@ fn insert_failure(error: DriverError, records: &[Document]) -> Attempt {
 }
 
 /// `commitTransaction`, retried alone on `UnknownTransactionCommitResult`.
-async fn commit_with_retries(session: &mut ClientSession) -> std::result::Result<(), Attempt> {
+async fn commit_with_retries(
+    session: &mut ClientSession,
+    retries: &AtomicU32,
+) -> std::result::Result<(), Attempt> {
     let mut commits = 0;
     loop {
         commits += 1;
@@ -181,6 +251,7 @@ async fn commit_with_retries(session: &mut ClientSession) -> std::result::Result
                     attempt = commits,
                     "commit result unknown; retrying the commit"
                 );
+                retries.fetch_add(1, Ordering::Relaxed);
             }
             Err(e) => return Err(Attempt::from(e)),
         }
@@ -260,19 +331,25 @@ impl CheckpointStore for MongoStore {
             })?
     }
 
-    fn commit(&self, commit: &Commit<'_>) -> std::result::Result<(), CommitError> {
+    fn commit(&self, commit: &Commit<'_>) -> std::result::Result<Applied, CommitError> {
         let window = self.connection.transient_retry_window();
         let retried = async {
             let started = Instant::now();
             let mut attempt: u32 = 0;
+            let mut look_first = false;
             loop {
                 attempt += 1;
-                match self.attempt(commit).await {
-                    Ok(()) => return Ok(()),
+                match self.attempt(commit, look_first).await {
+                    Ok(applied) => return Ok(applied),
+                    // A record's `_id` is taken: look at what holds it, in a new transaction.
+                    Err(Attempt::Final(CommitError::Duplicate(_))) if !look_first => {
+                        look_first = true;
+                    }
                     Err(Attempt::Final(e)) => return Err(e),
                     Err(Attempt::Transient(e)) if started.elapsed() < window => {
                         let code = server_error(&e, &self.connection.redactor).code;
                         tracing::warn!(attempt, ?code, "transient transaction error; retrying");
+                        self.retries.fetch_add(1, Ordering::Relaxed);
                         let backoff = Duration::from_millis(10 << attempt.min(7));
                         tokio::time::sleep(backoff.min(Duration::from_secs(1))).await;
                     }
@@ -285,6 +362,10 @@ impl CheckpointStore for MongoStore {
         self.connection
             .bounded(retried)
             .map_err(|_| CommitError::Unavailable(DEADLINE_IN_COMMIT.into()))?
+    }
+
+    fn transaction_retries(&self) -> u32 {
+        self.retries.load(Ordering::Relaxed)
     }
 
     fn dump(&self, consumer: &str) -> std::result::Result<Dump, CommitError> {

@@ -189,14 +189,15 @@ pub fn list_collections(ctx: &Ctx<'_>) -> CmdResult<Document> {
     let st = ctx.shared.lock();
     let mut batch = Vec::new();
     for (ns, coll) in st.store.collections.iter().filter(|(n, _)| n.db == ctx.db) {
+        let kind = coll.kind();
         let full = if name_only {
-            doc! {"name": ns.coll.clone(), "type": "collection"}
+            doc! {"name": ns.coll.clone(), "type": kind}
         } else {
             doc! {
                 "name": ns.coll.clone(),
-                "type": "collection",
+                "type": kind,
                 "options": coll.options.clone(),
-                "info": {"readOnly": false, "uuid": Bson::Binary(coll.uuid.clone())},
+                "info": {"readOnly": kind == "view", "uuid": Bson::Binary(coll.uuid.clone())},
                 "idIndex": {"v": 2, "key": {"_id": 1}, "name": "_id_"},
             }
         };
@@ -226,6 +227,21 @@ pub fn create(ctx: &Ctx<'_>) -> CmdResult<Document> {
         "comment",
     ] {
         options.remove(k);
+    }
+    match (options.get("timeseries"), options.get("viewOn")) {
+        (Some(Bson::Document(ts)), None) if ts.get_str("timeField").is_ok() => {}
+        (Some(_), None) => {
+            return Err(CommandError::bad_value(
+                "timeseries needs a 'timeField' string",
+            ));
+        }
+        (None, Some(Bson::String(_))) | (None, None) => {}
+        (None, Some(_)) => return Err(CommandError::type_mismatch("viewOn must be a string")),
+        (Some(_), Some(_)) => {
+            return Err(CommandError::bad_value(
+                "a view cannot have timeseries options",
+            ));
+        }
     }
     let created = ctx.shared.lock().store.create_collection(&ns, options);
     if !created {

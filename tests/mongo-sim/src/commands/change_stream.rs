@@ -134,6 +134,19 @@ pub fn aggregate(ctx: &Ctx<'_>) -> CmdResult<Document> {
         Some(Bson::String(c)) => {
             super::validate_collection_name(c)?;
             let ns = Namespace::new(ctx.db.clone(), c.clone());
+            // A view (a time-series collection is one over its buckets) has no change stream.
+            let kind = ctx
+                .shared
+                .lock()
+                .store
+                .collection(&ns)
+                .map_or("collection", |coll| coll.kind());
+            if kind != "collection" {
+                return Err(CommandError::new(
+                    166,
+                    format!("Namespace {ns} is a view, not a collection"),
+                ));
+            }
             (Scope::Collection(ns.clone()), ns.to_string())
         }
         Some(v) if crate::values::as_f64(v) == Some(1.0) => {

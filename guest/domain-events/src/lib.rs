@@ -1,0 +1,408 @@
+//! The domain-events policy: each change becomes an outbox record shaped as a domain event with a
+//! stable business schema (contract 1.2), instead of the raw change event.
+//!
+//! - `insert` → `<Entity>Created`, `update` and `replace` → `<Entity>Updated`, `delete` →
+//!   `<Entity>Deleted`; other operations (`drop`, `rename`, …) are skipped with their name as the
+//!   reason; an `invalidate` ends the run with `startAfter`, as the default policy does.
+//! - `aggregateId` is `documentKey._id`; `aggregateVersion` is `fullDocument.<version-field>` when
+//!   the document has it; `schemaVersion` is the `schema-version` parameter.
+//! - `payload` is the document without its `_id` (the aggregate ID already names it); for an
+//!   update whose document is gone, the update's `updatedFields` and `removedFields`; for a
+//!   delete, `{}`.
+//! - An event the host could not store as a record (a compound `_id`, a field name starting
+//!   with `$`, a payload over 4 MiB) is quarantined with the reason, so it never blocks the
+//!   stream.
+//!
+//! Parameters: `entity` (default: the collection name in PascalCase without a trailing `s`:
+//! `orders` → `Order`), `version-field` (default `version`), `schema-version` (default `1`).
+//! Event IDs, resume modes and the idle watermark are the default policy's.
+
+use handoff_policy_sdk::{
+    Checkpoint, Decision, Host, Mode, Record, Report, Settings, Tally, event_id, mode_after,
+    stream_start,
+};
+use serde_json::{Map, Value};
+
+/// The largest payload the host accepts, in bytes of Extended JSON text.
+const MAX_PAYLOAD: usize = 4 << 20;
+/// The largest aggregate ID or version the host accepts, in bytes of Extended JSON text.
+const MAX_VALUE: usize = 1024;
+
+/// The policy's parameters.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Shape {
+    pub entity: Option<String>,
+    pub version_field: String,
+    pub schema_version: u32,
+}
+
+impl Shape {
+    pub fn from_settings(settings: &Settings) -> Result<Shape, String> {
+        let entity = match settings.param("entity") {
+            None => None,
+            Some(e) if valid_entity(e) => Some(e.to_string()),
+            Some(e) => {
+                return Err(format!(
+                    "entity must be 1-80 letters, digits, '.', '_', ':' or '-', not {:?}",
+                    e.chars().take(100).collect::<String>()
+                ));
+            }
+        };
+        let version_field = settings.param("version-field").unwrap_or("version");
+        if version_field.is_empty() || version_field.len() > 200 {
+            return Err("version-field must be a field path of 1-200 characters".into());
+        }
+        let schema_version = match settings.param("schema-version") {
+            None => 1,
+            Some(v) => v
+                .parse::<u32>()
+                .map_err(|_| format!("schema-version must be a whole number, not {v:?}"))?,
+        };
+        Ok(Shape {
+            entity,
+            version_field: version_field.to_string(),
+            schema_version,
+        })
+    }
+}
+
+fn valid_entity(entity: &str) -> bool {
+    (1..=80).contains(&entity.len())
+        && entity
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
+}
+
+/// `orders` → `Order`, `line_items` → `LineItem`: the entity a collection holds.
+pub fn entity_of(collection: &str) -> String {
+    let mut name: String = collection
+        .split(|c: char| !c.is_ascii_alphanumeric())
+        .filter(|part| !part.is_empty())
+        .map(|part| {
+            let mut chars = part.chars();
+            chars.next().map_or(String::new(), |first| {
+                first.to_ascii_uppercase().to_string() + chars.as_str()
+            })
+        })
+        .collect();
+    if name.len() > 1 && name.ends_with('s') && !name.ends_with("ss") {
+        name.pop();
+    }
+    name.truncate(80);
+    if name.is_empty() {
+        "Document".to_string()
+    } else {
+        name
+    }
+}
+
+/// The event type of an operation, or `None` for operations that are not domain events.
+pub fn event_type(entity: &str, operation: &str) -> Option<String> {
+    let verb = match operation {
+        "insert" => "Created",
+        "update" | "replace" => "Updated",
+        "delete" => "Deleted",
+        _ => return None,
+    };
+    Some(format!("{entity}{verb}"))
+}
+
+/// Why a value cannot be a record's key or payload: a `$` or NUL key at any depth.
+fn unstorable_key(value: &Value) -> Option<String> {
+    match value {
+        Value::Object(map) => map.iter().find_map(|(key, inner)| {
+            // An Extended JSON wrapper (`{"$date": …}`) is a value, not a key of the document.
+            if key.starts_with('$') && map.len() <= 2 && is_extended_json(map) {
+                return None;
+            }
+            if key.starts_with('$') || key.contains('\0') {
+                Some(format!(
+                    "field name {:?} cannot be stored in a record",
+                    key.chars().take(40).collect::<String>()
+                ))
+            } else {
+                unstorable_key(inner)
+            }
+        }),
+        Value::Array(items) => items.iter().find_map(unstorable_key),
+        _ => None,
+    }
+}
+
+/// Relaxed Extended JSON wrappers: the one- or two-key objects whose keys name a BSON type.
+fn is_extended_json(map: &Map<String, Value>) -> bool {
+    const WRAPPERS: &[&str] = &[
+        "$oid",
+        "$date",
+        "$numberLong",
+        "$numberDecimal",
+        "$numberDouble",
+        "$numberInt",
+        "$binary",
+        "$timestamp",
+        "$regularExpression",
+        "$symbol",
+        "$code",
+        "$scope",
+        "$minKey",
+        "$maxKey",
+        "$undefined",
+        "$dbPointer",
+        "$uuid",
+    ];
+    map.keys().all(|k| WRAPPERS.contains(&k.as_str()))
+}
+
+/// The record an event becomes, or the reason it is quarantined. `read` reads a field of the
+/// event as Extended JSON text.
+pub fn shape(
+    shape: &Shape,
+    id: &str,
+    operation: &str,
+    read: &mut dyn FnMut(&str) -> Option<String>,
+) -> Result<Option<Record>, String> {
+    let entity = match &shape.entity {
+        Some(entity) => entity.clone(),
+        None => {
+            let collection = read("ns.coll")
+                .and_then(|c| serde_json::from_str::<String>(&c).ok())
+                .unwrap_or_default();
+            entity_of(&collection)
+        }
+    };
+    let Some(event_type) = event_type(&entity, operation) else {
+        return Ok(None);
+    };
+    let aggregate_id = read("documentKey._id").ok_or("the event has no documentKey._id")?;
+    let parsed_id: Value = serde_json::from_str(&aggregate_id)
+        .map_err(|_| "documentKey._id is not Extended JSON".to_string())?;
+    if let Value::Object(map) = &parsed_id
+        && !is_extended_json(map)
+    {
+        return Err("documentKey._id is a document; aggregateId must be a single value".into());
+    }
+    if aggregate_id.len() > MAX_VALUE {
+        return Err(format!("documentKey._id is over {MAX_VALUE} bytes"));
+    }
+    let document = read("fullDocument").filter(|d| d != "null");
+    let mut payload = match (operation, document) {
+        ("delete", _) => Value::Object(Map::new()),
+        (_, Some(document)) => serde_json::from_str(&document)
+            .map_err(|_| "fullDocument is not Extended JSON".to_string())?,
+        (_, None) => {
+            let mut changes = Map::new();
+            for key in ["updatedFields", "removedFields"] {
+                if let Some(value) = read(&format!("updateDescription.{key}"))
+                    .and_then(|v| serde_json::from_str::<Value>(&v).ok())
+                {
+                    changes.insert(key.to_string(), value);
+                }
+            }
+            Value::Object(changes)
+        }
+    };
+    let Value::Object(map) = &mut payload else {
+        return Err("fullDocument is not a document".into());
+    };
+    map.shift_remove("_id");
+    if let Some(reason) = unstorable_key(&payload) {
+        return Err(reason);
+    }
+    let payload = payload.to_string();
+    if payload.len() > MAX_PAYLOAD {
+        return Err(format!("the payload is over {} MiB", MAX_PAYLOAD >> 20));
+    }
+    let aggregate_version = read(&format!("fullDocument.{}", shape.version_field))
+        .filter(|v| v.len() <= MAX_VALUE && !v.starts_with('{') && !v.starts_with('['))
+        .filter(|v| v != "null");
+    Ok(Some(Record {
+        id: id.to_string(),
+        event_type,
+        schema_version: shape.schema_version,
+        aggregate_id,
+        aggregate_version,
+        payload,
+    }))
+}
+
+pub fn run<H: Host>(
+    host: &mut H,
+    checkpoint: Checkpoint,
+    settings: &Settings,
+) -> Result<Report, String> {
+    let params = Shape::from_settings(settings)?;
+    let mut tally = Tally::new(&checkpoint);
+    host.open(stream_start(&checkpoint))?;
+    let mut deadline = host.now_ms().saturating_add(settings.max_wait_ms);
+    while tally.events < settings.max_events && host.now_ms() < deadline {
+        let Some(event) = host.next()? else { continue };
+        let mode = mode_after(&event);
+        let id = event_id(&event.token);
+        let decision = if mode == Mode::StartAfter {
+            Decision::Skip("invalidate".into())
+        } else {
+            let token = event.token.clone();
+            let mut read = |path: &str| host.field(&token, path);
+            match shape(&params, &id, &event.operation_type, &mut read) {
+                Ok(Some(record)) => Decision::Record(Box::new(record)),
+                Ok(None) => {
+                    Decision::Skip(format!("{} is not a domain event", event.operation_type))
+                }
+                Err(reason) => Decision::Quarantine {
+                    id: id.clone(),
+                    reason,
+                },
+            }
+        };
+        let handed = matches!(decision, Decision::Record(_));
+        host.commit_batch(tally.token.as_deref(), &event.token, mode, vec![decision])?;
+        tally.events += 1;
+        if mode == Mode::StartAfter {
+            tally.invalidate(&event.token);
+            tally.token = Some(event.token);
+            break;
+        }
+        tally.token = Some(event.token);
+        if handed {
+            tally.hand_off(id);
+        }
+        deadline = host.now_ms().saturating_add(settings.max_wait_ms);
+    }
+    tally.finish(host, settings)
+}
+
+#[cfg(target_arch = "wasm32")]
+handoff_policy_sdk::export_policy!(run);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn defaults() -> Shape {
+        Shape::from_settings(&Settings::default()).unwrap()
+    }
+
+    fn reader(fields: &[(&str, &str)]) -> impl FnMut(&str) -> Option<String> {
+        let fields: Vec<(String, String)> = fields
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |path| {
+            fields
+                .iter()
+                .find(|(k, _)| k == path)
+                .map(|(_, v)| v.clone())
+        }
+    }
+
+    #[test]
+    fn entities_from_collections() {
+        assert_eq!(entity_of("orders"), "Order");
+        assert_eq!(entity_of("line_items"), "LineItem");
+        assert_eq!(entity_of("address"), "Address");
+        assert_eq!(entity_of(""), "Document");
+        assert_eq!(
+            event_type("Order", "insert").as_deref(),
+            Some("OrderCreated")
+        );
+        assert_eq!(
+            event_type("Order", "replace").as_deref(),
+            Some("OrderUpdated")
+        );
+        assert_eq!(
+            event_type("Order", "delete").as_deref(),
+            Some("OrderDeleted")
+        );
+        assert_eq!(event_type("Order", "drop"), None);
+    }
+
+    #[test]
+    fn parameters_are_checked() {
+        let with = |k: &str, v: &str| Settings {
+            params: vec![(k.into(), v.into())],
+            ..Settings::default()
+        };
+        assert!(Shape::from_settings(&with("entity", "Payment")).is_ok());
+        assert!(Shape::from_settings(&with("entity", "Pay ment")).is_err());
+        assert!(Shape::from_settings(&with("schema-version", "-1")).is_err());
+        assert!(Shape::from_settings(&with("version-field", "")).is_err());
+        assert_eq!(
+            Shape::from_settings(&with("schema-version", "3"))
+                .unwrap()
+                .schema_version,
+            3
+        );
+    }
+
+    #[test]
+    fn an_insert_becomes_a_created_event_without_the_id_in_its_payload() {
+        let mut read = reader(&[
+            ("ns.coll", "\"orders\""),
+            ("documentKey._id", "\"o-1\""),
+            ("fullDocument", r#"{"_id":"o-1","total":5,"version":3}"#),
+            ("fullDocument.version", "3"),
+        ]);
+        let record = shape(&defaults(), "abc", "insert", &mut read)
+            .unwrap()
+            .unwrap();
+        assert_eq!(record.event_type, "OrderCreated");
+        assert_eq!(record.aggregate_id, "\"o-1\"");
+        assert_eq!(record.aggregate_version.as_deref(), Some("3"));
+        assert_eq!(record.payload, r#"{"total":5,"version":3}"#);
+        assert_eq!(record.schema_version, 1);
+    }
+
+    #[test]
+    fn an_update_without_its_document_carries_its_changes() {
+        let mut read = reader(&[
+            ("ns.coll", "\"orders\""),
+            ("documentKey._id", r#"{"$oid":"6740a1b2c3d4e5f601234567"}"#),
+            ("fullDocument", "null"),
+            ("updateDescription.updatedFields", r#"{"status":"paid"}"#),
+            ("updateDescription.removedFields", "[]"),
+        ]);
+        let record = shape(&defaults(), "abc", "update", &mut read)
+            .unwrap()
+            .unwrap();
+        assert_eq!(record.event_type, "OrderUpdated");
+        assert_eq!(record.aggregate_version, None);
+        assert_eq!(
+            record.payload,
+            r#"{"updatedFields":{"status":"paid"},"removedFields":[]}"#
+        );
+    }
+
+    #[test]
+    fn events_the_host_could_not_store_are_refused_with_a_reason() {
+        let mut compound = reader(&[("documentKey._id", r#"{"a":1,"b":2}"#)]);
+        assert!(
+            shape(&defaults(), "x", "delete", &mut compound)
+                .unwrap_err()
+                .contains("is a document")
+        );
+        let mut dollar = reader(&[
+            ("documentKey._id", "1"),
+            ("fullDocument", r#"{"_id":1,"nested":{"$where":"x"}}"#),
+        ]);
+        assert!(
+            shape(&defaults(), "x", "insert", &mut dollar)
+                .unwrap_err()
+                .contains("$where")
+        );
+        let mut dates = reader(&[
+            ("documentKey._id", "1"),
+            (
+                "fullDocument",
+                r#"{"_id":1,"at":{"$date":"2026-01-01T00:00:00Z"}}"#,
+            ),
+        ]);
+        assert!(shape(&defaults(), "x", "insert", &mut dates).is_ok());
+        let mut none = reader(&[]);
+        assert!(
+            shape(&defaults(), "x", "drop", &mut none)
+                .unwrap()
+                .is_none()
+        );
+        assert!(shape(&defaults(), "x", "insert", &mut none).is_err());
+    }
+}

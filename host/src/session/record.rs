@@ -1,0 +1,254 @@
+//! Outbox records shaped by a policy (contract 1.2): what the policy gives, checked, and the
+//! record built from it. Every part comes from untrusted code, so each is bounded and parsed
+//! here before anything is written; a bad part refuses the whole commit.
+
+use bson::{Bson, Document, doc};
+
+use crate::domain::Consumer;
+
+/// The longest `eventType`, in characters.
+pub const MAX_EVENT_TYPE_LEN: usize = 100;
+/// The longest `aggregateId` / `aggregateVersion` text, in bytes.
+pub const MAX_VALUE_TEXT: usize = 1024;
+/// The longest payload text, in bytes.
+pub const MAX_PAYLOAD_TEXT: usize = 4 << 20;
+/// The payload text one commit may carry in all, in bytes.
+pub const MAX_PAYLOADS_PER_COMMIT: usize = 64 << 20;
+
+/// A policy-shaped outbox record as the policy gave it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Shaped {
+    pub id: String,
+    pub event_type: String,
+    pub schema_version: u32,
+    /// One Extended JSON value.
+    pub aggregate_id: String,
+    /// One Extended JSON value.
+    pub aggregate_version: Option<String>,
+    /// One Extended JSON document.
+    pub payload: String,
+}
+
+/// What the outbox keeps of a shaped record's event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OutboxOptions {
+    /// Keep the raw change event beside the shaped record (`--outbox-keep-event`).
+    pub keep_event: bool,
+}
+
+impl Default for OutboxOptions {
+    fn default() -> Self {
+        OutboxOptions { keep_event: true }
+    }
+}
+
+fn valid_event_type(text: &str) -> bool {
+    (1..=MAX_EVENT_TYPE_LEN).contains(&text.len())
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
+}
+
+/// One Extended JSON value (relaxed or canonical).
+fn parse_value(what: &str, text: &str, max: usize) -> Result<Bson, String> {
+    if text.len() > max {
+        return Err(format!("{what} is over {max} bytes of Extended JSON"));
+    }
+    let json: serde_json::Value =
+        serde_json::from_str(text).map_err(|e| format!("{what} is not JSON ({e})"))?;
+    let value =
+        Bson::try_from(json).map_err(|e| format!("{what} is not valid Extended JSON ({e})"))?;
+    check_keys(what, &value)?;
+    Ok(value)
+}
+
+/// One Extended JSON value that is neither a document nor an array (an aggregate names one
+/// thing), within [`MAX_VALUE_TEXT`].
+fn parse_scalar(what: &str, text: &str) -> Result<Bson, String> {
+    match parse_value(what, text, MAX_VALUE_TEXT)? {
+        Bson::Document(_) | Bson::Array(_) => Err(format!(
+            "{what} must be one value (a string, number, ObjectId, …), not a document or array"
+        )),
+        value => Ok(value),
+    }
+}
+
+/// No key may start with `$` (an operator to MongoDB) or hold a NUL (BSON cannot store it), at
+/// any depth.
+fn check_keys(what: &str, value: &Bson) -> Result<(), String> {
+    let mut stack = vec![value];
+    while let Some(value) = stack.pop() {
+        match value {
+            Bson::Document(d) => {
+                for (key, inner) in d {
+                    if key.starts_with('$') {
+                        return Err(format!("{what} holds a key starting with `$`"));
+                    }
+                    if key.contains('\0') {
+                        return Err(format!("{what} holds a key with a NUL character"));
+                    }
+                    stack.push(inner);
+                }
+            }
+            Bson::Array(items) => stack.extend(items.iter()),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+impl Shaped {
+    /// The outbox record for `event` (whose token is `token`), or why the policy's parts are
+    /// refused.
+    pub fn record(
+        &self,
+        key: String,
+        consumer: &Consumer,
+        token: &Document,
+        event: &Document,
+        options: OutboxOptions,
+    ) -> Result<Document, String> {
+        if !valid_event_type(&self.event_type) {
+            return Err(format!(
+                "an eventType must be 1-{MAX_EVENT_TYPE_LEN} characters from [A-Za-z0-9._:-]"
+            ));
+        }
+        let aggregate_id = parse_scalar("the aggregateId", &self.aggregate_id)?;
+        let aggregate_version = self
+            .aggregate_version
+            .as_deref()
+            .map(|text| parse_scalar("the aggregateVersion", text))
+            .transpose()?;
+        let payload = match parse_value("the payload", &self.payload, MAX_PAYLOAD_TEXT)? {
+            Bson::Document(payload) => payload,
+            _ => return Err("the payload must be a document".into()),
+        };
+        if payload.contains_key("_id") {
+            return Err("the payload may not hold an `_id` at its top level".into());
+        }
+        let mut record = doc! {
+            "_id": key,
+            "consumer": &consumer.consumer,
+            "source": &consumer.source,
+            "eventType": &self.event_type,
+            "schemaVersion": i64::from(self.schema_version),
+            "aggregateId": aggregate_id,
+        };
+        if let Some(version) = aggregate_version {
+            record.insert("aggregateVersion", version);
+        }
+        record.insert("payload", payload);
+        record.insert("token", token.clone());
+        if let Ok(time) = event.get_timestamp("clusterTime") {
+            record.insert("clusterTime", time);
+        }
+        if options.keep_event {
+            record.insert("event", event.clone());
+        }
+        Ok(record)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shaped(payload: &str) -> Shaped {
+        Shaped {
+            id: "e1".into(),
+            event_type: "PaymentCaptured".into(),
+            schema_version: 2,
+            aggregate_id: r#"{"$oid": "65a1b2c3d4e5f60718293a4b"}"#.into(),
+            aggregate_version: Some("7".into()),
+            payload: payload.into(),
+        }
+    }
+
+    fn build(shape: &Shaped, keep_event: bool) -> Result<Document, String> {
+        let consumer = Consumer {
+            consumer: "c".into(),
+            source: "db.orders".into(),
+        };
+        let token = doc! { "_data": "82" };
+        let event = doc! {
+            "_id": token.clone(),
+            "operationType": "insert",
+            "clusterTime": bson::Timestamp { time: 5, increment: 1 },
+        };
+        shape.record(
+            "c/e1".into(),
+            &consumer,
+            &token,
+            &event,
+            OutboxOptions { keep_event },
+        )
+    }
+
+    #[test]
+    fn a_shaped_record_keeps_types_and_its_token() {
+        let record = build(
+            &shaped(r#"{"amount": {"$numberDecimal": "9.50"}, "n": 1}"#),
+            true,
+        )
+        .expect("valid");
+        assert_eq!(record.get_str("eventType").unwrap(), "PaymentCaptured");
+        assert_eq!(record.get_i64("schemaVersion").unwrap(), 2);
+        assert!(matches!(record.get("aggregateId"), Some(Bson::ObjectId(_))));
+        assert_eq!(record.get("aggregateVersion"), Some(&Bson::Int32(7)));
+        let payload = record.get_document("payload").unwrap();
+        assert!(matches!(payload.get("amount"), Some(Bson::Decimal128(_))));
+        assert_eq!(record.get_document("token").unwrap(), &doc! {"_data": "82"});
+        assert!(record.get_timestamp("clusterTime").is_ok());
+        assert!(record.contains_key("event"));
+        let lean = build(&shaped("{}"), false).unwrap();
+        assert!(!lean.contains_key("event"));
+        assert!(lean.contains_key("token"));
+    }
+
+    #[test]
+    fn hostile_parts_are_refused_with_a_reason() {
+        for (payload, needle) in [
+            ("[1]", "must be a document"),
+            ("7", "must be a document"),
+            (r#"{"_id": 1}"#, "`_id`"),
+            (r#"{"a": {"$set": 1}}"#, "`$`"),
+            (r#"{"a": [{"$where": "1"}]}"#, "`$`"),
+            ("{\"a\\u0000b\": 1}", "NUL"),
+            ("{", "not JSON"),
+            (r#"{"a": {"$date": "not a date"}}"#, "Extended JSON"),
+        ] {
+            let error = build(&shaped(payload), true).expect_err(payload);
+            assert!(error.contains(needle), "{payload}: {error}");
+        }
+        let deep = format!("{}1{}", "[".repeat(10_000), "]".repeat(10_000));
+        let error = build(&shaped(&format!("{{\"a\": {deep}}}")), true).expect_err("deep");
+        assert!(error.contains("not JSON"), "{error}");
+        let huge = format!("{{\"a\": \"{}\"}}", "x".repeat(MAX_PAYLOAD_TEXT));
+        assert!(build(&shaped(&huge), true).unwrap_err().contains("over"));
+        for event_type in ["", "Payment Captured", &"a".repeat(101), "ä"] {
+            let mut shape = shaped("{}");
+            shape.event_type = event_type.into();
+            assert!(build(&shape, true).unwrap_err().contains("eventType"));
+        }
+        let mut shape = shaped("{}");
+        shape.aggregate_id = "x".repeat(2000);
+        assert!(build(&shape, true).unwrap_err().contains("aggregateId"));
+        shape.aggregate_id = r#"{"$bad": 1}"#.into();
+        assert!(build(&shape, true).is_err());
+        for compound in [r#"{"a": 1}"#, "[1, 2]"] {
+            shape.aggregate_id = compound.into();
+            assert!(
+                build(&shape, true)
+                    .unwrap_err()
+                    .contains("not a document or array")
+            );
+        }
+        shape.aggregate_id = "\"o-1\"".into();
+        shape.aggregate_version = Some(r#"{"v": 1}"#.into());
+        assert!(
+            build(&shape, true)
+                .unwrap_err()
+                .contains("aggregateVersion")
+        );
+    }
+}
