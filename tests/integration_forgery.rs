@@ -128,9 +128,9 @@ fn a_log_call_cannot_amplify_host_allocations() {
     assert!(logged.len() < 16 * 400 + 2048, "{} bytes", logged.len());
 }
 
-/// A batch whose 100,000 hand-off IDs all name the same 8 MiB of policy memory: the host reads
-/// one decision more than a commit may cover, and one character more than an ID may hold, then
-/// refuses the batch as it always did.
+/// A batch whose 100,000 hand-off IDs all name the same 8 MiB of policy memory: the host keeps
+/// one character more than an ID may hold, and stops reading (and refuses the batch) once the
+/// call's strings pass 256 MiB, instead of checking 800 GB of aliased text.
 #[test]
 fn a_batch_cannot_amplify_host_allocations() {
     let s = Scratch::new();
@@ -147,13 +147,17 @@ fn a_batch_cannot_amplify_host_allocations() {
         .args(["--policy-param", "call=commit-batch"])
         .output()
         .expect("run handoff");
-    fails(&output, 9, "a commit covers at most 500 events");
+    fails(
+        &output,
+        9,
+        "a commit's strings exceed 256 MiB of policy memory",
+    );
     assert!(inspect(&s.state()).1.is_empty());
 }
 
 /// Shaped records whose IDs, event types, values and payloads all name the same 8 MiB of policy
-/// memory, 100,000 times: the host copies payload text only while the commit stays within its
-/// 64 MiB bound, then refuses the commit; nothing is written.
+/// memory, 100,000 times: the host keeps each part within its bound and stops reading (and
+/// refuses the commit) once the call's strings pass 256 MiB; nothing is written.
 #[test]
 fn shaped_records_cannot_amplify_host_allocations() {
     let s = Scratch::new();
@@ -170,6 +174,10 @@ fn shaped_records_cannot_amplify_host_allocations() {
         .args(["--policy-param", "call=commit-records"])
         .output()
         .expect("run handoff");
-    fails(&output, 9, "the payloads of one commit exceed 64 MiB");
+    fails(
+        &output,
+        9,
+        "a commit's strings exceed 256 MiB of policy memory",
+    );
     assert!(inspect(&s.state()).1.is_empty());
 }

@@ -322,6 +322,10 @@ fn shaped_records_breaking_the_contract_are_refused() {
         ("not-json", "the payload is not JSON"),
         ("payload-array", "the payload must be a document"),
         ("oversized-payload", "the payload is over 4194304 bytes"),
+        (
+            "many-values",
+            "the payloads of one commit hold more than 1048576 values",
+        ),
     ] {
         fails(
             &hostile(

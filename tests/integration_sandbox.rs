@@ -342,6 +342,14 @@ fn multi_memory_policy(
             "(if (i32.eq (table.grow $t{t} (ref.null func) (i32.const {elements})) (i32.const -1)) (then unreachable))\n"
         ));
     }
+    let wit = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../wit/policy.wit");
+    let contract = std::fs::read_to_string(&wit).expect("the contract");
+    // The contract's current version, from its package line.
+    let version = contract
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("package handoff:policy@"))
+        .and_then(|v| v.strip_suffix(';'))
+        .expect("the package line");
     let text = format!(
         r#"(module
   (memory (export "memory") 1)
@@ -357,7 +365,7 @@ fn multi_memory_policy(
                         (i32.const -1))
               (then unreachable))))
     (local.get $p))
-  (func (export "handoff:policy/policy@1.1.0#run") (param i32 i64 i32 i32) (result i32)
+  (func (export "handoff:policy/policy@{version}#run") (param i32 i64 i32 i32) (result i32)
     {grow}
     ;; result<report, string>: ok, status idle, 0 events, empty last-event-id
     (i32.store8 (i32.const 16) (i32.const 0))
@@ -370,7 +378,6 @@ fn multi_memory_policy(
     );
     let mut module = wat::parse_str(&text).expect("valid module text");
     let mut resolve = wit_parser::Resolve::default();
-    let wit = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../wit/policy.wit");
     let package = resolve.push_file(&wit).expect("the contract parses");
     let world = resolve
         .select_world(&[package], Some("handoff-policy"))

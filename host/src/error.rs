@@ -60,6 +60,15 @@ pub enum HandoffError {
 }
 
 impl HandoffError {
+    /// The store refused an operation for the URI's user (MongoDB's `Unauthorized`).
+    pub fn unauthorized(detail: &str) -> HandoffError {
+        HandoffError::Authentication(format!(
+            "MongoDB refused an operation this user is not allowed to run: {detail}. Grant the \
+             role described in the README (Least privilege); nothing was written by the refused \
+             operation"
+        ))
+    }
+
     /// The process exit code of this class (documented in the README).
     pub fn exit_code(&self) -> u8 {
         match self {

@@ -25,6 +25,8 @@ use serde_json::{Map, Value};
 
 /// The largest payload the host accepts, in bytes of Extended JSON text.
 const MAX_PAYLOAD: usize = 4 << 20;
+/// The most JSON values the host accepts in the payloads of one commit.
+const MAX_VALUES: usize = 1 << 20;
 /// The largest aggregate ID or version the host accepts, in bytes of Extended JSON text.
 const MAX_VALUE: usize = 1024;
 
@@ -107,14 +109,28 @@ pub fn event_type(entity: &str, operation: &str) -> Option<String> {
     Some(format!("{entity}{verb}"))
 }
 
+/// How many JSON values `value` is made of, itself included.
+fn values(value: &Value) -> usize {
+    let mut count = 0;
+    let mut stack = vec![value];
+    while let Some(value) = stack.pop() {
+        count += 1;
+        match value {
+            Value::Object(map) => stack.extend(map.values()),
+            Value::Array(items) => stack.extend(items),
+            _ => {}
+        }
+    }
+    count
+}
+
 /// Why a value cannot be a record's key or payload: a `$` or NUL key at any depth.
 fn unstorable_key(value: &Value) -> Option<String> {
     match value {
+        // An Extended JSON wrapper (`{"$date": …}`) is a value, not keys of the document; a
+        // JavaScript scope's keys are keys.
+        Value::Object(map) if is_extended_json(map) => map.get("$scope").and_then(unstorable_key),
         Value::Object(map) => map.iter().find_map(|(key, inner)| {
-            // An Extended JSON wrapper (`{"$date": …}`) is a value, not a key of the document.
-            if key.starts_with('$') && map.len() <= 2 && is_extended_json(map) {
-                return None;
-            }
             if key.starts_with('$') || key.contains('\0') {
                 Some(format!(
                     "field name {:?} cannot be stored in a record",
@@ -129,28 +145,41 @@ fn unstorable_key(value: &Value) -> Option<String> {
     }
 }
 
-/// Relaxed Extended JSON wrappers: the one- or two-key objects whose keys name a BSON type.
+/// Relaxed Extended JSON wrappers: the one- or two-key objects whose keys name a BSON type and
+/// whose values have that type's shape (a document may hold such keys as plain field names since
+/// MongoDB 5.0; those are not wrappers and cannot be stored in a record).
 fn is_extended_json(map: &Map<String, Value>) -> bool {
-    const WRAPPERS: &[&str] = &[
-        "$oid",
-        "$date",
-        "$numberLong",
-        "$numberDecimal",
-        "$numberDouble",
-        "$numberInt",
-        "$binary",
-        "$timestamp",
-        "$regularExpression",
-        "$symbol",
-        "$code",
-        "$scope",
-        "$minKey",
-        "$maxKey",
-        "$undefined",
-        "$dbPointer",
-        "$uuid",
-    ];
-    map.keys().all(|k| WRAPPERS.contains(&k.as_str()))
+    let text = |v: &Value| v.is_string();
+    let fields = |v: &Value, keys: &[&str]| {
+        v.as_object()
+            .is_some_and(|o| o.len() == keys.len() && keys.iter().all(|k| o.contains_key(*k)))
+    };
+    let mut keys = map.keys().map(String::as_str).collect::<Vec<_>>();
+    keys.sort_unstable();
+    match (keys.as_slice(), map.values().next()) {
+        (["$oid"], Some(Value::String(hex))) => {
+            hex.len() == 24 && hex.bytes().all(|b| b.is_ascii_hexdigit())
+        }
+        (["$date"], Some(v)) => text(v) || v.is_i64() || fields(v, &["$numberLong"]),
+        (
+            ["$numberLong"]
+            | ["$numberDecimal"]
+            | ["$numberDouble"]
+            | ["$numberInt"]
+            | ["$symbol"]
+            | ["$code"]
+            | ["$uuid"],
+            Some(v),
+        ) => text(v),
+        (["$binary"], Some(v)) => fields(v, &["base64", "subType"]),
+        (["$timestamp"], Some(v)) => fields(v, &["t", "i"]),
+        (["$regularExpression"], Some(v)) => fields(v, &["pattern", "options"]),
+        (["$maxKey"] | ["$minKey"], Some(v)) => v.as_i64() == Some(1),
+        (["$code", "$scope"], _) => {
+            map.get("$code").is_some_and(text) && map.get("$scope").is_some_and(Value::is_object)
+        }
+        _ => false,
+    }
 }
 
 /// The record an event becomes, or the reason it is quarantined. `read` reads a field of the
@@ -207,6 +236,9 @@ pub fn shape(
     map.shift_remove("_id");
     if let Some(reason) = unstorable_key(&payload) {
         return Err(reason);
+    }
+    if values(&payload) > MAX_VALUES {
+        return Err(format!("the payload holds more than {MAX_VALUES} values"));
     }
     let payload = payload.to_string();
     if payload.len() > MAX_PAYLOAD {
@@ -397,6 +429,24 @@ mod tests {
             ),
         ]);
         assert!(shape(&defaults(), "x", "insert", &mut dates).is_ok());
+        // A field named like a wrapper but not shaped like one is a field name.
+        let mut fake = reader(&[
+            ("documentKey._id", "1"),
+            ("fullDocument", r#"{"_id":1,"ref":{"$oid":"zz"}}"#),
+        ]);
+        assert!(
+            shape(&defaults(), "x", "insert", &mut fake)
+                .unwrap_err()
+                .contains("$oid")
+        );
+        let mut real = reader(&[
+            ("documentKey._id", r#"{"$oid":"6740a1b2c3d4e5f601234567"}"#),
+            (
+                "fullDocument",
+                r#"{"_id":1,"n":{"$numberLong":"9007199254740993"}}"#,
+            ),
+        ]);
+        assert!(shape(&defaults(), "x", "insert", &mut real).is_ok());
         let mut none = reader(&[]);
         assert!(
             shape(&defaults(), "x", "drop", &mut none)

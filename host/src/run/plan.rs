@@ -150,7 +150,7 @@ impl Plan {
             )
             .map_err(|e| match e {
                 CommitError::Unavailable(m) => HandoffError::Unavailable(m),
-                CommitError::Unauthorized(m) => HandoffError::Authentication(unauthorized(&m)),
+                CommitError::Unauthorized(m) => HandoffError::unauthorized(&m),
                 other => HandoffError::Unavailable(other.to_string()),
             })?;
         let loaded = checkpoint::validate(&stored, &consumer.source, &deployment.replica_set_id)?;
@@ -174,12 +174,4 @@ impl Plan {
         );
         Ok(summary)
     }
-}
-
-/// What a run says when the store refused an operation for the URI's user.
-pub fn unauthorized(detail: &str) -> String {
-    format!(
-        "MongoDB refused an operation this user is not allowed to run: {detail}. Grant the role \
-         described in the README (Least privilege); nothing was written by the refused operation"
-    )
 }

@@ -325,22 +325,84 @@ fn bounded(
     Ok(text.to_str(&store)?.chars().take(chars + 1).collect())
 }
 
-/// The first `bytes` bytes of a string in guest memory (cut at a character boundary), plus one
-/// character to mark a cut.
-fn bounded_bytes(
-    text: &wasmtime::component::WasmStr,
-    store: impl wasmtime::AsContext,
-    bytes: usize,
-) -> wasmtime::Result<String> {
-    let text = text.to_str(&store)?;
-    let mut end = 0;
-    for (at, c) in text.char_indices() {
-        end = at + c.len_utf8();
-        if at >= bytes {
-            break;
+/// What one commit call may read of the policy's memory in all. Each string is checked whole (as
+/// UTF-8) before it is cut, so without this bound 500 decisions whose strings alias one large
+/// buffer would pin the host's CPU in a single call, out of the compute slice's reach.
+const MAX_SCANNED_PER_CALL: usize = 256 << 20;
+
+/// The strings one call has read, against [`MAX_SCANNED_PER_CALL`].
+#[derive(Default)]
+struct Scan {
+    scanned: usize,
+}
+
+/// A call that read more than [`MAX_SCANNED_PER_CALL`]; it is refused.
+struct OverScan;
+
+impl Scan {
+    fn count(&mut self, text: &str) -> Result<(), OverScan> {
+        self.scanned = self.scanned.saturating_add(text.len());
+        if self.scanned > MAX_SCANNED_PER_CALL {
+            Err(OverScan)
+        } else {
+            Ok(())
         }
     }
-    Ok(text[..end].to_string())
+
+    /// [`bounded`], counted.
+    fn chars(
+        &mut self,
+        text: &wasmtime::component::WasmStr,
+        store: impl wasmtime::AsContext,
+        chars: usize,
+    ) -> wasmtime::Result<Result<String, OverScan>> {
+        let whole = text.to_str(&store)?;
+        Ok(self
+            .count(&whole)
+            .map(|()| whole.chars().take(chars + 1).collect()))
+    }
+
+    /// [`bounded_bytes`], counted.
+    fn bytes(
+        &mut self,
+        text: &wasmtime::component::WasmStr,
+        store: impl wasmtime::AsContext,
+        bytes: usize,
+    ) -> wasmtime::Result<Result<String, OverScan>> {
+        let whole = text.to_str(&store)?;
+        if let Err(over) = self.count(&whole) {
+            return Ok(Err(over));
+        }
+        let mut end = 0;
+        for (at, c) in whole.char_indices() {
+            end = at + c.len_utf8();
+            if at >= bytes {
+                break;
+            }
+        }
+        Ok(Ok(whole[..end].to_string()))
+    }
+}
+
+/// The answer to a commit call that read too much of the policy's memory: the run fails.
+fn over_scan(
+    store: &mut wasmtime::StoreContextMut<'_, RunState>,
+) -> Result<(), types::CommitError> {
+    let refusal = store.data_mut().session.refuse(format!(
+        "a commit's strings exceed {} MiB of policy memory",
+        MAX_SCANNED_PER_CALL >> 20
+    ));
+    store.data_mut().back_to_guest(Err(commit_error(refusal)))
+}
+
+/// `?` for a counted read: a trap propagates, an over-long read ends the call with its refusal.
+macro_rules! scanned {
+    ($store:ident, $read:expr) => {
+        match $read? {
+            Ok(text) => text,
+            Err(OverScan) => return Ok((over_scan(&mut $store),)),
+        }
+    };
 }
 
 /// Replaces the generated `log` import with one that reads its list lazily. Lifting the list
@@ -463,37 +525,45 @@ pub fn add_bounded_commit_records(
         |mut store: wasmtime::StoreContextMut<'_, RunState>, (request,): (RecordsView,)| {
             let mut decisions = Vec::new();
             let mut payloads = 0usize;
+            let mut scan = Scan::default();
             for index in 0..request.decisions.len().min(session::MAX_BATCH + 1) {
                 let Some(decision) = request.decisions.get(&mut store, index) else {
                     break;
                 };
                 decisions.push(match decision? {
-                    RecordDecisionView::HandOff(id) => {
-                        types::RecordDecision::HandOff(bounded(&id, &store, session::MAX_ID_LEN)?)
-                    }
-                    RecordDecisionView::Skip(reason) => {
-                        types::RecordDecision::Skip(bounded(&reason, &store, REASON_CHARS)?)
-                    }
+                    RecordDecisionView::HandOff(id) => types::RecordDecision::HandOff(scanned!(
+                        store,
+                        scan.chars(&id, &store, session::MAX_ID_LEN)
+                    )),
+                    RecordDecisionView::Skip(reason) => types::RecordDecision::Skip(scanned!(
+                        store,
+                        scan.chars(&reason, &store, REASON_CHARS)
+                    )),
                     RecordDecisionView::Quarantine(q) => {
                         types::RecordDecision::Quarantine(types::QuarantineDecision {
-                            id: bounded(&q.id, &store, session::MAX_ID_LEN)?,
-                            reason: bounded(&q.reason, &store, REASON_CHARS)?,
+                            id: scanned!(store, scan.chars(&q.id, &store, session::MAX_ID_LEN)),
+                            reason: scanned!(store, scan.chars(&q.reason, &store, REASON_CHARS)),
                         })
                     }
                     RecordDecisionView::HandOffRecord(r) => {
                         let left = (MAX_PAYLOADS_PER_COMMIT + 1).saturating_sub(payloads);
-                        let payload =
-                            bounded_bytes(&r.payload, &store, MAX_PAYLOAD_TEXT.min(left))?;
+                        let payload = scanned!(
+                            store,
+                            scan.bytes(&r.payload, &store, MAX_PAYLOAD_TEXT.min(left))
+                        );
                         payloads += payload.len();
                         let aggregate_version = match &r.aggregate_version {
-                            Some(v) => Some(bounded_bytes(v, &store, MAX_VALUE_TEXT)?),
+                            Some(v) => Some(scanned!(store, scan.bytes(v, &store, MAX_VALUE_TEXT))),
                             None => None,
                         };
                         types::RecordDecision::HandOffRecord(types::OutboxRecord {
-                            id: bounded(&r.id, &store, session::MAX_ID_LEN)?,
-                            event_type: bounded(&r.event_type, &store, 100)?,
+                            id: scanned!(store, scan.chars(&r.id, &store, session::MAX_ID_LEN)),
+                            event_type: scanned!(store, scan.chars(&r.event_type, &store, 100)),
                             schema_version: r.schema_version,
-                            aggregate_id: bounded_bytes(&r.aggregate_id, &store, MAX_VALUE_TEXT)?,
+                            aggregate_id: scanned!(
+                                store,
+                                scan.bytes(&r.aggregate_id, &store, MAX_VALUE_TEXT)
+                            ),
                             aggregate_version,
                             payload,
                         })
@@ -529,21 +599,24 @@ pub fn add_bounded_commit_batch(
         "commit-batch",
         |mut store: wasmtime::StoreContextMut<'_, RunState>, (request,): (BatchView,)| {
             let mut decisions = Vec::new();
+            let mut scan = Scan::default();
             for index in 0..request.decisions.len().min(session::MAX_BATCH + 1) {
                 let Some(decision) = request.decisions.get(&mut store, index) else {
                     break;
                 };
                 decisions.push(match decision? {
-                    DecisionView::HandOff(id) => {
-                        types::EventDecision::HandOff(bounded(&id, &store, session::MAX_ID_LEN)?)
-                    }
-                    DecisionView::Skip(reason) => {
-                        types::EventDecision::Skip(bounded(&reason, &store, REASON_CHARS)?)
-                    }
+                    DecisionView::HandOff(id) => types::EventDecision::HandOff(scanned!(
+                        store,
+                        scan.chars(&id, &store, session::MAX_ID_LEN)
+                    )),
+                    DecisionView::Skip(reason) => types::EventDecision::Skip(scanned!(
+                        store,
+                        scan.chars(&reason, &store, REASON_CHARS)
+                    )),
                     DecisionView::Quarantine(q) => {
                         types::EventDecision::Quarantine(types::QuarantineDecision {
-                            id: bounded(&q.id, &store, session::MAX_ID_LEN)?,
-                            reason: bounded(&q.reason, &store, REASON_CHARS)?,
+                            id: scanned!(store, scan.chars(&q.id, &store, session::MAX_ID_LEN)),
+                            reason: scanned!(store, scan.chars(&q.reason, &store, REASON_CHARS)),
                         })
                     }
                 });

@@ -6,9 +6,9 @@ use std::collections::HashSet;
 use bson::{Document, doc};
 use sha2::{Digest, Sha256};
 
-use super::record::{MAX_PAYLOADS_PER_COMMIT, Shaped};
+use super::Session;
+use super::record::{MAX_PAYLOAD_VALUES_PER_COMMIT, MAX_PAYLOADS_PER_COMMIT, Shaped, json_values};
 use super::refusal::Refusal;
-use super::{Session, bson_size};
 use crate::domain::text::escape_untrusted;
 use crate::domain::token::canonical_text;
 use crate::domain::{Commit, CommitError, Mode};
@@ -131,6 +131,19 @@ impl Session {
                 MAX_PAYLOADS_PER_COMMIT >> 20
             )));
         }
+        // Before any payload is parsed: parsed values cost far more than their text.
+        let values: usize = decisions
+            .iter()
+            .map(|d| match d {
+                Decision::HandOffRecord(shaped) => json_values(&shaped.payload),
+                _ => 0,
+            })
+            .sum();
+        if values > MAX_PAYLOAD_VALUES_PER_COMMIT {
+            return Err(self.reject(format!(
+                "the payloads of one commit hold more than {MAX_PAYLOAD_VALUES_PER_COMMIT} values"
+            )));
+        }
         self.check_coverage(next, decisions.len())?;
         let mut plan = self.plan(&decisions, mode)?;
         // Consecutive transactions of at most `max_transaction_bytes` of records each.
@@ -251,9 +264,13 @@ impl Session {
                         "event": event,
                     },
                 };
-                step.bytes = bson_size(&record);
+                let Ok(encoded) = record.to_vec() else {
+                    return Err(self.reject(format!("the record {id} cannot be encoded as BSON")));
+                };
+                step.bytes = encoded.len();
                 if step.bytes > self.bounds.max_record_bytes {
-                    return Err(self.record_too_large(id, step.bytes));
+                    let shaped = matches!(decision, Decision::HandOffRecord(_));
+                    return Err(self.record_too_large(id, step.bytes, shaped));
                 }
                 if hand_off {
                     step.handed_off = Some(id.to_string());
@@ -278,8 +295,17 @@ impl Session {
     }
 
     /// A record over MongoDB's document limit: nothing of the commit is written.
-    fn record_too_large(&mut self, id: &str, bytes: usize) -> Refusal {
+    /// A record the policy shaped is the policy's to make smaller.
+    fn record_too_large(&mut self, id: &str, bytes: usize, shaped: bool) -> Refusal {
         let limit = self.bounds.max_record_bytes;
+        if shaped {
+            return self.fail(HandoffError::Policy(format!(
+                "The record {id} shaped by the policy would be {bytes} bytes, over the {limit}-byte \
+                 document limit (its payload plus the kept change event). Shape a smaller payload, or \
+                 run with --outbox-keep-event false to leave the raw event out of shaped records. \
+                 Nothing of the commit was written."
+            )));
+        }
         self.fail(HandoffError::EventTooLarge(format!(
             "{EVENT_TOO_LARGE_GUIDANCE} The record {id} would be {bytes} bytes, over the {limit}-byte document limit."
         )))
@@ -324,9 +350,7 @@ impl Session {
                 CommitError::TooLarge(id) => HandoffError::EventTooLarge(format!(
                     "{EVENT_TOO_LARGE_GUIDANCE} The record {id} is over the limit."
                 )),
-                CommitError::Unauthorized(detail) => {
-                    HandoffError::Authentication(crate::run::plan::unauthorized(&detail))
-                }
+                CommitError::Unauthorized(detail) => HandoffError::unauthorized(&detail),
             })),
         };
         for id in &applied.duplicates {
@@ -426,9 +450,7 @@ impl Session {
                 CommitError::Unavailable(detail) | CommitError::TooLarge(detail) => {
                     HandoffError::Unavailable(format!("{on_unavailable} Store error: {detail}"))
                 }
-                CommitError::Unauthorized(detail) => {
-                    HandoffError::Authentication(crate::run::plan::unauthorized(&detail))
-                }
+                CommitError::Unauthorized(detail) => HandoffError::unauthorized(&detail),
             }));
         }
         self.token_text = Some(canonical_text(&next));

@@ -235,6 +235,11 @@ impl Session {
         refusal
     }
 
+    /// Ends the run on a call the host refused before reading it whole (the bindings' bounds).
+    pub fn refuse(&mut self, what: impl std::fmt::Display) -> Refusal {
+        self.reject(what)
+    }
+
     /// Ends the run on a policy decision that breaks a rule.
     fn reject(&mut self, what: impl std::fmt::Display) -> Refusal {
         self.fail(HandoffError::Policy(refusal::rejected(what)))

@@ -14,6 +14,32 @@ pub const MAX_VALUE_TEXT: usize = 1024;
 pub const MAX_PAYLOAD_TEXT: usize = 4 << 20;
 /// The payload text one commit may carry in all, in bytes.
 pub const MAX_PAYLOADS_PER_COMMIT: usize = 64 << 20;
+/// The JSON values (numbers, strings, documents, …) the payloads of one commit may hold in all:
+/// a parsed value costs far more host memory than its text (`[0,0,…]` is two bytes a value).
+pub const MAX_PAYLOAD_VALUES_PER_COMMIT: usize = 1 << 20;
+
+/// An upper bound on the JSON values `text` holds, counted without parsing it: one more than
+/// its commas, colons' keys aside, and opening brackets outside strings.
+pub fn json_values(text: &str) -> usize {
+    let (mut values, mut in_string, mut escaped) = (1usize, false, false);
+    for byte in text.bytes() {
+        if in_string {
+            match byte {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+        } else {
+            match byte {
+                b'"' => in_string = true,
+                b',' | b'[' | b'{' => values += 1,
+                _ => {}
+            }
+        }
+    }
+    values
+}
 
 /// A policy-shaped outbox record as the policy gave it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -57,7 +83,8 @@ fn parse_value(what: &str, text: &str, max: usize) -> Result<Bson, String> {
     let json: serde_json::Value =
         serde_json::from_str(text).map_err(|e| format!("{what} is not JSON ({e})"))?;
     let value =
-        Bson::try_from(json).map_err(|e| format!("{what} is not valid Extended JSON ({e})"))?;
+        // The converter's message quotes the offending value: only the fact is told.
+        Bson::try_from(json).map_err(|_| format!("{what} is not valid Extended JSON"))?;
     check_keys(what, &value)?;
     Ok(value)
 }
@@ -74,27 +101,44 @@ fn parse_scalar(what: &str, text: &str) -> Result<Bson, String> {
 }
 
 /// No key may start with `$` (an operator to MongoDB) or hold a NUL (BSON cannot store it), at
-/// any depth.
+/// any depth, a JavaScript scope's included.
 fn check_keys(what: &str, value: &Bson) -> Result<(), String> {
-    let mut stack = vec![value];
-    while let Some(value) = stack.pop() {
+    fn nested(value: &Bson) -> Option<&Document> {
         match value {
-            Bson::Document(d) => {
-                for (key, inner) in d {
-                    if key.starts_with('$') {
-                        return Err(format!("{what} holds a key starting with `$`"));
-                    }
-                    if key.contains('\0') {
-                        return Err(format!("{what} holds a key with a NUL character"));
-                    }
-                    stack.push(inner);
-                }
-            }
-            Bson::Array(items) => stack.extend(items.iter()),
-            _ => {}
+            Bson::Document(d) => Some(d),
+            Bson::JavaScriptCodeWithScope(code) => Some(&code.scope),
+            _ => None,
         }
     }
-    Ok(())
+    fn visit<'a>(value: &'a Bson, documents: &mut Vec<&'a Document>, arrays: &mut Vec<&'a [Bson]>) {
+        if let Some(d) = nested(value) {
+            documents.push(d);
+        } else if let Bson::Array(items) = value {
+            arrays.push(items);
+        }
+    }
+    let mut documents: Vec<&Document> = Vec::new();
+    let mut arrays: Vec<&[Bson]> = Vec::new();
+    visit(value, &mut documents, &mut arrays);
+    loop {
+        if let Some(d) = documents.pop() {
+            for (key, inner) in d {
+                if key.starts_with('$') {
+                    return Err(format!("{what} holds a key starting with `$`"));
+                }
+                if key.contains('\0') {
+                    return Err(format!("{what} holds a key with a NUL character"));
+                }
+                visit(inner, &mut documents, &mut arrays);
+            }
+        } else if let Some(items) = arrays.pop() {
+            for inner in items {
+                visit(inner, &mut documents, &mut arrays);
+            }
+        } else {
+            return Ok(());
+        }
+    }
 }
 
 impl Shaped {
@@ -250,5 +294,28 @@ mod tests {
                 .unwrap_err()
                 .contains("aggregateVersion")
         );
+    }
+
+    #[test]
+    fn keys_inside_a_javascript_scope_are_checked_too() {
+        for scope in [r#"{"$where": 1}"#, r#"{"a\u0000b": 1}"#] {
+            let payload = format!(r#"{{"f": {{"$code": "x", "$scope": {scope}}}}}"#);
+            let error = build(&shaped(&payload), true).expect_err(&payload);
+            assert!(error.contains("the payload"), "{payload}: {error}");
+        }
+        // A converter's message quotes the value it refused; the refusal does not.
+        let error = build(&shaped(r#"{"at": {"$date": "secret-value"}}"#), true).unwrap_err();
+        assert!(!error.contains("secret-value"), "{error}");
+    }
+
+    #[test]
+    fn json_values_bound_what_a_payload_parses_into() {
+        assert_eq!(json_values("{}"), 2);
+        assert_eq!(json_values("[0,0,0]"), 4);
+        assert_eq!(json_values(r#"{"a": 1, "b": [1, 2]}"#), 5);
+        // Commas, brackets and escaped quotes inside strings are not values.
+        assert_eq!(json_values(r#"{"a": "x,[{\",y"}"#), 2);
+        let many = format!("[{}0]", "0,".repeat(1000));
+        assert_eq!(json_values(&many), 1002);
     }
 }

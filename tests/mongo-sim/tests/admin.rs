@@ -229,6 +229,56 @@ async fn collection_lifecycle_commands() {
     server.shutdown().await;
 }
 
+/// Views and time-series collections: listed with their type, and no change stream opens on
+/// them (CommandNotSupportedOnView, as MongoDB answers).
+#[tokio::test]
+async fn views_and_time_series_collections_have_their_type_and_no_change_stream() {
+    let (server, client) = common::start().await;
+    let db = client.database("kinds");
+    db.run_command(doc! {"create": "readings", "timeseries": {"timeField": "at"}})
+        .await
+        .unwrap();
+    db.run_command(doc! {"create": "recent", "viewOn": "orders", "pipeline": []})
+        .await
+        .unwrap();
+    db.create_collection("orders").await.unwrap();
+    let bad = db
+        .run_command(doc! {"create": "broken", "timeseries": {"metaField": "m"}})
+        .await
+        .unwrap_err();
+    assert_eq!(code_of(&bad), Some(2));
+    for (name, kind) in [
+        ("readings", "timeseries"),
+        ("recent", "view"),
+        ("orders", "collection"),
+    ] {
+        let reply = db
+            .run_command(doc! {
+                "listCollections": 1,
+                "filter": {"name": name},
+                "nameOnly": true,
+                "authorizedCollections": true,
+            })
+            .await
+            .unwrap();
+        let batch = reply
+            .get_document("cursor")
+            .unwrap()
+            .get_array("firstBatch")
+            .unwrap();
+        assert_eq!(batch.len(), 1, "{name}");
+        let spec = batch[0].as_document().unwrap();
+        assert_eq!(spec.get_str("type").unwrap(), kind, "{name}");
+        let watched = db.collection::<Document>(name).watch().await;
+        if kind == "collection" {
+            assert!(watched.is_ok(), "{name}");
+        } else {
+            assert_eq!(code_of(&watched.unwrap_err()), Some(166), "{name}");
+        }
+    }
+    server.shutdown().await;
+}
+
 #[tokio::test]
 async fn end_sessions_and_kill_cursors() {
     let (server, client) = common::start().await;

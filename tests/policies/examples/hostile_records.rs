@@ -1,7 +1,8 @@
 //! Test policy: commits the first delivered event as a policy-shaped record that breaks one rule
 //! of the contract, chosen by `--policy-param attack=…`:
 //! `dollar-key`, `nul-key`, `top-level-id`, `event-type`, `aggregate-document`, `not-json`,
-//! `payload-array`, `oversized-payload` (5 MiB), or `valid` (a well-formed record).
+//! `payload-array`, `oversized-payload` (5 MiB), `many-values` (1.2 million numbers in 2.4 MB of
+//! text), or `valid` (a well-formed record).
 #![cfg_attr(not(target_arch = "wasm32"), allow(dead_code))]
 
 #[cfg(target_arch = "wasm32")]
@@ -31,6 +32,7 @@ mod policy {
             "aggregate-document" => record.aggregate_id = r#"{"a": 1}"#.into(),
             "not-json" => record.payload = "not json".into(),
             "payload-array" => record.payload = "[1, 2]".into(),
+            "many-values" => record.payload = format!("{{\"a\": [{}0]}}", "0,".repeat(1_200_000)),
             "oversized-payload" => {
                 record.payload = format!("{{\"blob\": \"{}\"}}", "x".repeat(5 << 20))
             }
