@@ -286,6 +286,28 @@ fn history_lost_fails_with_the_checkpoint_unchanged() {
     fails(&output, 6, "ChangeStreamHistoryLost (code 286)");
     assert!(stderr(&output).contains("Check MongoDB and the oplog window"));
     assert_eq!(inspect(&s.state()), before);
+    // The failed resume is counted by its class in the metrics line.
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let metrics: Value = stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("::").and_then(|l| l.strip_suffix("::")))
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find(|v| v.get("metrics").is_some())
+        .expect("a metrics line");
+    let count = |name: &str| {
+        metrics["metrics"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["name"] == name)
+            .map(|m| m["value"].clone())
+    };
+    assert_eq!(
+        count("resume_attempts_history_lost"),
+        Some(json!(1)),
+        "{metrics}"
+    );
+    assert_eq!(count("resume_attempts_ok"), Some(json!(0)), "{metrics}");
 
     // The server failing the stream mid-run stops it there; what was committed before stays.
     let s = Scratch::new();

@@ -14,8 +14,9 @@ use handoff::run::backends::Mongo;
     "      --database shop --collection orders --consumer-id orders-to-outbox \\\n",
     "      --log-format kestra --outputs-file outputs.json\n\n",
     "Outputs (stdout, and --outputs-file): status, events_handed_off, last_event_id, consumer_id,\n",
-    "events_skipped, events_quarantined, policy_sha256; on failure status FAILED with error_class,\n",
-    "exit_code and guidance.\n\n",
+    "events_skipped, events_quarantined, duplicates_suppressed, policy_sha256; on failure status\n",
+    "FAILED with error_class, exit_code and guidance. A record already stored for the same event\n",
+    "(a checkpoint moved back) is not written again and counts in duplicates_suppressed.\n\n",
     exit_codes!(),
 ))]
 pub struct RunArgs {
