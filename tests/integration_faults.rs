@@ -72,20 +72,7 @@ fn a_write_conflict_on_commit_is_retried_and_committed_once() {
         .count();
     assert_eq!(retries, 2, "{}", support::stderr(&output));
     // The metrics line counts them.
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let metrics: serde_json::Value = stdout
-        .lines()
-        .filter_map(|l| l.strip_prefix("::").and_then(|l| l.strip_suffix("::")))
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .find(|v| v.get("metrics").is_some())
-        .expect("a metrics line");
-    let counted = metrics["metrics"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|m| m["name"] == "transaction_retries")
-        .expect("transaction_retries");
-    assert_eq!(counted["value"], 2, "{metrics}");
+    assert_eq!(support::metric(&output, "transaction_retries"), 2);
     assert_all_handed_off_once(&live, &start, 4);
 }
 

@@ -287,27 +287,8 @@ fn history_lost_fails_with_the_checkpoint_unchanged() {
     assert!(stderr(&output).contains("Check MongoDB and the oplog window"));
     assert_eq!(inspect(&s.state()), before);
     // The failed resume is counted by its class in the metrics line.
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let metrics: Value = stdout
-        .lines()
-        .filter_map(|l| l.strip_prefix("::").and_then(|l| l.strip_suffix("::")))
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .find(|v| v.get("metrics").is_some())
-        .expect("a metrics line");
-    let count = |name: &str| {
-        metrics["metrics"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|m| m["name"] == name)
-            .map(|m| m["value"].clone())
-    };
-    assert_eq!(
-        count("resume_attempts_history_lost"),
-        Some(json!(1)),
-        "{metrics}"
-    );
-    assert_eq!(count("resume_attempts_ok"), Some(json!(0)), "{metrics}");
+    assert_eq!(metric(&output, "resume_attempts_history_lost"), 1);
+    assert_eq!(metric(&output, "resume_attempts_ok"), 0);
 
     // The server failing the stream mid-run stops it there; what was committed before stays.
     let s = Scratch::new();

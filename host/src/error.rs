@@ -63,9 +63,9 @@ impl HandoffError {
     /// The store refused an operation for the URI's user (MongoDB's `Unauthorized`).
     pub fn unauthorized(detail: &str) -> HandoffError {
         HandoffError::Authentication(format!(
-            "MongoDB refused an operation this user is not allowed to run: {detail}. Grant the \
-             role described in the README (Least privilege); nothing was written by the refused \
-             operation"
+            "MongoDB accepted the credentials but refused an operation this user is not allowed \
+             to run: {detail}. Grant the role described in the README (Least privilege); nothing \
+             was written by the refused operation"
         ))
     }
 

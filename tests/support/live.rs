@@ -233,8 +233,13 @@ impl Live {
 
     /// Every outbox document, in insertion order.
     pub fn outbox(&self) -> Vec<Document> {
+        self.records(OUTBOX)
+    }
+
+    /// Every document of `collection`, in insertion order.
+    pub fn records(&self, collection: &str) -> Vec<Document> {
         self.rt.block_on(async {
-            self.coll(OUTBOX)
+            self.coll(collection)
                 .find(doc! {})
                 .await
                 .expect("find outbox")

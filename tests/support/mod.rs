@@ -141,22 +141,40 @@ pub fn replay(fixture: &Path, state: &Path, extra: &[&str]) -> Output {
         .expect("run handoff")
 }
 
-/// The value of the `::{"outputs": …}::` line, as Kestra parses it.
-pub fn outputs(output: &Output) -> Value {
+/// The value under `key` of the first `::{…}::` task-protocol line that has it, as Kestra
+/// parses it.
+fn protocol_line(output: &Output, key: &str) -> Value {
     let stdout = String::from_utf8_lossy(&output.stdout);
     for line in stdout.lines() {
         if let Some(inner) = line.strip_prefix("::").and_then(|l| l.strip_suffix("::")) {
-            let value: Value = serde_json::from_str(inner).expect("outputs line is JSON");
-            if let Some(outputs) = value.get("outputs") {
-                return outputs.clone();
+            let value: Value = serde_json::from_str(inner).expect("a protocol line is JSON");
+            if let Some(found) = value.get(key) {
+                return found.clone();
             }
         }
     }
     panic!(
-        "no outputs line; exit {:?}\nstdout: {stdout}\nstderr: {}",
+        "no {key} line; exit {:?}\nstdout: {stdout}\nstderr: {}",
         output.status.code(),
         String::from_utf8_lossy(&output.stderr)
     );
+}
+
+/// The value of the `::{"outputs": …}::` line, as Kestra parses it.
+pub fn outputs(output: &Output) -> Value {
+    protocol_line(output, "outputs")
+}
+
+/// The value of the metric `name` in the `::{"metrics": […]}::` line.
+pub fn metric(output: &Output, name: &str) -> Value {
+    let metrics = protocol_line(output, "metrics");
+    metrics
+        .as_array()
+        .expect("a list of metrics")
+        .iter()
+        .find(|m| m["name"] == name)
+        .unwrap_or_else(|| panic!("no metric {name}: {metrics}"))["value"]
+        .clone()
 }
 
 pub fn stderr(output: &Output) -> String {

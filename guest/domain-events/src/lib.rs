@@ -17,10 +17,7 @@
 //! `orders` → `Order`), `version-field` (default `version`), `schema-version` (default `1`).
 //! Event IDs, resume modes and the idle watermark are the default policy's.
 
-use handoff_policy_sdk::{
-    Checkpoint, Decision, Host, Mode, Record, Report, Settings, Tally, event_id, mode_after,
-    stream_start,
-};
+use handoff_policy_sdk::{Checkpoint, Decision, Host, Record, Report, Settings, run_each};
 use serde_json::{Map, Value};
 
 /// The largest payload the host accepts, in bytes of Extended JSON text.
@@ -263,44 +260,14 @@ pub fn run<H: Host>(
     settings: &Settings,
 ) -> Result<Report, String> {
     let params = Shape::from_settings(settings)?;
-    let mut tally = Tally::new(&checkpoint);
-    host.open(stream_start(&checkpoint))?;
-    let mut deadline = host.now_ms().saturating_add(settings.max_wait_ms);
-    while tally.events < settings.max_events && host.now_ms() < deadline {
-        let Some(event) = host.next()? else { continue };
-        let mode = mode_after(&event);
-        let id = event_id(&event.token);
-        let decision = if mode == Mode::StartAfter {
-            Decision::Skip("invalidate".into())
-        } else {
-            let token = event.token.clone();
-            let mut read = |path: &str| host.field(&token, path);
-            match shape(&params, &id, &event.operation_type, &mut read) {
-                Ok(Some(record)) => Decision::Record(Box::new(record)),
-                Ok(None) => {
-                    Decision::Skip(format!("{} is not a domain event", event.operation_type))
-                }
-                Err(reason) => Decision::Quarantine {
-                    id: id.clone(),
-                    reason,
-                },
-            }
-        };
-        let handed = matches!(decision, Decision::Record(_));
-        host.commit_batch(tally.token.as_deref(), &event.token, mode, vec![decision])?;
-        tally.events += 1;
-        if mode == Mode::StartAfter {
-            tally.invalidate(&event.token);
-            tally.token = Some(event.token);
-            break;
+    run_each(host, checkpoint, settings, |host, event, id| {
+        let mut read = |path: &str| host.field(&event.token, path);
+        match shape(&params, &id, &event.operation_type, &mut read) {
+            Ok(Some(record)) => Decision::Record(Box::new(record)),
+            Ok(None) => Decision::Skip(format!("{} is not a domain event", event.operation_type)),
+            Err(reason) => Decision::Quarantine { id, reason },
         }
-        tally.token = Some(event.token);
-        if handed {
-            tally.hand_off(id);
-        }
-        deadline = host.now_ms().saturating_add(settings.max_wait_ms);
-    }
-    tally.finish(host, settings)
+    })
 }
 
 #[cfg(target_arch = "wasm32")]

@@ -5,9 +5,7 @@
 //! quarantined too; events without a document (deletes, drops) are handed off. IDs, resume mode,
 //! invalidation and the idle watermark are the default policy's.
 
-use handoff_policy_sdk::{
-    Checkpoint, Decision, Host, Mode, Report, Settings, Tally, event_id, mode_after, stream_start,
-};
+use handoff_policy_sdk::{Checkpoint, Decision, Host, Report, Settings, run_each};
 
 /// The supported schema versions from the `supported` parameter.
 pub fn supported(settings: &Settings) -> Result<Vec<i64>, String> {
@@ -48,43 +46,16 @@ pub fn run<H: Host>(
     settings: &Settings,
 ) -> Result<Report, String> {
     let supported = supported(settings)?;
-    let mut tally = Tally::new(&checkpoint);
-    host.open(stream_start(&checkpoint))?;
-    let mut deadline = host.now_ms().saturating_add(settings.max_wait_ms);
-    while tally.events < settings.max_events && host.now_ms() < deadline {
-        let Some(event) = host.next()? else { continue };
-        let mode = mode_after(&event);
-        let id = event_id(&event.token);
-        let decision = if mode == Mode::StartAfter {
-            Decision::Skip("invalidate".into())
-        } else {
-            let document = host
-                .field(&event.token, "fullDocument")
-                .filter(|d| d != "null");
-            let version = host.field(&event.token, "fullDocument.schemaVersion");
-            match refusal(document.as_deref(), version.as_deref(), &supported) {
-                Some(reason) => Decision::Quarantine {
-                    id: id.clone(),
-                    reason,
-                },
-                None => Decision::HandOff(id.clone()),
-            }
-        };
-        let handed = matches!(decision, Decision::HandOff(_));
-        host.commit_batch(tally.token.as_deref(), &event.token, mode, vec![decision])?;
-        tally.events += 1;
-        if mode == Mode::StartAfter {
-            tally.invalidate(&event.token);
-            tally.token = Some(event.token);
-            break;
+    run_each(host, checkpoint, settings, |host, event, id| {
+        let document = host
+            .field(&event.token, "fullDocument")
+            .filter(|d| d != "null");
+        let version = host.field(&event.token, "fullDocument.schemaVersion");
+        match refusal(document.as_deref(), version.as_deref(), &supported) {
+            Some(reason) => Decision::Quarantine { id, reason },
+            None => Decision::HandOff(id),
         }
-        tally.token = Some(event.token);
-        if handed {
-            tally.hand_off(id);
-        }
-        deadline = host.now_ms().saturating_add(settings.max_wait_ms);
-    }
-    tally.finish(host, settings)
+    })
 }
 
 #[cfg(target_arch = "wasm32")]

@@ -196,6 +196,47 @@ impl Tally {
     }
 }
 
+/// The baseline's run with one commit per event, each event becoming what `decide` says (given
+/// the event and its baseline ID). An invalidate is always skipped and ends the run, saved with
+/// `startAfter`; the idle watermark and the report are the baseline's.
+pub fn run_each<H: Host>(
+    host: &mut H,
+    checkpoint: Checkpoint,
+    settings: &Settings,
+    mut decide: impl FnMut(&mut H, &Event, String) -> Decision,
+) -> Result<Report, String> {
+    let mut tally = Tally::new(&checkpoint);
+    host.open(stream_start(&checkpoint))?;
+    let mut deadline = host.now_ms().saturating_add(settings.max_wait_ms);
+    while tally.events < settings.max_events && host.now_ms() < deadline {
+        let Some(event) = host.next()? else { continue };
+        let mode = mode_after(&event);
+        let decision = if mode == Mode::StartAfter {
+            Decision::Skip("invalidate".into())
+        } else {
+            decide(host, &event, event_id(&event.token))
+        };
+        let handed_off = match &decision {
+            Decision::HandOff(id) => Some(id.clone()),
+            Decision::Record(record) => Some(record.id.clone()),
+            Decision::Skip(_) | Decision::Quarantine { .. } => None,
+        };
+        host.commit_batch(tally.token.as_deref(), &event.token, mode, vec![decision])?;
+        tally.events += 1;
+        if mode == Mode::StartAfter {
+            tally.invalidate(&event.token);
+            tally.token = Some(event.token);
+            break;
+        }
+        tally.token = Some(event.token);
+        if let Some(id) = handed_off {
+            tally.hand_off(id);
+        }
+        deadline = host.now_ms().saturating_add(settings.max_wait_ms);
+    }
+    tally.finish(host, settings)
+}
+
 /// The status a run reports, from what it committed.
 pub fn status(handed_off: u32, invalidated: bool) -> Status {
     if invalidated {

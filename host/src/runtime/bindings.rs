@@ -90,6 +90,22 @@ fn commit_error(refusal: Refusal) -> types::CommitError {
 
 impl RunState {
     /// Every import ends here: the guest's next compute slice starts now.
+    /// A commit of both commit functions (`commit-batch`, `commit-records`), once their decisions
+    /// are in the session's terms.
+    fn commit_decisions(
+        &mut self,
+        expected: Option<String>,
+        next: &str,
+        mode: types::ResumeMode,
+        decisions: Vec<session::Decision>,
+    ) -> Result<(), types::CommitError> {
+        let result = self
+            .session
+            .commit_batch(expected.as_deref(), next, mode_from(mode), decisions)
+            .map_err(commit_error);
+        self.back_to_guest(result)
+    }
+
     fn back_to_guest<R>(&mut self, result: R) -> R {
         self.slice_started = Instant::now();
         result
@@ -178,16 +194,7 @@ impl wit_host::Host for RunState {
                 },
             })
             .collect();
-        let result = self
-            .session
-            .commit_batch(
-                request.expected.as_deref(),
-                &request.next,
-                mode_from(request.mode),
-                decisions,
-            )
-            .map_err(commit_error);
-        self.back_to_guest(result)
+        self.commit_decisions(request.expected, &request.next, request.mode, decisions)
     }
 
     fn commit_records(&mut self, request: types::RecordsRequest) -> Result<(), types::CommitError> {
@@ -213,16 +220,7 @@ impl wit_host::Host for RunState {
                 },
             })
             .collect();
-        let result = self
-            .session
-            .commit_batch(
-                request.expected.as_deref(),
-                &request.next,
-                mode_from(request.mode),
-                decisions,
-            )
-            .map_err(commit_error);
-        self.back_to_guest(result)
+        self.commit_decisions(request.expected, &request.next, request.mode, decisions)
     }
 
     fn advance_watermark(
@@ -384,6 +382,41 @@ impl Scan {
     }
 }
 
+impl Scan {
+    /// A decision's ID.
+    fn id(
+        &mut self,
+        id: &wasmtime::component::WasmStr,
+        store: impl wasmtime::AsContext,
+    ) -> wasmtime::Result<Result<String, OverScan>> {
+        self.chars(id, store, session::MAX_ID_LEN)
+    }
+
+    /// A skip's or a quarantine's reason.
+    fn reason(
+        &mut self,
+        reason: &wasmtime::component::WasmStr,
+        store: impl wasmtime::AsContext,
+    ) -> wasmtime::Result<Result<String, OverScan>> {
+        self.chars(reason, store, REASON_CHARS)
+    }
+
+    /// A quarantine decision, as both commit functions take it.
+    fn quarantine(
+        &mut self,
+        q: &QuarantineView,
+        store: impl wasmtime::AsContext,
+    ) -> wasmtime::Result<Result<types::QuarantineDecision, OverScan>> {
+        let id = match self.id(&q.id, &store)? {
+            Ok(id) => id,
+            Err(over) => return Ok(Err(over)),
+        };
+        Ok(self
+            .reason(&q.reason, &store)?
+            .map(|reason| types::QuarantineDecision { id, reason }))
+    }
+}
+
 /// The answer to a commit call that read too much of the policy's memory: the run fails.
 fn over_scan(
     store: &mut wasmtime::StoreContextMut<'_, RunState>,
@@ -517,7 +550,9 @@ struct OutboxRecordView {
 pub fn add_bounded_commit_records(
     linker: &mut wasmtime::component::Linker<RunState>,
 ) -> wasmtime::Result<()> {
-    use crate::session::{MAX_PAYLOAD_TEXT, MAX_PAYLOADS_PER_COMMIT, MAX_VALUE_TEXT};
+    use crate::session::{
+        MAX_EVENT_TYPE_LEN, MAX_PAYLOAD_TEXT, MAX_PAYLOADS_PER_COMMIT, MAX_VALUE_TEXT,
+    };
     linker.allow_shadowing(true);
     let interface = format!("handoff:policy/host@{}", super::policy::CONTRACT);
     linker.instance(&interface)?.func_wrap(
@@ -531,20 +566,15 @@ pub fn add_bounded_commit_records(
                     break;
                 };
                 decisions.push(match decision? {
-                    RecordDecisionView::HandOff(id) => types::RecordDecision::HandOff(scanned!(
-                        store,
-                        scan.chars(&id, &store, session::MAX_ID_LEN)
-                    )),
-                    RecordDecisionView::Skip(reason) => types::RecordDecision::Skip(scanned!(
-                        store,
-                        scan.chars(&reason, &store, REASON_CHARS)
-                    )),
-                    RecordDecisionView::Quarantine(q) => {
-                        types::RecordDecision::Quarantine(types::QuarantineDecision {
-                            id: scanned!(store, scan.chars(&q.id, &store, session::MAX_ID_LEN)),
-                            reason: scanned!(store, scan.chars(&q.reason, &store, REASON_CHARS)),
-                        })
+                    RecordDecisionView::HandOff(id) => {
+                        types::RecordDecision::HandOff(scanned!(store, scan.id(&id, &store)))
                     }
+                    RecordDecisionView::Skip(reason) => {
+                        types::RecordDecision::Skip(scanned!(store, scan.reason(&reason, &store)))
+                    }
+                    RecordDecisionView::Quarantine(q) => types::RecordDecision::Quarantine(
+                        scanned!(store, scan.quarantine(&q, &store)),
+                    ),
                     RecordDecisionView::HandOffRecord(r) => {
                         let left = (MAX_PAYLOADS_PER_COMMIT + 1).saturating_sub(payloads);
                         let payload = scanned!(
@@ -557,8 +587,11 @@ pub fn add_bounded_commit_records(
                             None => None,
                         };
                         types::RecordDecision::HandOffRecord(types::OutboxRecord {
-                            id: scanned!(store, scan.chars(&r.id, &store, session::MAX_ID_LEN)),
-                            event_type: scanned!(store, scan.chars(&r.event_type, &store, 100)),
+                            id: scanned!(store, scan.id(&r.id, &store)),
+                            event_type: scanned!(
+                                store,
+                                scan.chars(&r.event_type, &store, MAX_EVENT_TYPE_LEN)
+                            ),
                             schema_version: r.schema_version,
                             aggregate_id: scanned!(
                                 store,
@@ -605,20 +638,16 @@ pub fn add_bounded_commit_batch(
                     break;
                 };
                 decisions.push(match decision? {
-                    DecisionView::HandOff(id) => types::EventDecision::HandOff(scanned!(
-                        store,
-                        scan.chars(&id, &store, session::MAX_ID_LEN)
-                    )),
-                    DecisionView::Skip(reason) => types::EventDecision::Skip(scanned!(
-                        store,
-                        scan.chars(&reason, &store, REASON_CHARS)
-                    )),
-                    DecisionView::Quarantine(q) => {
-                        types::EventDecision::Quarantine(types::QuarantineDecision {
-                            id: scanned!(store, scan.chars(&q.id, &store, session::MAX_ID_LEN)),
-                            reason: scanned!(store, scan.chars(&q.reason, &store, REASON_CHARS)),
-                        })
+                    DecisionView::HandOff(id) => {
+                        types::EventDecision::HandOff(scanned!(store, scan.id(&id, &store)))
                     }
+                    DecisionView::Skip(reason) => {
+                        types::EventDecision::Skip(scanned!(store, scan.reason(&reason, &store)))
+                    }
+                    DecisionView::Quarantine(q) => types::EventDecision::Quarantine(scanned!(
+                        store,
+                        scan.quarantine(&q, &store)
+                    )),
                 });
             }
             let request = types::BatchRequest {

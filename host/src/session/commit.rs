@@ -117,28 +117,23 @@ impl Session {
     ) -> Result<(), Refusal> {
         self.gate()?;
         self.check_expected(expected)?;
-        // Before coverage: a reader stops copying payloads past this bound.
-        let payloads: usize = decisions
+        // Before coverage (a reader stops copying payloads past the text bound) and before any
+        // payload is parsed (parsed values cost far more than their text).
+        let (payloads, values) = decisions
             .iter()
-            .map(|d| match d {
-                Decision::HandOffRecord(shaped) => shaped.payload.len(),
-                _ => 0,
+            .filter_map(|d| match d {
+                Decision::HandOffRecord(shaped) => Some(&shaped.payload),
+                _ => None,
             })
-            .sum();
+            .fold((0usize, 0usize), |(bytes, values), payload| {
+                (bytes + payload.len(), values + json_values(payload))
+            });
         if payloads > MAX_PAYLOADS_PER_COMMIT {
             return Err(self.reject(format!(
                 "the payloads of one commit exceed {} MiB",
                 MAX_PAYLOADS_PER_COMMIT >> 20
             )));
         }
-        // Before any payload is parsed: parsed values cost far more than their text.
-        let values: usize = decisions
-            .iter()
-            .map(|d| match d {
-                Decision::HandOffRecord(shaped) => json_values(&shaped.payload),
-                _ => 0,
-            })
-            .sum();
         if values > MAX_PAYLOAD_VALUES_PER_COMMIT {
             return Err(self.reject(format!(
                 "the payloads of one commit hold more than {MAX_PAYLOAD_VALUES_PER_COMMIT} values"
@@ -235,7 +230,7 @@ impl Session {
                 if !ids.insert((hand_off, key.clone())) {
                     return Err(self.reject(format!("the ID {id} appears twice in one commit")));
                 }
-                let event = delivered.event.clone();
+                let event = &delivered.event;
                 let record = match decision {
                     Decision::Quarantine { reason, .. } => {
                         let reason: String = reason.chars().take(MAX_REASON_CHARS).collect();
@@ -245,11 +240,11 @@ impl Session {
                             "source": &self.consumer.source,
                             "token": token.clone(),
                             "reason": reason,
-                            "event": event,
+                            "event": event.clone(),
                         }
                     }
                     Decision::HandOffRecord(shaped) => {
-                        match shaped.record(key, &self.consumer, token, &event, self.outbox_options)
+                        match shaped.record(key, &self.consumer, token, event, self.outbox_options)
                         {
                             Ok(record) => record,
                             Err(why) => {
@@ -261,7 +256,7 @@ impl Session {
                         "_id": key,
                         "consumer": &self.consumer.consumer,
                         "source": &self.consumer.source,
-                        "event": event,
+                        "event": event.clone(),
                     },
                 };
                 let Ok(encoded) = record.to_vec() else {

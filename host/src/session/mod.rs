@@ -34,7 +34,8 @@ use bson::Document;
 
 pub use commit::{Decision, MAX_BATCH, MAX_ID_LEN};
 pub use record::{
-    MAX_PAYLOAD_TEXT, MAX_PAYLOADS_PER_COMMIT, MAX_VALUE_TEXT, OutboxOptions, Shaped,
+    MAX_EVENT_TYPE_LEN, MAX_PAYLOAD_TEXT, MAX_PAYLOADS_PER_COMMIT, MAX_VALUE_TEXT, OutboxOptions,
+    Shaped,
 };
 pub use refusal::{Refusal, RefusalKind};
 pub use report::{Committed, Failed, Report, ResumeAttempts, Status, Summary};

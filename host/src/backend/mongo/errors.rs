@@ -76,10 +76,7 @@ pub(super) fn classify_connect(error: &DriverError, redactor: &Redactor) -> Hand
         ErrorKind::Command(e) if e.code == 18 => {
             HandoffError::Authentication(format!("MongoDB refused the credentials: {detail}"))
         }
-        ErrorKind::Command(e) if e.code == 13 => HandoffError::Authentication(format!(
-            "MongoDB accepted the credentials but refused an operation this user is not allowed \
-             to run: {detail}. Grant the role described in the README (Least privilege)"
-        )),
+        ErrorKind::Command(e) if e.code == 13 => HandoffError::unauthorized(&detail.to_string()),
         _ => HandoffError::Unavailable(format!(
             "Cannot reach a MongoDB server (server selection timed out after {} s or the connection failed): {detail}",
             SERVER_SELECTION_TIMEOUT.as_secs()

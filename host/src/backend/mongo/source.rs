@@ -34,9 +34,7 @@ impl MongoSource {
             clock: Instant::now(),
         }
     }
-}
 
-impl MongoSource {
     /// Refuses a source MongoDB opens no change stream on (a view, a time-series collection)
     /// before anything is written. `listCollections` with `nameOnly` and `authorizedCollections`
     /// needs no privilege beyond those on the collection itself; a server that still refuses it
@@ -58,16 +56,15 @@ impl MongoSource {
                     "the run deadline passed while checking the watched collection".into(),
                 )
             })?;
-        let reply = match reply {
+        let reply = match reply.map_err(|e| classify_stream(&e, &self.connection.redactor)) {
             Ok(reply) => reply,
-            Err(e) => {
-                if let StreamError::Fatal(detail) = classify_stream(&e, &self.connection.redactor) {
-                    tracing::debug!(code = ?detail.code, "the collection's type could not be checked");
-                    return Ok(());
-                }
+            Err(StreamError::Fatal(detail)) => {
+                tracing::debug!(code = ?detail.code, "the collection's type could not be checked");
+                return Ok(());
+            }
+            Err(other) => {
                 return Err(HandoffError::Unavailable(format!(
-                    "Cannot check the watched collection: {}",
-                    classify_stream(&e, &self.connection.redactor)
+                    "Cannot check the watched collection: {other}"
                 )));
             }
         };
