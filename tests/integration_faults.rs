@@ -74,6 +74,18 @@ fn a_write_conflict_on_commit_is_retried_and_committed_once() {
     // The metrics line counts them.
     assert_eq!(support::metric(&output, "transaction_retries"), 2);
     assert_all_handed_off_once(&live, &start, 4);
+    if shared_uri().is_none() {
+        // The retry window comes from the server's transaction lifetime, asked once, when the
+        // first transient error arrived (a routine run never asks).
+        let asked = live
+            .server()
+            .received_commands()
+            .iter()
+            .filter(|c| c.get_str("app").ok() == Some("handoff"))
+            .filter(|c| c.get_str("command").ok() == Some("getParameter"))
+            .count();
+        assert_eq!(asked, 1);
+    }
 }
 
 #[test]
@@ -294,8 +306,9 @@ fn not_writable_primary(command: &str, mode: Document) -> Option<i32> {
 fn a_primary_refusing_writes_never_loses_or_repeats_an_event() {
     let mut outcomes = Vec::new();
     for (command, mode) in [
-        // The first update is the checkpoint upsert (a retryable write), the second the
-        // compare-and-set inside the first handoff transaction.
+        // The checkpoint upsert (a retryable write); the first update is the compare-and-set
+        // inside the first handoff transaction, the second the next one's.
+        ("findAndModify", doc! {"times": 1}),
         ("update", doc! {"times": 1}),
         ("update", doc! {"skip": 1, "times": 1}),
         ("insert", doc! {"times": 1}),

@@ -15,6 +15,7 @@ use support::live::*;
 const DATA_COMMANDS: &[&str] = &[
     "insert",
     "update",
+    "findAndModify",
     "find",
     "aggregate",
     "getMore",
@@ -78,6 +79,8 @@ fn the_uri_cannot_weaken_the_concerns_or_move_reads_off_the_primary() {
         assert!(count("commitTransaction") >= 2, "{data:?}");
         assert!(count("aggregate") >= 2, "{data:?}");
         assert!(count("insert") >= 1, "{data:?}");
+        // The transaction lifetime is asked only when a commit meets a transient error.
+        assert_eq!(count("getParameter"), 0, "{data:?}");
         for c in &data {
             let name = command_name(c);
             // Sent to the primary: no read preference, or `primary`. (`getMore` and
@@ -100,7 +103,7 @@ fn the_uri_cannot_weaken_the_concerns_or_move_reads_off_the_primary() {
                     Some("majority"),
                     "{c:?}"
                 ),
-                "insert" | "update" if !in_transaction(c) => assert_eq!(
+                "insert" | "update" | "findAndModify" if !in_transaction(c) => assert_eq!(
                     write_concern.and_then(|w| w.get_str("w").ok()),
                     Some("majority"),
                     "{c:?}"

@@ -382,6 +382,7 @@ fn a_run_needs_only_the_documented_privileges() {
     for needed in [
         "replSetGetConfig",
         "aggregate",
+        "findAndModify",
         "update",
         "insert",
         "find",

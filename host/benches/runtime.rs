@@ -6,7 +6,6 @@
 //!   called natively, over the same session and in-memory store (the ratio is the boundary's cost);
 //! - replay throughput in events/s, in process (memory and embedded store) and through the binary.
 
-use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -22,23 +21,10 @@ use handoff::runtime::{Limits, PolicySource, Runtime, Settings};
 use handoff::session::{self, Session};
 use handoff_default_policy as native;
 
-const EVENTS: u32 = 20_000;
+mod support;
+use support::{fixture_text, median, startup_us};
 
-fn fixture_text(events: u32) -> String {
-    let mut text = String::from(
-        "{\"$deployment\": {\"setName\": \"rs0\", \"replicaSetId\": \"6740a1b2c3d4e5f601234567\", \"source\": \"change_demo.orders\"}}\n",
-    );
-    for seq in 1..=events {
-        text.push_str(&format!(
-            "{{\"_id\": {{\"_data\": \"82{:08X}{seq:08X}2B042C0100296E5A1004AB1154ACACD849A48C61756D70D3B21F4604000004\"}}, \
-             \"operationType\": \"insert\", \"clusterTime\": {{\"$timestamp\": {{\"t\": 1793527200, \"i\": {seq}}}}}, \
-             \"ns\": {{\"db\": \"change_demo\", \"coll\": \"orders\"}}, \"documentKey\": {{\"_id\": {seq}}}, \
-             \"fullDocument\": {{\"_id\": {seq}, \"sku\": \"SKU-{seq}\", \"qty\": 3, \"price\": {{\"$numberDecimal\": \"19.90\"}}}}}}\n",
-            1_793_527_200u32 + seq / 1000
-        ));
-    }
-    text
-}
+const EVENTS: u32 = 20_000;
 
 fn session(fixture: &Arc<Fixture>, store: Arc<dyn CheckpointStore>) -> Session {
     let consumer = Consumer {
@@ -164,46 +150,6 @@ fn per_event(elapsed: Duration, events: u32) -> f64 {
     elapsed.as_secs_f64() * 1e6 / f64::from(events)
 }
 
-/// Median of `runs` measurements.
-fn median(mut samples: Vec<f64>) -> f64 {
-    samples.sort_by(|a, b| a.total_cmp(b));
-    samples[samples.len() / 2]
-}
-
-/// (process start to first policy call, whole run), in microseconds. The start is taken by this
-/// process just before it spawns the child, so exec and loading are included.
-fn startup_us(bin: &str, args: &[&str], cache: &Path, use_cache: bool) -> (f64, f64) {
-    let spawned_unix_us = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("clock")
-        .as_micros() as f64;
-    let started = Instant::now();
-    let mut command = Command::new(bin);
-    command
-        .args(args)
-        .env("HANDOFF_CACHE_DIR", cache)
-        .env("HANDOFF_LOG", "handoff::startup=debug")
-        .env("HANDOFF_LOG_FORMAT", "json");
-    if !use_cache {
-        command.arg("--no-cache");
-    }
-    let output = command.output().expect("run handoff");
-    let wall = started.elapsed().as_secs_f64() * 1e6;
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    let first_call = stderr
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .find_map(|v| v["fields"]["first_policy_call_unix_us"].as_f64())
-        .expect("startup figure in the log")
-        - spawned_unix_us;
-    (first_call, wall)
-}
-
 fn main() {
     let dir = tempfile::tempdir().expect("tempdir");
     let bin = env!("CARGO_BIN_EXE_handoff");
@@ -243,6 +189,7 @@ fn main() {
                         "--max-wait-seconds",
                         "1",
                     ],
+                    &[],
                     &cache,
                     use_cache,
                 )

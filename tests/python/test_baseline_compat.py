@@ -7,7 +7,7 @@ import uuid
 from bson import json_util
 
 from handoff_cli import handoff_run
-from test_pymongo import run_handoff  # the baseline task's logic, run as a test oracle
+from baseline_task import run_handoff  # the baseline task's logic, run as a test oracle
 
 CONSUMER = "orders-to-outbox"
 

@@ -45,9 +45,13 @@ impl Mongo {
 }
 
 impl Backends for Mongo {
+    /// Connects, checks the deployment and that the source can be watched: all reads, done
+    /// while the policy loads.
     fn prepare(&mut self) -> Result<()> {
-        self.connection = Some(Connection::connect(&self.uri)?);
-        Ok(())
+        let connection = Connection::connect(&self.uri)?;
+        self.connection = Some(connection.clone());
+        let inputs = &self.inputs;
+        MongoSource::new(connection, &inputs.database, &inputs.collection).check_watchable()
     }
 
     fn open(&mut self, deadline: Instant) -> Result<Opened> {
@@ -57,7 +61,6 @@ impl Backends for Mongo {
         connection.limit_to(deadline);
         let inputs = &self.inputs;
         let source = MongoSource::new(connection.clone(), &inputs.database, &inputs.collection);
-        source.check_watchable()?;
         let store = MongoStore::new(connection, &inputs.database, &inputs.collections());
         Ok((Box::new(source), Arc::new(store)))
     }

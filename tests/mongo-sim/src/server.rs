@@ -157,8 +157,7 @@ impl ServerHandle {
         let thread = std::thread::Builder::new()
             .name("mongo-sim".into())
             .spawn(move || {
-                let rt = match tokio::runtime::Builder::new_multi_thread()
-                    .worker_threads(2)
+                let rt = match tokio::runtime::Builder::new_current_thread()
                     .enable_all()
                     .build()
                 {

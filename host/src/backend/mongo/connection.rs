@@ -26,8 +26,9 @@ pub struct Connection {
     pub(super) redactor: Redactor,
     /// No call to the server outlives this instant (the run's deadline).
     pub(super) deadline: std::sync::OnceLock<Instant>,
-    /// The server's `transactionLifetimeLimitSeconds`.
-    pub(super) transaction_lifetime: Duration,
+    /// The server's `transactionLifetimeLimitSeconds`, asked the first time a commit meets a
+    /// transient error (a routine run never needs it).
+    pub(super) transaction_lifetime: tokio::sync::OnceCell<Duration>,
 }
 
 /// The run's deadline passed while a call to the server was under way.
@@ -119,9 +120,9 @@ impl Connection {
             .map_err(|_| HandoffError::BadInput(UNPARSABLE_URI.into()))?;
         let redactor = Redactor::for_connection_string(&parsed, uri);
         warn_about_overridden_concerns(&parsed);
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("mongodb")
+        // The calling thread drives the driver itself: a worker thread would cost two thread
+        // wake-ups per round trip, which on a small virtual machine outweigh the round trip.
+        let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .map_err(|e| HandoffError::Internal(e.into()))?;
@@ -170,12 +171,7 @@ impl Connection {
                     "The replica set did not return replicaSetId; cannot pin the checkpoint to this deployment".into(),
                 )
             })?;
-        let transaction_lifetime = runtime.block_on(transaction_lifetime(&admin));
-        tracing::info!(
-            set_name = %set_name,
-            transaction_lifetime_s = transaction_lifetime.as_secs(),
-            "connected to the replica set"
-        );
+        tracing::info!(set_name = %set_name, "connected to the replica set");
         Ok(Arc::new(Connection {
             runtime,
             client,
@@ -185,7 +181,7 @@ impl Connection {
             },
             redactor,
             deadline: std::sync::OnceLock::new(),
-            transaction_lifetime,
+            transaction_lifetime: tokio::sync::OnceCell::new(),
         }))
     }
 
@@ -196,9 +192,22 @@ impl Connection {
     }
 
     /// How long a commit is retried on `TransientTransactionError`: long enough for the server to
-    /// expire a transaction a killed run left open (the run's deadline still bounds it).
-    pub fn transient_retry_window(&self) -> Duration {
-        self.transaction_lifetime + TRANSIENT_RETRY_MARGIN
+    /// expire a transaction a killed run left open (the run's deadline still bounds it). The
+    /// server is asked once, the first time this is needed.
+    pub async fn transient_retry_window(&self) -> Duration {
+        let admin = guarded_database(&self.client, "admin");
+        let lifetime = self
+            .transaction_lifetime
+            .get_or_init(|| async {
+                let lifetime = transaction_lifetime(&admin).await;
+                tracing::debug!(
+                    transaction_lifetime_s = lifetime.as_secs(),
+                    "transaction lifetime"
+                );
+                lifetime
+            })
+            .await;
+        *lifetime + TRANSIENT_RETRY_MARGIN
     }
 
     /// Ends the client's sessions on the server (`endSessions`, which also aborts any

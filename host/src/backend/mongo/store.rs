@@ -9,6 +9,7 @@ use mongodb::error::{
     Error as DriverError, ErrorKind, TRANSIENT_TRANSACTION_ERROR,
     UNKNOWN_TRANSACTION_COMMIT_RESULT, WriteFailure,
 };
+use mongodb::options::ReturnDocument;
 use mongodb::{ClientSession, Collection};
 
 use super::connection::Connection;
@@ -309,15 +310,17 @@ impl CheckpointStore for MongoStore {
     ) -> std::result::Result<Document, CommitError> {
         let mut on_insert = initial;
         on_insert.remove("_id");
+        // One round trip: the upsert returns the checkpoint as it now stands (acknowledged by a
+        // majority, like every write here).
         self.connection
             .bounded(async {
                 self.checkpoints
-                    .update_one(doc! { "_id": consumer }, doc! { "$setOnInsert": on_insert })
+                    .find_one_and_update(
+                        doc! { "_id": consumer },
+                        doc! { "$setOnInsert": on_insert },
+                    )
                     .upsert(true)
-                    .await
-                    .map_err(|e| self.unavailable(&e))?;
-                self.checkpoints
-                    .find_one(doc! { "_id": consumer })
+                    .return_document(ReturnDocument::After)
                     .await
                     .map_err(|e| self.unavailable(&e))?
                     .ok_or_else(|| {
@@ -332,7 +335,6 @@ impl CheckpointStore for MongoStore {
     }
 
     fn commit(&self, commit: &Commit<'_>) -> std::result::Result<Applied, CommitError> {
-        let window = self.connection.transient_retry_window();
         let retried = async {
             let started = Instant::now();
             let mut attempt: u32 = 0;
@@ -346,7 +348,9 @@ impl CheckpointStore for MongoStore {
                         look_first = true;
                     }
                     Err(Attempt::Final(e)) => return Err(e),
-                    Err(Attempt::Transient(e)) if started.elapsed() < window => {
+                    Err(Attempt::Transient(e))
+                        if started.elapsed() < self.connection.transient_retry_window().await =>
+                    {
                         let code = server_error(&e, &self.connection.redactor).code;
                         tracing::warn!(attempt, ?code, "transient transaction error; retrying");
                         self.retries.fetch_add(1, Ordering::Relaxed);
