@@ -89,6 +89,33 @@ fn a_write_conflict_on_commit_is_retried_and_committed_once() {
 }
 
 #[test]
+fn a_transaction_lifetime_the_server_did_not_give_is_asked_again() {
+    // Its own test server, whatever MONGODB_URI says: the commands the run sent are read back.
+    let live = Live::with_config(Config::default());
+    let start = live.start_consumer();
+    live.insert(0..4);
+    // The first commit fails as transient, then the question about the lifetime fails, then the
+    // second commit fails as transient: the 60 s assumed the first time is not kept.
+    live.fail_point(
+        doc! {"times": 3}.into(),
+        doc! {"failCommands": ["commitTransaction", "getParameter"], "errorCode": 112, "errorLabels": ["TransientTransactionError"]},
+    );
+    live.server().clear_received_commands();
+    let output = live.run(&[]);
+    assert_eq!(support::ok(&output)["events_handed_off"], 4);
+    assert_eq!(support::metric(&output, "transaction_retries"), 2);
+    let asked = live
+        .server()
+        .received_commands()
+        .iter()
+        .filter(|c| c.get_str("app").ok() == Some("handoff"))
+        .filter(|c| c.get_str("command").ok() == Some("getParameter"))
+        .count();
+    assert_eq!(asked, 2);
+    assert_all_handed_off_once(&live, &start, 4);
+}
+
+#[test]
 fn a_connection_closed_on_get_more_is_resumed_without_loss_or_repeat() {
     let live = Live::start();
     let start = live.start_consumer();

@@ -197,25 +197,32 @@ fn a_checkpoint_moved_back_replays_quarantined_events_into_counted_duplicates() 
 
 #[test]
 fn a_record_of_another_event_under_the_same_id_is_a_conflict() {
-    let live = Live::start();
-    let start = live.start_consumer();
-    live.insert(0..2);
-    let events = live.events_after(&start);
-    let taken = format!("{CONSUMER}/{}", event_id(&events[0]));
-    // The same `_id`, written for another event (another token).
-    live.wait(
-        live.coll(OUTBOX)
-            .insert_one(doc! {"_id": &taken, "consumer": CONSUMER, "token": {"_data": "8200"}}),
-    )
-    .unwrap();
-    let output = live.run(&[]);
-    fails(
-        &output,
-        3,
-        &format!("A record {taken} already exists for another event"),
-    );
-    assert_eq!(live.outbox_len(), 1);
-    assert_eq!(live.checkpoint_token(), start);
+    // The same `_id`, written for another event (another token), or planted with the event's
+    // own token (tokens are not secret) for another source or consumer.
+    let plants: [fn(&Document, &str) -> Document; 3] = [
+        |_, source| doc! {"consumer": CONSUMER, "source": source, "token": {"_data": "planted"}},
+        |token, _| doc! {"consumer": CONSUMER, "source": "elsewhere.orders", "token": token.clone()},
+        |token, source| doc! {"consumer": "someone-else", "source": source, "event": {"_id": token.clone()}},
+    ];
+    for planted in plants {
+        let live = Live::start();
+        let start = live.start_consumer();
+        live.insert(0..2);
+        let events = live.events_after(&start);
+        let taken = format!("{CONSUMER}/{}", event_id(&events[0]));
+        let source = format!("{}.orders", live.db);
+        let mut record = planted(events[0].get_document("_id").unwrap(), &source);
+        record.insert("_id", &taken);
+        live.wait(live.coll(OUTBOX).insert_one(record)).unwrap();
+        let output = live.run(&[]);
+        fails(
+            &output,
+            3,
+            &format!("A record {taken} already exists for another event"),
+        );
+        assert_eq!(live.outbox_len(), 1);
+        assert_eq!(live.checkpoint_token(), start);
+    }
 }
 
 #[test]

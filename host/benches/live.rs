@@ -46,8 +46,11 @@ const EVENTS: u32 = 500;
 const TYPICAL: u32 = 10;
 /// Events per transaction in the batched runs.
 const BATCH: u32 = 100;
-const ROUNDS: usize = 3;
-const TYPICAL_ROUNDS: usize = 7;
+/// Rounds of the 500-event runs: as many as there are contenders, so that each runs once in
+/// each place of the rotating order (later places find a longer history on the server).
+const ROUNDS: usize = 5;
+/// Rounds of the typical runs, a multiple of their three contenders.
+const TYPICAL_ROUNDS: usize = 9;
 const CHECKPOINTS: &str = "checkpoints";
 /// Set in the environment of this program's child that runs the plain driver loop.
 const RAW_LOOP: &str = "HANDOFF_BENCH_RAW_LOOP";
@@ -436,7 +439,12 @@ fn raw_loop() {
             let mut records = Vec::new();
             let mut last = token.clone();
             while records.len() < batch as usize && done + (records.len() as u32) < events {
-                let event = stream.next().await.expect("an event").expect("event");
+                // An idle stream never ends: a missing event fails the run instead of hanging it.
+                let event = tokio::time::timeout(Duration::from_secs(10), stream.next())
+                    .await
+                    .expect("an event within 10 s")
+                    .expect("an event")
+                    .expect("event");
                 last = event.get_document("_id").expect("token").clone();
                 let text = handoff::domain::token::canonical_text(&last);
                 let id = hex::encode(sha2::Sha256::digest(text.as_bytes()));
@@ -510,6 +518,7 @@ fn main() {
 
     use Contender::*;
     let busy = [Baseline, Handoff, HandoffBatched, RawPerEvent, RawBatched];
+    assert_eq!(ROUNDS % busy.len(), 0, "each contender in each place");
     let results = bench.rounds("busy", &busy, EVENTS, ROUNDS);
     let rate = |i: usize| f64::from(EVENTS) / median(results[i].0.clone());
     let rss = |i: usize| median(results[i].1.clone()) / 1024.0;

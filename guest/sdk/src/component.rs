@@ -87,7 +87,8 @@ pub fn log(message: &str) {
     host::log(types::LogLevel::Info, message, &[]);
 }
 
-/// A commit whose decisions include shaped records (`commit-records`, contract 1.2).
+/// A batched commit (`commit-records`, contract 1.2: its decisions cover `commit-batch`'s and
+/// shaped records).
 fn commit_records(
     expected: Option<&str>,
     next: &str,
@@ -180,30 +181,7 @@ impl crate::Host for WitHost {
         mode: crate::Mode,
         decisions: Vec<crate::Decision>,
     ) -> Result<(), String> {
-        if decisions
-            .iter()
-            .any(|d| matches!(d, crate::Decision::Record(_)))
-        {
-            return commit_records(expected, next, mode, decisions);
-        }
-        let decisions = decisions
-            .into_iter()
-            .map(|d| match d {
-                crate::Decision::HandOff(id) => types::EventDecision::HandOff(id),
-                crate::Decision::Skip(reason) => types::EventDecision::Skip(reason),
-                crate::Decision::Quarantine { id, reason } => {
-                    types::EventDecision::Quarantine(types::QuarantineDecision { id, reason })
-                }
-                crate::Decision::Record(record) => types::EventDecision::HandOff(record.id),
-            })
-            .collect();
-        host::commit_batch(&types::BatchRequest {
-            expected: expected.map(str::to_string),
-            next: next.to_string(),
-            mode: mode_to_wit(mode),
-            decisions,
-        })
-        .map_err(commit_error)
+        commit_records(expected, next, mode, decisions)
     }
 
     fn field(&mut self, token: &str, path: &str) -> Option<String> {

@@ -6,7 +6,7 @@ use std::sync::Mutex;
 
 use bson::Document;
 
-use crate::domain::store::{compare_and_set, record_ids, same_hand_off};
+use crate::domain::store::{admit, compare_and_set, record_ids};
 use crate::domain::{Applied, CheckpointStore, Commit, CommitError, Dump};
 
 /// Records of one kind, keyed by `_id`, remembering their commit order.
@@ -77,33 +77,30 @@ impl CheckpointStore for MemoryStore {
         let outbox_ids = record_ids(&commit.outbox)?;
         let quarantine_ids = record_ids(&commit.quarantine)?;
         let mut applied = Applied::default();
-        for (ids, docs, records) in [
+        let mut admitted = [Vec::new(), Vec::new()];
+        for ((ids, docs, records), admitted) in [
             (&outbox_ids, &commit.outbox, &state.outbox),
             (&quarantine_ids, &commit.quarantine, &state.quarantine),
-        ] {
+        ]
+        .into_iter()
+        .zip(&mut admitted)
+        {
             for (id, doc) in ids.iter().zip(docs) {
-                match records.by_id.get(id) {
-                    Some(stored) if same_hand_off(stored, doc) => {
-                        applied.duplicates.push(id.clone());
-                    }
-                    Some(_) => return Err(CommitError::Duplicate(id.clone())),
-                    None => {}
+                if admit(id, records.by_id.get(id), doc, &mut applied.duplicates)? {
+                    admitted.push((id.clone(), doc.clone()));
                 }
             }
         }
         state
             .checkpoints
             .insert(commit.consumer.consumer.clone(), updated);
-        for (ids, docs, records) in [
-            (outbox_ids, &commit.outbox, &mut state.outbox),
-            (quarantine_ids, &commit.quarantine, &mut state.quarantine),
-        ] {
-            for (id, doc) in ids.into_iter().zip(docs) {
-                if records.by_id.contains_key(&id) {
-                    continue;
-                }
+        for (records, admitted) in [&mut state.outbox, &mut state.quarantine]
+            .into_iter()
+            .zip(admitted)
+        {
+            for (id, doc) in admitted {
                 records.order.push(id.clone());
-                records.by_id.insert(id, doc.clone());
+                records.by_id.insert(id, doc);
             }
         }
         Ok(applied)

@@ -13,7 +13,7 @@ use redb::{
     Database, ReadTransaction, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction,
 };
 
-use crate::domain::store::{compare_and_set, record_ids, same_hand_off};
+use crate::domain::store::{admit, compare_and_set, record_ids};
 use crate::domain::{Applied, CheckpointStore, Collections, Commit, CommitError, Dump};
 use crate::error::HandoffError;
 
@@ -67,13 +67,8 @@ fn insert_ordered(
             .map_err(unavailable)?
             .map(|guard| decode(guard.value()))
             .transpose()?;
-        match stored {
-            Some(stored) if same_hand_off(&stored, doc) => {
-                duplicates.push(id.clone());
-                continue;
-            }
-            Some(_) => return Err(CommitError::Duplicate(id.clone())),
-            None => {}
+        if !admit(id, stored.as_ref(), doc, duplicates)? {
+            continue;
         }
         table
             .insert(id.as_str(), encode(doc)?.as_slice())
@@ -248,5 +243,73 @@ impl CheckpointStore for RedbStore {
             outbox: read_ordered(&txn, (&self.outbox.0, &self.outbox.1), consumer)?,
             quarantine: read_ordered(&txn, (&self.quarantine.0, &self.quarantine.1), consumer)?,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::checkpoint;
+    use crate::domain::{Consumer, Mode};
+    use bson::doc;
+
+    fn record(token: &str) -> Document {
+        doc! { "_id": "c/1", "consumer": "c", "source": "db.coll", "event": { "_id": { "_data": token } } }
+    }
+
+    #[test]
+    fn a_record_held_for_the_same_hand_off_is_counted_and_another_events_refuses_the_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let collections = Collections {
+            checkpoints: "cp".into(),
+            outbox: "ob".into(),
+            quarantine: "qb".into(),
+        };
+        let store = RedbStore::open(
+            &dir.path().join("s.redb"),
+            &collections,
+            Duration::from_secs(1),
+        )
+        .unwrap();
+        let consumer = Consumer {
+            consumer: "c".into(),
+            source: "db.coll".into(),
+        };
+        store
+            .ensure_checkpoint("c", checkpoint::initial("c", "db.coll", "rs"))
+            .unwrap();
+        let (t1, t2, t3) = (
+            doc! { "_data": "8201" },
+            doc! { "_data": "8202" },
+            doc! { "_data": "8203" },
+        );
+        let commit = |expected: Option<&Document>, next: &Document, outbox: Vec<Document>| {
+            store.commit(&Commit {
+                consumer: &consumer,
+                expected,
+                next,
+                mode: Mode::ResumeAfter,
+                outbox,
+                quarantine: vec![],
+            })
+        };
+        assert!(
+            commit(None, &t1, vec![record("8201")])
+                .unwrap()
+                .duplicates
+                .is_empty()
+        );
+        // The same record again (a checkpoint moved back): left as it is, counted, and the
+        // checkpoint still moves.
+        let applied = commit(Some(&t1), &t2, vec![record("8201")]).unwrap();
+        assert_eq!(applied.duplicates, ["c/1"]);
+        // A record of another event under that `_id`: nothing of the commit is written.
+        assert!(matches!(
+            commit(Some(&t2), &t3, vec![record("8299")]),
+            Err(CommitError::Duplicate(id)) if id == "c/1"
+        ));
+        let dump = store.dump("c").unwrap();
+        assert_eq!(dump.outbox, [record("8201")]);
+        assert_eq!(dump.checkpoint.unwrap().get_document("token").unwrap(), &t2);
     }
 }

@@ -25,8 +25,8 @@ pub enum CommitError {
     #[error("checkpoint compare-and-set missed")]
     Conflict,
     /// The outbox or the quarantine already holds a record with this `_id` for another event
-    /// (a different token). A record with the same `_id` and the same token is a duplicate the
-    /// store suppresses, not an error.
+    /// (a different token, consumer or source). A record with the same `_id` for the same
+    /// hand-off is a duplicate the store suppresses, not an error.
     #[error("a record {0} already exists for another event")]
     Duplicate(String),
     /// The store failed; the transaction did not commit.
@@ -120,10 +120,34 @@ pub fn record_token(record: &Document) -> Option<&Document> {
 }
 
 /// Whether a stored record and a new one with the same `_id` hand off the same event: both
-/// carry a token and the tokens are the same BSON. Such a new record is a duplicate to suppress;
-/// anything else under the same `_id` is a conflict.
-pub fn same_hand_off(stored: &Document, new: &Document) -> bool {
-    matches!((record_token(stored), record_token(new)), (Some(a), Some(b)) if same_token(a, b))
+/// carry a token, the tokens are the same BSON, and both name the same consumer and source.
+/// Such a new record is a duplicate to suppress; anything else under the same `_id` (a record
+/// planted with a known token for another consumer or source included) is a conflict.
+fn same_hand_off(stored: &Document, new: &Document) -> bool {
+    let same_owner = ["consumer", "source"]
+        .iter()
+        .all(|key| matches!((stored.get_str(key), new.get_str(key)), (Ok(a), Ok(b)) if a == b));
+    same_owner
+        && matches!((record_token(stored), record_token(new)), (Some(a), Some(b)) if same_token(a, b))
+}
+
+/// What a store does with a new record under `id`, given the record it holds there, if any:
+/// insert it (`true`), or leave it out as a duplicate of the same hand-off (`false`, its `_id`
+/// added to `duplicates`). A record of another event there refuses the commit.
+pub fn admit(
+    id: &str,
+    stored: Option<&Document>,
+    new: &Document,
+    duplicates: &mut Vec<String>,
+) -> Result<bool, CommitError> {
+    match stored {
+        None => Ok(true),
+        Some(stored) if same_hand_off(stored, new) => {
+            duplicates.push(id.to_string());
+            Ok(false)
+        }
+        Some(_) => Err(CommitError::Duplicate(id.to_string())),
+    }
 }
 
 /// The `_id`s of records, which must be strings.
@@ -146,12 +170,23 @@ mod tests {
 
     #[test]
     fn a_record_is_the_same_hand_off_only_with_the_same_token() {
-        let raw = |data: &str| doc! { "_id": "c/1", "event": { "_id": { "_data": data } } };
-        let shaped = |data: &str| doc! { "_id": "c/1", "token": { "_data": data }, "payload": {} };
+        let raw = |data: &str| {
+            doc! { "_id": "c/1", "consumer": "c", "source": "db.coll", "event": { "_id": { "_data": data } } }
+        };
+        let shaped = |data: &str| {
+            doc! { "_id": "c/1", "consumer": "c", "source": "db.coll", "token": { "_data": data }, "payload": {} }
+        };
         assert!(same_hand_off(&raw("82a"), &raw("82a")));
         assert!(same_hand_off(&raw("82a"), &shaped("82a")));
         assert!(!same_hand_off(&raw("82a"), &raw("82b")));
         assert!(!same_hand_off(&shaped("82a"), &shaped("82b")));
+        // A record planted with the right token for another consumer or source is not the same.
+        let mut planted = raw("82a");
+        planted.insert("consumer", "other");
+        assert!(!same_hand_off(&planted, &raw("82a")));
+        let mut planted = shaped("82a");
+        planted.remove("source");
+        assert!(!same_hand_off(&planted, &shaped("82a")));
         // A record without a token (written by something else) is never taken as the same.
         assert!(!same_hand_off(&doc! { "_id": "c/1" }, &raw("82a")));
         assert!(!same_hand_off(

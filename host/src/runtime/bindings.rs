@@ -438,15 +438,33 @@ macro_rules! scanned {
     };
 }
 
+/// The contract's host interface as the linker defines it.
+type HostInstance<'a> = wasmtime::component::LinkerInstance<'a, RunState>;
+
+/// Replaces the generated imports that take strings a policy can make alias one buffer (`log`,
+/// `commit-batch`, `commit-records`) with ones that read them lazily and bounded, below.
+pub fn add_bounded_imports(
+    linker: &mut wasmtime::component::Linker<RunState>,
+) -> wasmtime::Result<()> {
+    linker.allow_shadowing(true);
+    {
+        let interface = format!("handoff:policy/host@{}", super::policy::CONTRACT);
+        let mut host = linker.instance(&interface)?;
+        bounded_log(&mut host)?;
+        bounded_commit_batch(&mut host)?;
+        bounded_commit_records(&mut host)?;
+    }
+    linker.allow_shadowing(false);
+    Ok(())
+}
+
 /// Replaces the generated `log` import with one that reads its list lazily. Lifting the list
 /// whole would copy every string it names, and a policy can make a million entries name the
 /// same 30 MiB of its memory: terabytes of host allocations from a policy under its memory cap.
 /// Only the first fields, and the first characters of each, are ever copied.
-pub fn add_bounded_log(linker: &mut wasmtime::component::Linker<RunState>) -> wasmtime::Result<()> {
+fn bounded_log(host: &mut HostInstance<'_>) -> wasmtime::Result<()> {
     use wasmtime::component::{WasmList, WasmStr};
-    linker.allow_shadowing(true);
-    let interface = format!("handoff:policy/host@{}", super::policy::CONTRACT);
-    linker.instance(&interface)?.func_wrap(
+    host.func_wrap(
         "log",
         |mut store: wasmtime::StoreContextMut<'_, RunState>,
          (level, message, fields): (types::LogLevel, WasmStr, WasmList<(WasmStr, WasmStr)>)| {
@@ -465,9 +483,7 @@ pub fn add_bounded_log(linker: &mut wasmtime::component::Linker<RunState>) -> wa
             wit_host::Host::log(store.data_mut(), level, message, kept);
             Ok(())
         },
-    )?;
-    linker.allow_shadowing(false);
-    Ok(())
+    )
 }
 
 /// `batch-request` as it lies in the policy's memory: the decisions are read one by one.
@@ -547,15 +563,11 @@ struct OutboxRecordView {
 /// than a commit may cover, each string read up to one unit past its bound, and payload text
 /// copied only while the commit's total stays within its bound. What is read is then validated
 /// by the session (an over-long part is still refused).
-pub fn add_bounded_commit_records(
-    linker: &mut wasmtime::component::Linker<RunState>,
-) -> wasmtime::Result<()> {
+fn bounded_commit_records(host: &mut HostInstance<'_>) -> wasmtime::Result<()> {
     use crate::session::{
         MAX_EVENT_TYPE_LEN, MAX_PAYLOAD_TEXT, MAX_PAYLOADS_PER_COMMIT, MAX_VALUE_TEXT,
     };
-    linker.allow_shadowing(true);
-    let interface = format!("handoff:policy/host@{}", super::policy::CONTRACT);
-    linker.instance(&interface)?.func_wrap(
+    host.func_wrap(
         "commit-records",
         |mut store: wasmtime::StoreContextMut<'_, RunState>, (request,): (RecordsView,)| {
             let mut decisions = Vec::new();
@@ -614,21 +626,15 @@ pub fn add_bounded_commit_records(
             };
             Ok((wit_host::Host::commit_records(store.data_mut(), request),))
         },
-    )?;
-    linker.allow_shadowing(false);
-    Ok(())
+    )
 }
 
 /// Replaces the generated `commit-batch` import with one that reads at most one decision more
 /// than a commit may cover, and at most one character more than an ID or reason may hold, so
 /// that decisions whose strings alias one large buffer cannot amplify host allocations. What is
 /// read is then validated exactly as before (an over-long ID or list is still refused).
-pub fn add_bounded_commit_batch(
-    linker: &mut wasmtime::component::Linker<RunState>,
-) -> wasmtime::Result<()> {
-    linker.allow_shadowing(true);
-    let interface = format!("handoff:policy/host@{}", super::policy::CONTRACT);
-    linker.instance(&interface)?.func_wrap(
+fn bounded_commit_batch(host: &mut HostInstance<'_>) -> wasmtime::Result<()> {
+    host.func_wrap(
         "commit-batch",
         |mut store: wasmtime::StoreContextMut<'_, RunState>, (request,): (BatchView,)| {
             let mut decisions = Vec::new();
@@ -658,7 +664,5 @@ pub fn add_bounded_commit_batch(
             };
             Ok((wit_host::Host::commit_batch(store.data_mut(), request),))
         },
-    )?;
-    linker.allow_shadowing(false);
-    Ok(())
+    )
 }

@@ -239,10 +239,7 @@ fn build_linker(engine: &Engine) -> Result<Linker<RunState>> {
     super::wasi::add_bounded_waits(&mut linker).map_err(|e| HandoffError::Internal(e.into()))?;
     HandoffPolicy::add_to_linker::<_, HasSelf<_>>(&mut linker, |state| state)
         .map_err(|e| HandoffError::Internal(e.into()))?;
-    super::bindings::add_bounded_log(&mut linker).map_err(|e| HandoffError::Internal(e.into()))?;
-    super::bindings::add_bounded_commit_batch(&mut linker)
-        .map_err(|e| HandoffError::Internal(e.into()))?;
-    super::bindings::add_bounded_commit_records(&mut linker)
+    super::bindings::add_bounded_imports(&mut linker)
         .map_err(|e| HandoffError::Internal(e.into()))?;
     Ok(linker)
 }

@@ -62,9 +62,11 @@ struct Planned {
     bytes: usize,
 }
 
-fn valid_id(id: &str) -> bool {
-    (1..=MAX_ID_LEN).contains(&id.len())
-        && id
+/// 1 to `max` bytes from `[A-Za-z0-9._:-]`: what an ID and a shaped record's `eventType` may
+/// hold.
+pub(super) fn id_like(text: &str, max: usize) -> bool {
+    (1..=max).contains(&text.len())
+        && text
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
 }
@@ -220,7 +222,7 @@ impl Session {
                 ..Planned::default()
             };
             if let Some(id) = decision.id() {
-                if !valid_id(id) {
+                if !id_like(id, MAX_ID_LEN) {
                     return Err(self.reject(format!(
                         "an outbox or quarantine ID must be 1-{MAX_ID_LEN} characters from [A-Za-z0-9._:-]"
                     )));
@@ -336,8 +338,9 @@ impl Session {
                     "Checkpoint changed during this run; retry from the current token".into(),
                 ),
                 CommitError::Duplicate(id) => HandoffError::Conflict(format!(
-                    "A record {id} already exists for another event (a different token): the policy's IDs collide, \
-                     or another consumer writes under this consumer's IDs. Nothing was written"
+                    "A record {id} already exists for another event (a different token, consumer or \
+                     source): the policy's IDs collide, or another consumer writes under this \
+                     consumer's IDs. Nothing was written"
                 )),
                 CommitError::Unavailable(detail) => HandoffError::Unavailable(format!(
                     "{RECONCILE_GUIDANCE} Store error: {detail}"

@@ -68,13 +68,6 @@ impl Default for OutboxOptions {
     }
 }
 
-fn valid_event_type(text: &str) -> bool {
-    (1..=MAX_EVENT_TYPE_LEN).contains(&text.len())
-        && text
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
-}
-
 /// One Extended JSON value (relaxed or canonical).
 fn parse_value(what: &str, text: &str, max: usize) -> Result<Bson, String> {
     if text.len() > max {
@@ -152,7 +145,7 @@ impl Shaped {
         event: &Document,
         options: OutboxOptions,
     ) -> Result<Document, String> {
-        if !valid_event_type(&self.event_type) {
+        if !super::commit::id_like(&self.event_type, MAX_EVENT_TYPE_LEN) {
             return Err(format!(
                 "an eventType must be 1-{MAX_EVENT_TYPE_LEN} characters from [A-Za-z0-9._:-]"
             ));

@@ -83,28 +83,22 @@ fn unusable_uri(error: &DriverError) -> &'static str {
     }
 }
 
-/// The server's `transactionLifetimeLimitSeconds` (`getParameter`), or MongoDB's default of
-/// 60 s when the server does not allow or answer the question.
-async fn transaction_lifetime(admin: &Database) -> Duration {
-    let asked = admin
+/// The server's `transactionLifetimeLimitSeconds` (`getParameter`); `None` when the server does
+/// not allow or answer the question.
+async fn transaction_lifetime(admin: &Database) -> Option<Duration> {
+    let reply = admin
         .run_command(doc! { "getParameter": 1, "transactionLifetimeLimitSeconds": 1 })
-        .await;
-    let seconds = match &asked {
-        Ok(reply) => match reply.get("transactionLifetimeLimitSeconds") {
-            Some(Bson::Int32(n)) => u64::try_from(*n).ok(),
-            Some(Bson::Int64(n)) => u64::try_from(*n).ok(),
-            Some(Bson::Double(n)) if n.is_finite() && *n >= 0.0 => Some(*n as u64),
-            _ => None,
-        },
-        Err(_) => None,
+        .await
+        .ok()?;
+    let seconds = match reply.get("transactionLifetimeLimitSeconds") {
+        Some(Bson::Int32(n)) => u64::try_from(*n).ok(),
+        Some(Bson::Int64(n)) => u64::try_from(*n).ok(),
+        Some(Bson::Double(n)) if n.is_finite() && *n >= 0.0 => Some(*n as u64),
+        _ => None,
     };
-    match seconds.filter(|s| *s > 0) {
-        Some(seconds) => Duration::from_secs(seconds.min(24 * 3600)),
-        None => {
-            tracing::debug!("transactionLifetimeLimitSeconds unknown; assuming 60 s");
-            DEFAULT_TRANSACTION_LIFETIME
-        }
-    }
+    seconds
+        .filter(|s| *s > 0)
+        .map(|seconds| Duration::from_secs(seconds.min(24 * 3600)))
 }
 
 impl Connection {
@@ -193,21 +187,26 @@ impl Connection {
 
     /// How long a commit is retried on `TransientTransactionError`: long enough for the server to
     /// expire a transaction a killed run left open (the run's deadline still bounds it). The
-    /// server is asked once, the first time this is needed.
+    /// server is asked the first time this is needed, and again until it answers.
     pub async fn transient_retry_window(&self) -> Duration {
         let admin = guarded_database(&self.client, "admin");
-        let lifetime = self
+        // Only an answer is kept: a server failing now may answer the next time.
+        let asked = self
             .transaction_lifetime
-            .get_or_init(|| async {
-                let lifetime = transaction_lifetime(&admin).await;
+            .get_or_try_init(|| async {
+                let lifetime = transaction_lifetime(&admin).await.ok_or(())?;
                 tracing::debug!(
                     transaction_lifetime_s = lifetime.as_secs(),
                     "transaction lifetime"
                 );
-                lifetime
+                Ok::<_, ()>(lifetime)
             })
             .await;
-        *lifetime + TRANSIENT_RETRY_MARGIN
+        let lifetime = asked.copied().unwrap_or_else(|()| {
+            tracing::debug!("transactionLifetimeLimitSeconds unknown for now; assuming 60 s");
+            DEFAULT_TRANSACTION_LIFETIME
+        });
+        lifetime + TRANSIENT_RETRY_MARGIN
     }
 
     /// Ends the client's sessions on the server (`endSessions`, which also aborts any

@@ -15,7 +15,7 @@ use mongodb::{ClientSession, Collection};
 use super::connection::Connection;
 use super::errors::server_error;
 use super::{MAX_DOCUMENT_BYTES, TRANSACTION_ATTEMPTS, transaction_options};
-use crate::domain::store::same_hand_off;
+use crate::domain::store::admit;
 use crate::domain::stream::BSON_OBJECT_TOO_LARGE;
 use crate::domain::{Applied, CheckpointStore, Collections, Commit, CommitError, Dump};
 
@@ -109,7 +109,7 @@ impl MongoStore {
             .collect();
         let mut cursor = collection
             .find(doc! { "_id": { "$in": ids } })
-            .projection(doc! { "_id": 1, "token": 1, "event._id": 1 })
+            .projection(doc! { "_id": 1, "consumer": 1, "source": 1, "token": 1, "event._id": 1 })
             .session(&mut *session)
             .await
             .map_err(Attempt::from)?;
@@ -121,10 +121,8 @@ impl MongoStore {
         let mut insert = Vec::with_capacity(records.len());
         for record in records {
             let id = record_id(record);
-            match stored.get(&id) {
-                Some(found) if same_hand_off(found, record) => duplicates.push(id),
-                Some(_) => return Err(Attempt::Final(CommitError::Duplicate(id))),
-                None => insert.push(record),
+            if admit(&id, stored.get(&id), record, duplicates).map_err(Attempt::Final)? {
+                insert.push(record);
             }
         }
         Ok(insert)
