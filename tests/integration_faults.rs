@@ -289,11 +289,12 @@ fn history_lost_while_a_run_reads_fails_with_the_checkpoint_untouched() {
 
 /// `NotWritablePrimary` on one command: the run either recovers with nothing lost or stops as
 /// unavailable (exit 10) with the checkpoint matching the outbox.
-fn not_writable_primary(command: &str, mode: Document) -> Option<i32> {
+fn not_writable_primary(wire_version: i32, command: &str, mode: Document) -> Option<i32> {
     // Transient errors are retried for the server's transaction lifetime plus 15 s: a 1 s
     // lifetime keeps a refusal on every attempt to about 16 s of retries.
     let live = Live::with_config(Config {
         transaction_lifetime: Duration::from_secs(1),
+        max_wire_version: wire_version,
         ..Config::default()
     });
     let start = live.start_consumer();
@@ -331,23 +332,28 @@ fn not_writable_primary(command: &str, mode: Document) -> Option<i32> {
 
 #[test]
 fn a_primary_refusing_writes_never_loses_or_repeats_an_event() {
-    let mut outcomes = Vec::new();
-    for (command, mode) in [
-        // The checkpoint upsert (a retryable write); the first update is the compare-and-set
-        // inside the first handoff transaction, the second the next one's.
-        ("findAndModify", doc! {"times": 1}),
-        ("update", doc! {"times": 1}),
-        ("update", doc! {"skip": 1, "times": 1}),
-        ("insert", doc! {"times": 1}),
-        ("commitTransaction", doc! {"times": 1}),
-        ("commitTransaction", doc! {"skip": 2, "times": 3}),
-        ("update", doc! {"skip": 1, "times": 50}),
-    ] {
-        outcomes.push((command, mode.clone(), not_writable_primary(command, mode)));
+    // MongoDB 8.0 (one bulkWrite per transaction) and 7.0 (an update and an insert).
+    for (wire_version, update, insert) in [(25, "bulkWrite", "bulkWrite"), (21, "update", "insert")]
+    {
+        let mut outcomes = Vec::new();
+        for (command, mode) in [
+            // The checkpoint upsert (a retryable write); the first update is the compare-and-set
+            // inside the first handoff transaction, the second the next one's.
+            ("findAndModify", doc! {"times": 1}),
+            (update, doc! {"times": 1}),
+            (update, doc! {"skip": 1, "times": 1}),
+            (insert, doc! {"times": 1}),
+            ("commitTransaction", doc! {"times": 1}),
+            ("commitTransaction", doc! {"skip": 2, "times": 3}),
+            (update, doc! {"skip": 1, "times": 50}),
+        ] {
+            let outcome = not_writable_primary(wire_version, command, mode.clone());
+            outcomes.push((command, mode, outcome));
+        }
+        eprintln!("wire version {wire_version}: {outcomes:?}");
+        // A refusal on every attempt cannot be recovered within the run: it stops as unavailable.
+        assert_eq!(outcomes.last().unwrap().2, Some(10));
     }
-    eprintln!("{outcomes:?}");
-    // A refusal on every attempt cannot be recovered within the run: it stops as unavailable.
-    assert_eq!(outcomes.last().unwrap().2, Some(10));
 }
 
 #[test]

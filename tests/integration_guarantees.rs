@@ -13,6 +13,7 @@ use support::live::*;
 /// The commands of checkpoint and outbox work (the driver's own handshakes, monitoring and
 /// session clean-up excepted).
 const DATA_COMMANDS: &[&str] = &[
+    "bulkWrite",
     "insert",
     "update",
     "findAndModify",
@@ -78,7 +79,9 @@ fn the_uri_cannot_weaken_the_concerns_or_move_reads_off_the_primary() {
         let count = |name: &str| data.iter().filter(|c| command_name(c) == name).count();
         assert!(count("commitTransaction") >= 2, "{data:?}");
         assert!(count("aggregate") >= 2, "{data:?}");
-        assert!(count("insert") >= 1, "{data:?}");
+        // MongoDB 8.0: a commit's writes in one bulkWrite.
+        assert!(count("bulkWrite") >= 1, "{data:?}");
+        assert_eq!(count("insert") + count("update"), 0, "{data:?}");
         // The transaction lifetime is asked only when a commit meets a transient error.
         assert_eq!(count("getParameter"), 0, "{data:?}");
         for c in &data {
@@ -103,11 +106,13 @@ fn the_uri_cannot_weaken_the_concerns_or_move_reads_off_the_primary() {
                     Some("majority"),
                     "{c:?}"
                 ),
-                "insert" | "update" | "findAndModify" if !in_transaction(c) => assert_eq!(
-                    write_concern.and_then(|w| w.get_str("w").ok()),
-                    Some("majority"),
-                    "{c:?}"
-                ),
+                "bulkWrite" | "insert" | "update" | "findAndModify" if !in_transaction(c) => {
+                    assert_eq!(
+                        write_concern.and_then(|w| w.get_str("w").ok()),
+                        Some("majority"),
+                        "{c:?}"
+                    )
+                }
                 _ => {}
             }
             if c.get_bool("startTransaction").ok() == Some(true) {
@@ -122,9 +127,7 @@ fn the_uri_cannot_weaken_the_concerns_or_move_reads_off_the_primary() {
         // The checkpoint is written and the outbox inserted in transactions only.
         assert!(
             data.iter()
-                .filter(
-                    |c| command_name(c) == "insert" && c.get_str("collection").ok() == Some(OUTBOX)
-                )
+                .filter(|c| command_name(c) == "bulkWrite")
                 .all(|c| in_transaction(c)),
             "{data:?}"
         );
@@ -217,54 +220,80 @@ fn an_event_under_16_mib_whose_outbox_record_is_over_stops_the_run_with_exit_13(
 
 #[test]
 fn a_batch_of_large_events_is_inserted_a_batch_at_a_time_and_handed_off_once() {
-    // Its own test server, whatever MONGODB_URI says: the commands the run sent are read back.
-    let live = Live::with_config(mongo_sim::Config::default());
-    let start = live.start_consumer();
-    let events = 150;
-    let documents: Vec<Document> = (0..events)
-        .map(|i| doc! {"_id": i, "pad": "x".repeat(200 * 1024)})
-        .collect();
-    live.wait(live.coll("orders").insert_many(documents))
-        .expect("insert");
-    live.server().clear_received_commands();
-    let output = live
-        .command()
-        .args([
-            "--policy",
-            handoff_test_policies::BATCHING,
-            "--policy-param",
-            "batch_size=150",
-        ])
-        .output()
-        .unwrap();
-    let out = support::ok(&output);
-    assert_eq!(out["events_handed_off"], events);
-    let stream = live.events_after(&start);
-    assert_eq!(stream.len(), events as usize);
-    assert_eq!(
-        outbox_event_ids(&live.outbox()),
-        stream.iter().map(event_id).collect::<Vec<_>>()
-    );
-    assert_checkpoint_at_end(&live, stream.last().unwrap().get_document("_id").unwrap());
-    // One insertMany per commit: far fewer insert commands than records.
-    let inserts: Vec<i64> = live
-        .server()
-        .received_commands()
-        .iter()
-        .filter(|c| c.get_str("app").ok() == Some("handoff"))
-        .filter(|c| command_name(c) == "insert" && c.get_str("collection").ok() == Some(OUTBOX))
-        .map(|c| c.get_i64("documents").unwrap())
-        .collect();
-    assert_eq!(
-        inserts.iter().sum::<i64>(),
-        i64::from(events),
-        "{inserts:?}"
-    );
-    assert!(
-        inserts.len() * 10 <= events as usize,
-        "{} insert commands for {events} records: {inserts:?}",
-        inserts.len()
-    );
+    // MongoDB 8.0 (the compare-and-set and the records in bulkWrite commands) and 7.0 (insert
+    // commands of the outbox records).
+    for (wire_version, command) in [(25, "bulkWrite"), (21, "insert")] {
+        // Its own test server, whatever MONGODB_URI says: the commands the run sent are read back.
+        let live = Live::with_config(mongo_sim::Config {
+            max_wire_version: wire_version,
+            ..mongo_sim::Config::default()
+        });
+        let start = live.start_consumer();
+        let events = 150;
+        let documents: Vec<Document> = (0..events)
+            .map(|i| doc! {"_id": i, "pad": "x".repeat(200 * 1024)})
+            .collect();
+        live.wait(live.coll("orders").insert_many(documents))
+            .expect("insert");
+        live.server().clear_received_commands();
+        let output = live
+            .command()
+            .args([
+                "--policy",
+                handoff_test_policies::BATCHING,
+                "--policy-param",
+                "batch_size=150",
+            ])
+            .output()
+            .unwrap();
+        let out = support::ok(&output);
+        assert_eq!(out["events_handed_off"], events);
+        let stream = live.events_after(&start);
+        assert_eq!(stream.len(), events as usize);
+        assert_eq!(
+            outbox_event_ids(&live.outbox()),
+            stream.iter().map(event_id).collect::<Vec<_>>()
+        );
+        assert_checkpoint_at_end(&live, stream.last().unwrap().get_document("_id").unwrap());
+        let received = live.server().received_commands();
+        let sent = || {
+            received
+                .iter()
+                .filter(|c| c.get_str("app").ok() == Some("handoff"))
+        };
+        let commits = sent()
+            .filter(|c| command_name(c) == "commitTransaction")
+            .count();
+        // Far fewer write commands than records: each carries many.
+        let writes: Vec<i64> = sent()
+            .filter(|c| command_name(c) == command)
+            .filter(|c| command == "bulkWrite" || c.get_str("collection").ok() == Some(OUTBOX))
+            .map(|c| {
+                c.get_i64(if command == "bulkWrite" {
+                    "ops"
+                } else {
+                    "documents"
+                })
+                .unwrap()
+            })
+            .collect();
+        // A bulkWrite also carries each commit's compare-and-set.
+        let updates = if command == "bulkWrite" {
+            commits as i64
+        } else {
+            0
+        };
+        assert_eq!(
+            writes.iter().sum::<i64>(),
+            i64::from(events) + updates,
+            "wire version {wire_version}: {writes:?}"
+        );
+        assert!(
+            writes.len() * 10 <= events as usize,
+            "wire version {wire_version}: {} {command} commands for {events} records: {writes:?}",
+            writes.len()
+        );
+    }
 }
 
 #[test]

@@ -413,10 +413,11 @@ fn an_injected_write_conflict_is_retried_and_committed_once() {
     let d = Deployment::any("conflict");
     d.start_consumer();
     d.insert(vec![doc! {"_id": 1}, doc! {"_id": 2}]);
+    // The outbox insert runs only inside the handoff transaction.
+    let (_, insert) = d.wait(support::live::transaction_writes(&d.client));
     d.fail_point(
         doc! {"times": 1}.into(),
-        // The outbox insert runs only inside the handoff transaction.
-        doc! {"failCommands": ["insert"], "errorCode": 112, "errorLabels": ["TransientTransactionError"]},
+        doc! {"failCommands": [insert], "errorCode": 112, "errorLabels": ["TransientTransactionError"]},
     );
     let output = d.run(&[]);
     let out = support::ok(&output);

@@ -121,7 +121,21 @@ fn the_domain_events_policy_writes_business_records() {
 /// The run after an operator moved the checkpoint back meets records it already wrote: it ends
 /// normally, rewrites nothing, counts them, and goes on with what is new.
 fn replays_after_moving_back(policy: &[&str], collection: &str) {
-    let live = Live::start();
+    // The deployment (MongoDB 8.0 on the test server: commits in bulkWrite), then MongoDB 7.0.
+    for live in [Live::start(), seven_oh()] {
+        replays_after_moving_back_on(live, policy, collection);
+    }
+}
+
+/// A test server of its own answering as MongoDB 7.0 (no bulkWrite).
+fn seven_oh() -> Live {
+    Live::with_config(mongo_sim::Config {
+        max_wire_version: 21,
+        ..mongo_sim::Config::default()
+    })
+}
+
+fn replays_after_moving_back_on(live: Live, policy: &[&str], collection: &str) {
     let start = live.start_consumer();
     live.wait(live.coll("orders").insert_many(vec![
         doc! {"_id": 1, "fullDocument": 1},
@@ -204,8 +218,10 @@ fn a_record_of_another_event_under_the_same_id_is_a_conflict() {
         |token, _| doc! {"consumer": CONSUMER, "source": "elsewhere.orders", "token": token.clone()},
         |token, source| doc! {"consumer": "someone-else", "source": source, "event": {"_id": token.clone()}},
     ];
-    for planted in plants {
-        let live = Live::start();
+    for (planted, live) in plants
+        .into_iter()
+        .flat_map(|planted| [(planted, Live::start()), (planted, seven_oh())])
+    {
         let start = live.start_consumer();
         live.insert(0..2);
         let events = live.events_after(&start);
@@ -258,6 +274,7 @@ fn a_missing_privilege_is_named_and_not_retried_as_an_outage() {
     let live = Live::start();
     let start = live.start_consumer();
     live.insert(0..2);
+    let (_, insert) = live.transaction_writes();
     for (command, code, needle) in [
         (
             "replSetGetConfig",
@@ -266,7 +283,7 @@ fn a_missing_privilege_is_named_and_not_retried_as_an_outage() {
         ),
         ("aggregate", 8, "Unauthorized"),
         (
-            "insert",
+            insert,
             11,
             "MongoDB accepted the credentials but refused an operation this user is not allowed to run",
         ),
@@ -328,7 +345,6 @@ fn documented_commands() -> Vec<(Vec<String>, String)> {
 #[test]
 fn a_run_needs_only_the_documented_privileges() {
     let rows = documented_commands();
-    let live = Live::with_config(mongo_sim::Config::default());
     let scenario = |live: &Live, uri: &str| {
         let run = |extra: &[&str]| {
             let output = live
@@ -350,52 +366,72 @@ fn a_run_needs_only_the_documented_privileges() {
         live.wait(live.coll("orders").drop()).unwrap();
         run(&[]);
     };
-    let server = live.server();
-    server.clear_received_commands();
-    scenario(&live, &live.uri());
-    let received = server.received_commands();
-    let sent: Vec<&Document> = received
-        .iter()
-        .filter(|c| c.get_str("app").is_ok_and(|a| a == "handoff"))
-        .collect();
-    assert!(sent.len() > 20, "{} commands", sent.len());
-    let mut seen = std::collections::BTreeSet::new();
-    for command in sent {
-        let name = command.get_str("command").unwrap();
-        let on: Vec<&str> = rows
+    // MongoDB 8.0 (a commit's writes in one bulkWrite) and 7.0 (an update and inserts).
+    for (wire_version, writes) in [(25, &["bulkWrite"][..]), (21, &["update", "insert"][..])] {
+        let live = Live::with_config(mongo_sim::Config {
+            max_wire_version: wire_version,
+            ..mongo_sim::Config::default()
+        });
+        let server = live.server();
+        server.clear_received_commands();
+        scenario(&live, &live.uri());
+        let received = server.received_commands();
+        let sent: Vec<&Document> = received
             .iter()
-            .filter(|(names, _)| names.iter().any(|n| n == name))
-            .map(|(_, on)| on.as_str())
+            .filter(|c| c.get_str("app").is_ok_and(|a| a == "handoff"))
             .collect();
-        assert!(
-            !on.is_empty(),
-            "handoff sent {name}, which the README does not list"
-        );
-        if let Ok(collection) = command.get_str("collection") {
-            let documented = match collection {
-                "orders" => "source",
-                CHECKPOINTS => "checkpoint",
-                OUTBOX => "outbox",
-                QUARANTINE => "quarantine",
-                other => panic!("handoff sent {name} on {other}"),
-            };
+        assert!(sent.len() > 20, "{} commands", sent.len());
+        let mut seen = std::collections::BTreeSet::new();
+        for command in sent {
+            let name = command.get_str("command").unwrap();
+            let on: Vec<&str> = rows
+                .iter()
+                .filter(|(names, _)| names.iter().any(|n| n == name))
+                .map(|(_, on)| on.as_str())
+                .collect();
             assert!(
-                on.iter().any(|o| o.contains(documented)),
-                "{name} on {collection}: the README lists it on {on:?}"
+                !on.is_empty(),
+                "handoff sent {name}, which the README does not list"
+            );
+            if let Ok(collection) = command.get_str("collection") {
+                let documented = match collection {
+                    "orders" => "source",
+                    CHECKPOINTS => "checkpoint",
+                    OUTBOX => "outbox",
+                    QUARANTINE => "quarantine",
+                    other => panic!("handoff sent {name} on {other}"),
+                };
+                assert!(
+                    on.iter().any(|o| o.contains(documented)),
+                    "{name} on {collection}: the README lists it on {on:?}"
+                );
+            }
+            seen.insert(name.to_string());
+        }
+        let needed = [
+            "replSetGetConfig",
+            "aggregate",
+            "findAndModify",
+            "find",
+            "listCollections",
+        ];
+        for needed in needed.iter().chain(writes) {
+            assert!(
+                seen.contains(*needed),
+                "wire version {wire_version}: {seen:?}"
             );
         }
-        seen.insert(name.to_string());
-    }
-    for needed in [
-        "replSetGetConfig",
-        "aggregate",
-        "findAndModify",
-        "update",
-        "insert",
-        "find",
-        "listCollections",
-    ] {
-        assert!(seen.contains(needed), "{seen:?}");
+        let replaced: &[&str] = if wire_version >= 25 {
+            &["update", "insert"]
+        } else {
+            &["bulkWrite"]
+        };
+        for absent in replaced {
+            assert!(
+                !seen.contains(*absent),
+                "wire version {wire_version}: {seen:?}"
+            );
+        }
     }
 
     // On a real replica set: a user holding only the documented role runs the same consumer.

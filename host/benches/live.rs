@@ -31,8 +31,8 @@ use futures_util::StreamExt;
 use mongo_sim::{Config, ServerHandle};
 use mongodb::change_stream::event::ResumeToken;
 use mongodb::options::{
-    FullDocumentType, ReadConcern, ReadPreference, SelectionCriteria, TransactionOptions,
-    WriteConcern,
+    FullDocumentType, InsertOneModel, ReadConcern, ReadPreference, SelectionCriteria,
+    TransactionOptions, UpdateOneModel, WriteConcern, WriteModel,
 };
 use mongodb::{Client, Collection};
 use sha2::Digest;
@@ -461,21 +461,31 @@ fn raw_loop() {
                 .with_options(options.clone())
                 .await
                 .expect("transaction");
-            let changed = checkpoints
-                .update_one(
-                    doc! { "_id": &consumer, "token": &token, "source": &source },
-                    doc! { "$set": { "token": &last, "mode": "resumeAfter" } },
+            // The compare-and-set and the records in one bulkWrite (the test server answers as
+            // MongoDB 8.0), as handoff commits them there.
+            let mut models: Vec<WriteModel> = vec![
+                UpdateOneModel::builder()
+                    .namespace(checkpoints.namespace())
+                    .filter(doc! { "_id": &consumer, "token": &token, "source": &source })
+                    .update(doc! { "$set": { "token": &last, "mode": "resumeAfter" } })
+                    .build()
+                    .into(),
+            ];
+            models.extend(records.into_iter().map(|record| {
+                WriteModel::from(
+                    InsertOneModel::builder()
+                        .namespace(outbox.namespace())
+                        .document(record)
+                        .build(),
                 )
-                .session(&mut session)
-                .await
-                .expect("compare-and-set");
-            assert_eq!(changed.matched_count, 1, "checkpoint moved");
-            outbox
-                .insert_many(records)
+            }));
+            let written = client
+                .bulk_write(models)
                 .ordered(true)
                 .session(&mut session)
                 .await
-                .expect("outbox");
+                .expect("compare-and-set and outbox");
+            assert_eq!(written.matched_count, 1, "checkpoint moved");
             session.commit_transaction().await.expect("commit");
             token = last;
             done += count;

@@ -81,6 +81,30 @@ impl Drop for Turn {
     }
 }
 
+/// The commands a handoff transaction writes with on this deployment, as `(compare-and-set,
+/// record inserts)`: one `bulkWrite` for both on MongoDB 8.0 (wire version 25) and later, else
+/// `update` and `insert`.
+pub async fn transaction_writes(client: &Client) -> (&'static str, &'static str) {
+    let hello = client
+        .database("admin")
+        .run_command(doc! {"hello": 1})
+        .await
+        .expect("hello");
+    let wire = hello
+        .get("maxWireVersion")
+        .and_then(|v| match v {
+            Bson::Int32(n) => Some(i64::from(*n)),
+            Bson::Int64(n) => Some(*n),
+            _ => None,
+        })
+        .expect("hello gives maxWireVersion");
+    if wire >= 25 {
+        ("bulkWrite", "bulkWrite")
+    } else {
+        ("update", "insert")
+    }
+}
+
 pub struct Live {
     /// The test's own test server; `None` on the deployment `MONGODB_URI` names.
     server: Option<ServerHandle>,
@@ -184,6 +208,11 @@ impl Live {
     }
 
     /// Runs a driver action (or any future) to completion.
+    /// See [`transaction_writes`].
+    pub fn transaction_writes(&self) -> (&'static str, &'static str) {
+        self.wait(transaction_writes(&self.client))
+    }
+
     pub fn wait<F: std::future::IntoFuture>(&self, action: F) -> F::Output {
         self.rt.block_on(action.into_future())
     }

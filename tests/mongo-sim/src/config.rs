@@ -22,6 +22,7 @@ pub struct Config {
     pub advertised_host: Option<String>,
     /// Larger messages close the connection.
     pub max_message_bytes: usize,
+    /// The wire version `hello` reports: 25 is MongoDB 8.0 (`bulkWrite`), 21 is 7.0.
     pub max_wire_version: i32,
     /// Open transactions older than this are aborted when they block other writes.
     pub transaction_lifetime: Duration,
@@ -38,7 +39,7 @@ impl Default for Config {
             history_limit: 100_000,
             advertised_host: None,
             max_message_bytes: 48_000_000,
-            max_wire_version: 21,
+            max_wire_version: 25,
             transaction_lifetime: Duration::from_secs(60),
         }
     }

@@ -37,6 +37,10 @@ struct Args {
     /// Largest accepted message in bytes.
     #[arg(long, default_value_t = 48_000_000)]
     max_message_bytes: usize,
+    /// The wire version `hello` reports: 25 answers as MongoDB 8.0 (with `bulkWrite`), 21 as 7.0,
+    /// 17 as 6.0.
+    #[arg(long, default_value_t = 25, value_parser = clap::value_parser!(i32).range(17..=25))]
+    max_wire_version: i32,
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -64,6 +68,7 @@ async fn main() -> anyhow::Result<()> {
         history_limit: args.history_limit,
         advertised_host: args.advertise,
         max_message_bytes: args.max_message_bytes,
+        max_wire_version: args.max_wire_version,
         ..Config::default()
     };
     let server = Server::start(config).await?;

@@ -267,6 +267,9 @@ impl Shared {
         if let Some(Bson::Array(documents)) = body.get("documents") {
             seen.insert("documents", documents.len() as i64);
         }
+        if let Some(Bson::Array(ops)) = body.get("ops") {
+            seen.insert("ops", ops.len() as i64);
+        }
         let mut received = self.received.lock().unwrap_or_else(|p| p.into_inner());
         if received.len() == RECEIVED_KEPT {
             received.pop_front();

@@ -33,7 +33,7 @@ async fn hello_reports_a_replica_set_primary() {
     assert_eq!(hello.get_i32("maxBsonObjectSize").unwrap(), 16_777_216);
     assert_eq!(hello.get_i32("maxMessageSizeBytes").unwrap(), 48_000_000);
     assert_eq!(hello.get_i32("maxWriteBatchSize").unwrap(), 100_000);
-    assert_eq!(hello.get_i32("maxWireVersion").unwrap(), 21);
+    assert_eq!(hello.get_i32("maxWireVersion").unwrap(), 25);
     assert_eq!(hello.get_i32("minWireVersion").unwrap(), 0);
     assert_eq!(hello.get_i32("logicalSessionTimeoutMinutes").unwrap(), 30);
     assert!(hello.get_object_id("electionId").is_ok());
@@ -100,7 +100,7 @@ async fn ping_build_info_and_repl_set_config() {
     let admin = client.database("admin");
     admin.run_command(doc! {"ping": 1}).await.unwrap();
     let info = admin.run_command(doc! {"buildInfo": 1}).await.unwrap();
-    assert!(info.get_str("version").unwrap().starts_with("7."));
+    assert!(info.get_str("version").unwrap().starts_with("8."));
     let config = admin
         .run_command(doc! {"replSetGetConfig": 1})
         .await

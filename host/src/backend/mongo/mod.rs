@@ -7,8 +7,9 @@
 //! What the baseline task does, in its order: URI scheme check, a 3 s server selection timeout,
 //! `hello` must name a replica set, `replSetGetConfig` must give `settings.replicaSetId`. The stream
 //! uses `fullDocument: updateLookup` and a 1 s max await. Each commit is one transaction
-//! (checkpoint compare-and-set on `{_id, token, source}` + one ordered `insertMany` of the outbox
-//! records + one of the quarantine records), retried on `TransientTransactionError` and
+//! (checkpoint compare-and-set on `{_id, token, source}` and the outbox and quarantine records: one
+//! ordered `bulkWrite` on MongoDB 8.0 and later, else an `update` and one ordered `insertMany` per
+//! collection), retried on `TransientTransactionError` and
 //! `UnknownTransactionCommitResult` a bounded number of times; a failed attempt never leaves its
 //! transaction open. Change events are kept as the BSON documents the server sent, never rebuilt
 //! through JSON.

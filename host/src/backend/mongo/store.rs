@@ -1,15 +1,16 @@
 //! The checkpoint, outbox and quarantine collections, written in one transaction per commit.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use bson::{Bson, Document, doc};
+use mongodb::error::PartialBulkWriteResult;
 use mongodb::error::{
     Error as DriverError, ErrorKind, TRANSIENT_TRANSACTION_ERROR,
     UNKNOWN_TRANSACTION_COMMIT_RESULT, WriteFailure,
 };
-use mongodb::options::ReturnDocument;
+use mongodb::options::{InsertOneModel, ReturnDocument, UpdateOneModel, WriteModel};
 use mongodb::{ClientSession, Collection};
 
 use super::connection::Connection;
@@ -31,6 +32,9 @@ pub struct MongoStore {
     quarantine: Collection<Document>,
     /// Transactions and commits retried, over the store's lifetime.
     retries: AtomicU32,
+    /// Whether commits use `bulkWrite` (MongoDB 8.0 and later); cleared once the driver finds
+    /// the server older.
+    bulk_write: AtomicBool,
 }
 
 impl MongoStore {
@@ -46,6 +50,7 @@ impl MongoStore {
             quarantine: db.collection(&collections.quarantine),
             connection,
             retries: AtomicU32::new(0),
+            bulk_write: AtomicBool::new(true),
         }
     }
 
@@ -128,19 +133,52 @@ impl MongoStore {
         Ok(insert)
     }
 
-    /// The compare-and-set and the record inserts, inside the session's transaction.
+    /// The compare-and-set and the record inserts, inside the session's transaction: one
+    /// `bulkWrite` on MongoDB 8.0 and later, else an `update` and an `insertMany` per collection.
     async fn statements(
         &self,
         session: &mut ClientSession,
         commit: &Commit<'_>,
         look_first: bool,
     ) -> std::result::Result<Applied, Attempt> {
+        let mut applied = Applied::default();
+        let mut writes: [Vec<&Document>; 2] = [Vec::new(), Vec::new()];
+        for (collection, records, insert) in [
+            (&self.outbox, &commit.outbox, 0),
+            (&self.quarantine, &commit.quarantine, 1),
+        ] {
+            if records.is_empty() {
+                continue;
+            }
+            if let Some(id) = oversized(records) {
+                return Err(Attempt::Final(CommitError::TooLarge(id)));
+            }
+            writes[insert] = if look_first {
+                self.not_yet_stored(session, collection, records, &mut applied.duplicates)
+                    .await?
+            } else {
+                records.iter().collect()
+            };
+        }
         let expected = commit
             .expected
             .map_or(Bson::Null, |t| Bson::Document(t.clone()));
         let filter = doc! { "_id": &commit.consumer.consumer, "token": expected, "source": &commit.consumer.source };
         let update =
             doc! { "$set": { "token": commit.next.clone(), "mode": commit.mode.as_str() } };
+        if self.bulk_write.load(Ordering::Relaxed) {
+            match self.bulk(session, &filter, &update, &writes).await {
+                Err(Attempt::Driver(e))
+                    if matches!(*e.kind, ErrorKind::IncompatibleServer { .. }) =>
+                {
+                    // Refused by the driver before anything was sent: the transaction has not
+                    // started on the server and goes on with the separate commands.
+                    tracing::debug!("the server predates bulkWrite; separate writes from now on");
+                    self.bulk_write.store(false, Ordering::Relaxed);
+                }
+                done => return done.map(|()| applied),
+            }
+        }
         let changed = self
             .checkpoints
             .update_one(filter, update)
@@ -150,23 +188,7 @@ impl MongoStore {
         if changed.matched_count != 1 {
             return Err(Attempt::Final(CommitError::Conflict));
         }
-        let mut applied = Applied::default();
-        for (collection, records) in [
-            (&self.outbox, &commit.outbox),
-            (&self.quarantine, &commit.quarantine),
-        ] {
-            if records.is_empty() {
-                continue;
-            }
-            if let Some(id) = oversized(records) {
-                return Err(Attempt::Final(CommitError::TooLarge(id)));
-            }
-            let insert: Vec<&Document> = if look_first {
-                self.not_yet_stored(session, collection, records, &mut applied.duplicates)
-                    .await?
-            } else {
-                records.iter().collect()
-            };
+        for (collection, insert) in [(&self.outbox, &writes[0]), (&self.quarantine, &writes[1])] {
             if insert.is_empty() {
                 continue;
             }
@@ -176,10 +198,96 @@ impl MongoStore {
                 .session(&mut *session)
                 .await
             {
-                return Err(insert_failure(e, &insert));
+                return Err(insert_failure(e, insert));
             }
         }
         Ok(applied)
+    }
+
+    /// The compare-and-set and the inserts as one ordered `bulkWrite`: the update first, then
+    /// the outbox records, then the quarantine records.
+    async fn bulk(
+        &self,
+        session: &mut ClientSession,
+        filter: &Document,
+        update: &Document,
+        writes: &[Vec<&Document>; 2],
+    ) -> std::result::Result<(), Attempt> {
+        let mut models: Vec<WriteModel> = Vec::with_capacity(1 + writes[0].len() + writes[1].len());
+        models.push(
+            UpdateOneModel::builder()
+                .namespace(self.checkpoints.namespace())
+                .filter(filter.clone())
+                .update(update.clone())
+                .build()
+                .into(),
+        );
+        for (collection, insert) in [(&self.outbox, &writes[0]), (&self.quarantine, &writes[1])] {
+            let namespace = collection.namespace();
+            models.extend(insert.iter().map(|record| {
+                WriteModel::from(
+                    InsertOneModel::builder()
+                        .namespace(namespace.clone())
+                        .document((*record).clone())
+                        .build(),
+                )
+            }));
+        }
+        let records: Vec<&Document> = writes.iter().flatten().copied().collect();
+        match self
+            .connection
+            .client
+            .bulk_write(models)
+            .ordered(true)
+            .session(&mut *session)
+            .await
+        {
+            Ok(result) if result.matched_count == 1 => Ok(()),
+            Ok(_) => Err(Attempt::Final(CommitError::Conflict)),
+            Err(e) => Err(bulk_failure(e, &records)),
+        }
+    }
+}
+
+/// Classifies a failed `bulkWrite` whose first operation is the compare-and-set and whose others
+/// insert `records` in order: a missed compare-and-set is a conflict whatever failed after it,
+/// else as [`insert_failure`] for the first failed insert.
+fn bulk_failure(error: DriverError, records: &[&Document]) -> Attempt {
+    if error.contains_label(TRANSIENT_TRANSACTION_ERROR) {
+        return Attempt::Transient(error);
+    }
+    let ErrorKind::BulkWrite(failure) = error.kind.as_ref() else {
+        return Attempt::Driver(error);
+    };
+    let Some(first) = failure.write_errors.keys().min().copied() else {
+        return Attempt::Driver(error);
+    };
+    if first == 0 {
+        return Attempt::Driver(error);
+    }
+    let matched = match &failure.partial_result {
+        Some(PartialBulkWriteResult::Summary(summary)) => summary.matched_count,
+        Some(PartialBulkWriteResult::Verbose(verbose)) => verbose.summary.matched_count,
+        None => 0,
+    };
+    if matched != 1 {
+        return Attempt::Final(CommitError::Conflict);
+    }
+    let Some(write) = failure.write_errors.get(&first) else {
+        return Attempt::Driver(error);
+    };
+    let id = records
+        .get(first - 1)
+        .map(|record| record_id(record))
+        .unwrap_or_default();
+    match write.code {
+        11000 => Attempt::Final(CommitError::Duplicate(id)),
+        code if code == BSON_OBJECT_TOO_LARGE
+            || write.code_name.as_deref() == Some("BSONObjectTooLarge") =>
+        {
+            Attempt::Final(CommitError::TooLarge(id))
+        }
+        _ => Attempt::Driver(error),
     }
 }
 

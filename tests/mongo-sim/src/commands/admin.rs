@@ -56,11 +56,21 @@ pub fn hello(ctx: &Ctx<'_>, legacy: bool) -> CmdResult<Document> {
     Ok(d)
 }
 
-pub fn build_info() -> Document {
+/// The release a wire version stands for: (major, minor).
+pub fn release(config: &crate::Config) -> (i32, i32) {
+    match config.max_wire_version {
+        25.. => (8, 0),
+        21..=24 => (7, 0),
+        _ => (6, 0),
+    }
+}
+
+pub fn build_info(ctx: &Ctx<'_>) -> Document {
+    let (major, minor) = release(&ctx.shared.config);
     doc! {
-        "version": "7.0.0",
+        "version": format!("{major}.{minor}.0"),
         "gitVersion": "0000000000000000000000000000000000000000",
-        "versionArray": [7, 0, 0, 0],
+        "versionArray": [major, minor, 0, 0],
         "bits": 64,
         "debug": false,
         "maxBsonObjectSize": 16_777_216,
@@ -142,10 +152,11 @@ pub fn repl_set_get_status(ctx: &Ctx<'_>) -> CmdResult<Document> {
 }
 
 pub fn server_status(ctx: &Ctx<'_>) -> Document {
+    let (major, minor) = release(&ctx.shared.config);
     let st = ctx.shared.lock();
     doc! {
         "host": ctx.shared.me.clone(),
-        "version": "7.0.0",
+        "version": format!("{major}.{minor}.0"),
         "process": "mongod",
         "localTime": DateTime::now(),
         "connections": {"totalCreated": ctx.shared.next_connection_id.load(Ordering::Relaxed) - 1},
@@ -453,8 +464,9 @@ pub fn drop_indexes(ctx: &Ctx<'_>) -> CmdResult<Document> {
 /// `getParameter`: `"*"` for every parameter, or the parameters named with a true value.
 pub fn get_parameter(ctx: &Ctx<'_>) -> CmdResult<Document> {
     let lifetime = ctx.shared.config.transaction_lifetime.as_secs().max(1) as i64;
+    let (major, minor) = release(&ctx.shared.config);
     let all = doc! {
-        "featureCompatibilityVersion": {"version": "7.0"},
+        "featureCompatibilityVersion": {"version": format!("{major}.{minor}")},
         "enableTestCommands": true,
         "transactionLifetimeLimitSeconds": lifetime,
     };

@@ -72,7 +72,7 @@ async fn write_statement<T>(
 }
 
 /// Errors reported per statement in `writeErrors` rather than failing the command.
-fn is_write_error(e: &CommandError) -> bool {
+pub(super) fn is_write_error(e: &CommandError) -> bool {
     !matches!(e.code, 112 | 251 | 225 | 24 | 20 | 263 | 50768)
 }
 
@@ -113,7 +113,7 @@ fn doc_array(ctx: &Ctx<'_>, key: &str) -> CmdResult<Vec<Document>> {
     }
 }
 
-fn opt_doc(d: &Document, key: &str) -> CmdResult<Document> {
+pub(super) fn opt_doc(d: &Document, key: &str) -> CmdResult<Document> {
     match d.get(key) {
         None | Some(Bson::Null) => Ok(Document::new()),
         Some(Bson::Document(x)) => Ok(x.clone()),
@@ -173,31 +173,7 @@ pub async fn insert(ctx: &Ctx<'_>) -> CmdResult<Document> {
     let mut n = 0i32;
     let mut errors = Vec::new();
     for (i, d) in docs.into_iter().enumerate() {
-        let (id, d) = with_id_first(d);
-        let size = d.to_vec().map_or(usize::MAX, |b| b.len());
-        if size > MAX_BSON_OBJECT_SIZE {
-            // Refused before it is stored, like any failed statement of a transaction.
-            if ctx.in_txn() {
-                txn::abort_after_error(ctx);
-            }
-            let e = CommandError::new(
-                10334,
-                format!(
-                    "object to insert too large. size in bytes: {size}, max size: {MAX_BSON_OBJECT_SIZE}"
-                ),
-            );
-            errors.push(write_error_doc(i, &e));
-            if ordered {
-                break;
-            }
-            continue;
-        }
-        let r = write_statement(ctx, |p| {
-            let change = insert_change(p, &ns, id.clone(), d.clone())?;
-            apply(p, vec![change])
-        })
-        .await;
-        match r {
+        match insert_statement(ctx, &ns, d).await {
             Ok(()) => n += 1,
             Err(e) if is_write_error(&e) => {
                 errors.push(write_error_doc(i, &e));
@@ -213,6 +189,29 @@ pub async fn insert(ctx: &Ctx<'_>) -> CmdResult<Document> {
         reply.insert("writeErrors", errors);
     }
     Ok(reply)
+}
+
+/// One document inserted (an `_id` added first when it has none).
+pub(super) async fn insert_statement(ctx: &Ctx<'_>, ns: &Namespace, d: Document) -> CmdResult<()> {
+    let (id, d) = with_id_first(d);
+    let size = d.to_vec().map_or(usize::MAX, |b| b.len());
+    if size > MAX_BSON_OBJECT_SIZE {
+        // Refused before it is stored, like any failed statement of a transaction.
+        if ctx.in_txn() {
+            txn::abort_after_error(ctx);
+        }
+        return Err(CommandError::new(
+            10334,
+            format!(
+                "object to insert too large. size in bytes: {size}, max size: {MAX_BSON_OBJECT_SIZE}"
+            ),
+        ));
+    }
+    write_statement(ctx, |p| {
+        let change = insert_change(p, ns, id.clone(), d.clone())?;
+        apply(p, vec![change])
+    })
+    .await
 }
 
 /// Matching documents in the reader's view, sorted if asked.
@@ -257,10 +256,10 @@ fn sort_docs<T>(items: &mut [T], sort: &Document, doc_of: impl Fn(&T) -> &Docume
     });
 }
 
-struct UpdateOutcome {
-    matched: i64,
-    modified: i64,
-    upserted: Option<Bson>,
+pub(super) struct UpdateOutcome {
+    pub(super) matched: i64,
+    pub(super) modified: i64,
+    pub(super) upserted: Option<Bson>,
     /// For findAndModify: the document before and after.
     before: Option<Arc<Document>>,
     after: Option<Arc<Document>>,
@@ -358,23 +357,7 @@ pub async fn update(ctx: &Ctx<'_>) -> CmdResult<Document> {
     let mut upserted = Vec::new();
     let mut errors = Vec::new();
     for (i, s) in statements.iter().enumerate() {
-        let r = async {
-            let filter = opt_doc(s, "q")?;
-            let spec = update::parse_update(s.get("u").unwrap_or(&Bson::Null))?;
-            let multi = matches!(s.get("multi"), Some(Bson::Boolean(true)));
-            let upsert = matches!(s.get("upsert"), Some(Bson::Boolean(true)));
-            if multi && matches!(spec, UpdateSpec::Replacement(_)) {
-                return Err(CommandError::failed_to_parse(
-                    "multi update is not supported for replacement-style update",
-                ));
-            }
-            matcher::validate(&filter)?;
-            write_statement(ctx, |p| {
-                update_one_statement(p, &ns, &filter, &spec, upsert, multi, None)
-            })
-            .await
-        }
-        .await;
+        let r = update_statement(ctx, &ns, s, "q", "u").await;
         match r {
             Ok(o) => {
                 n += o.matched;
@@ -403,6 +386,61 @@ pub async fn update(ctx: &Ctx<'_>) -> CmdResult<Document> {
     Ok(reply)
 }
 
+/// One update statement: its filter under `filter_key` and its update under `update_key`
+/// (`q`/`u` in `update`, `filter`/`updateMods` in `bulkWrite`), `multi` and `upsert` flags.
+pub(super) async fn update_statement(
+    ctx: &Ctx<'_>,
+    ns: &Namespace,
+    s: &Document,
+    filter_key: &str,
+    update_key: &str,
+) -> CmdResult<UpdateOutcome> {
+    let filter = opt_doc(s, filter_key)?;
+    let spec = update::parse_update(s.get(update_key).unwrap_or(&Bson::Null))?;
+    let multi = matches!(s.get("multi"), Some(Bson::Boolean(true)));
+    let upsert = matches!(s.get("upsert"), Some(Bson::Boolean(true)));
+    if multi && matches!(spec, UpdateSpec::Replacement(_)) {
+        return Err(CommandError::failed_to_parse(
+            "multi update is not supported for replacement-style update",
+        ));
+    }
+    matcher::validate(&filter)?;
+    write_statement(ctx, |p| {
+        update_one_statement(p, ns, &filter, &spec, upsert, multi, None)
+    })
+    .await
+}
+
+/// One delete statement: the documents matching `filter`, at most one when `just_one`.
+pub(super) async fn delete_statement(
+    ctx: &Ctx<'_>,
+    ns: &Namespace,
+    filter: &Document,
+    just_one: bool,
+) -> CmdResult<i64> {
+    matcher::validate(filter)?;
+    write_statement(ctx, |p| {
+        let found = matching(p, ns, filter, None)?;
+        let take = if just_one { 1 } else { found.len() };
+        let changes: Vec<Change> = found
+            .into_iter()
+            .take(take)
+            .map(|(key, d)| Change {
+                ns: ns.clone(),
+                key,
+                new: None,
+                event: EventKind::Delete {
+                    id: d.get("_id").cloned().unwrap_or(Bson::Null),
+                },
+            })
+            .collect();
+        let count = changes.len() as i64;
+        apply(p, changes)?;
+        Ok(count)
+    })
+    .await
+}
+
 pub async fn delete(ctx: &Ctx<'_>) -> CmdResult<Document> {
     let ns = ctx.ns()?;
     let statements = doc_array(ctx, "deletes")?;
@@ -412,31 +450,11 @@ pub async fn delete(ctx: &Ctx<'_>) -> CmdResult<Document> {
     for (i, s) in statements.iter().enumerate() {
         let r = async {
             let filter = opt_doc(s, "q")?;
-            matcher::validate(&filter)?;
             let limit = s
                 .get("limit")
                 .and_then(crate::values::as_f64)
                 .unwrap_or(0.0);
-            write_statement(ctx, |p| {
-                let found = matching(p, &ns, &filter, None)?;
-                let take = if limit >= 1.0 { 1 } else { found.len() };
-                let changes: Vec<Change> = found
-                    .into_iter()
-                    .take(take)
-                    .map(|(key, d)| Change {
-                        ns: ns.clone(),
-                        key,
-                        new: None,
-                        event: EventKind::Delete {
-                            id: d.get("_id").cloned().unwrap_or(Bson::Null),
-                        },
-                    })
-                    .collect();
-                let count = changes.len() as i64;
-                apply(p, changes)?;
-                Ok(count)
-            })
-            .await
+            delete_statement(ctx, &ns, &filter, limit >= 1.0).await
         }
         .await;
         match r {

@@ -2,6 +2,7 @@
 //! fault injection, and shaping replies.
 
 pub mod admin;
+pub mod bulk_write;
 pub mod change_stream;
 pub mod crud;
 pub mod failpoint;
@@ -262,6 +263,7 @@ fn session_args(body: &Document) -> CmdResult<Option<SessionArgs>> {
 
 const TXN_COMMANDS: &[&str] = &[
     "find",
+    "bulkWrite",
     "insert",
     "update",
     "delete",
@@ -280,6 +282,7 @@ const TXN_COMMANDS: &[&str] = &[
 ];
 
 const RETRYABLE_WRITES: &[&str] = &[
+    "bulkWrite",
     "insert",
     "update",
     "delete",
@@ -463,7 +466,7 @@ async fn dispatch(ctx: &Ctx<'_>) -> CmdResult<Document> {
         "hello" => admin::hello(ctx, false),
         "isMaster" | "ismaster" => admin::hello(ctx, true),
         "ping" => Ok(Document::new()),
-        "buildInfo" | "buildinfo" => Ok(admin::build_info()),
+        "buildInfo" | "buildinfo" => Ok(admin::build_info(ctx)),
         "replSetGetConfig" => admin::repl_set_get_config(ctx),
         "replSetGetStatus" => admin::repl_set_get_status(ctx),
         "serverStatus" => Ok(admin::server_status(ctx)),
@@ -490,6 +493,7 @@ async fn dispatch(ctx: &Ctx<'_>) -> CmdResult<Document> {
         "createIndexes" => admin::create_indexes(ctx),
         "dropIndexes" | "deleteIndexes" => admin::drop_indexes(ctx),
         "dbStats" | "collStats" => Ok(doc! {"ns": ctx.db.clone()}),
+        "bulkWrite" => bulk_write::bulk_write(ctx).await,
         "insert" => crud::insert(ctx).await,
         "update" => crud::update(ctx).await,
         "delete" => crud::delete(ctx).await,
