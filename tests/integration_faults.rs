@@ -443,3 +443,54 @@ fn a_transaction_a_killed_run_left_open_is_waited_out_within_the_server_lifetime
     );
     assert_all_handed_off_once(&live, &start, 2);
 }
+
+/// A server without `bulkWrite` — older than MongoDB 8.0 (the driver refuses before sending), or
+/// 8.0 at feature compatibility version 7.0 (the server refuses) — costs the first commit one
+/// abandoned transaction, no retry, and the run goes on with separate writes.
+#[test]
+fn a_server_without_bulk_write_is_written_with_separate_commands_at_no_retry() {
+    for (wire_version, lowered) in [(21, false), (25, true)] {
+        let live = Live::with_config(Config {
+            max_wire_version: wire_version,
+            ..Config::default()
+        });
+        if lowered {
+            live.wait(
+                live.client
+                    .database("admin")
+                    .run_command(doc! {"setFeatureCompatibilityVersion": "7.0", "confirm": true}),
+            )
+            .expect("feature compatibility version lowered");
+        }
+        let start = live.start_consumer();
+        live.insert(0..3);
+        live.server().clear_received_commands();
+        let output = live.run(&[]);
+        let out = support::ok(&output);
+        assert_eq!(out["events_handed_off"], 3);
+        assert_eq!(support::metric(&output, "transaction_retries"), 0);
+        assert!(
+            !support::stderr(&output).contains("retrying"),
+            "{}",
+            support::stderr(&output)
+        );
+        let sent: Vec<String> = live
+            .server()
+            .received_commands()
+            .iter()
+            .filter(|c| c.get_str("app").ok() == Some("handoff"))
+            .filter_map(|c| c.get_str("command").ok().map(str::to_string))
+            .collect();
+        let count = |name: &str| sent.iter().filter(|c| *c == name).count();
+        // Asked once (8.0 at 7.0's feature compatibility version answers), never by a driver
+        // that knows the server is older.
+        assert_eq!(count("bulkWrite"), usize::from(lowered), "{sent:?}");
+        // Each transaction is a compare-and-set and its records (the last one may move the
+        // checkpoint alone, to the stream's position).
+        assert_eq!(count("insert"), 3, "{sent:?}");
+        assert_eq!(count("update"), count("commitTransaction"), "{sent:?}");
+        assert!(count("abortTransaction") <= 1, "{sent:?}");
+        assert_eq!(count("getParameter"), 0, "{sent:?}");
+        assert_all_handed_off_once(&live, &start, 3);
+    }
+}

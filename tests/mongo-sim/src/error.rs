@@ -195,6 +195,7 @@ pub fn code_name(code: i32) -> &'static str {
         89 => "NetworkTimeout",
         91 => "ShutdownInProgress",
         112 => "WriteConflict",
+        115 => "CommandNotSupported",
         133 => "FailedToSatisfyReadPreference",
         134 => "ReadConcernMajorityNotAvailableYet",
         150 => "StaleEpoch",

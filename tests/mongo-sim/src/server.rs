@@ -47,6 +47,7 @@ impl Server {
             next_connection_id: AtomicI64::new(1),
             commands_served: AtomicU64::new(0),
             received: Default::default(),
+            feature_compatibility: Mutex::new(crate::commands::admin::release(&config)),
             config,
         });
         let (stop_tx, stop_rx) = watch::channel(false);

@@ -225,11 +225,21 @@ pub struct Shared {
     pub commands_served: AtomicU64,
     /// What the last commands received asked for (see [`Shared::record_command`]).
     pub received: Mutex<VecDeque<Document>>,
+    /// The feature compatibility version as (major, minor): the release's own until
+    /// `setFeatureCompatibilityVersion` lowers it.
+    pub feature_compatibility: Mutex<(i32, i32)>,
 }
 
 impl Shared {
     pub fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn feature_compatibility(&self) -> (i32, i32) {
+        *self
+            .feature_compatibility
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
     }
 
     pub fn failpoints(&self) -> MutexGuard<'_, FailPoints> {

@@ -284,3 +284,48 @@ async fn malformed_bulk_writes_are_refused() {
     let coll = client.database("bulk").collection::<Document>("items");
     assert_eq!(coll.count_documents(doc! {}).await.unwrap(), 0);
 }
+
+#[tokio::test]
+async fn an_older_feature_compatibility_version_turns_bulk_write_off() {
+    let (_server, client) = common::start().await;
+    let admin = client.database("admin");
+    let coll = client.database("bulk").collection::<Document>("items");
+    let fcv = |reply: Document| {
+        reply
+            .get_document("featureCompatibilityVersion")
+            .unwrap()
+            .get_str("version")
+            .unwrap()
+            .to_string()
+    };
+    let asked = doc! {"getParameter": 1, "featureCompatibilityVersion": 1};
+    assert_eq!(fcv(admin.run_command(asked.clone()).await.unwrap()), "8.0");
+    // Refused without confirmation, or to a version the release cannot run at.
+    for command in [
+        doc! {"setFeatureCompatibilityVersion": "7.0"},
+        doc! {"setFeatureCompatibilityVersion": "8.1", "confirm": true},
+        doc! {"setFeatureCompatibilityVersion": "6.0", "confirm": true},
+        doc! {"setFeatureCompatibilityVersion": "seven", "confirm": true},
+    ] {
+        assert!(
+            admin.run_command(command.clone()).await.is_err(),
+            "{command}"
+        );
+    }
+    assert_eq!(fcv(admin.run_command(asked.clone()).await.unwrap()), "8.0");
+    admin
+        .run_command(doc! {"setFeatureCompatibilityVersion": "7.0", "confirm": true})
+        .await
+        .unwrap();
+    assert_eq!(fcv(admin.run_command(asked).await.unwrap()), "7.0");
+    // The driver still sees 8.0 and sends bulkWrite; the server refuses it, writing nothing.
+    let error = client
+        .bulk_write(vec![insert(coll.namespace(), doc! {"_id": 1})])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(error.kind.as_ref(), ErrorKind::Command(c) if c.code == 115),
+        "{error:?}"
+    );
+    assert_eq!(coll.count_documents(doc! {}).await.unwrap(), 0);
+}

@@ -30,6 +30,23 @@ pub(super) fn server_error(error: &DriverError, redactor: &Redactor) -> ServerEr
             (_, Some(wce)) => (Some(wce.code), wce.code_name.clone(), wce.message.clone()),
             _ => (None, "DriverError".into(), error.to_string()),
         },
+        // A bulkWrite: its first failed operation, else what ended it (a later command of a
+        // split bulkWrite, or the results cursor), else its write concern error.
+        ErrorKind::BulkWrite(e) => match e.write_errors.iter().min_by_key(|(index, _)| **index) {
+            Some((_, w)) => (
+                Some(w.code),
+                w.code_name.clone().unwrap_or_default(),
+                w.message.clone(),
+            ),
+            None => match (
+                std::error::Error::source(error).and_then(|s| s.downcast_ref::<DriverError>()),
+                e.write_concern_errors.first(),
+            ) {
+                (Some(source), _) => return server_error(source, redactor),
+                (None, Some(wce)) => (Some(wce.code), wce.code_name.clone(), wce.message.clone()),
+                (None, None) => (None, "DriverError".into(), error.to_string()),
+            },
+        },
         ErrorKind::ServerSelection { message, .. } => {
             (None, "ServerSelectionError".into(), message.clone())
         }

@@ -167,17 +167,18 @@ impl MongoStore {
         let update =
             doc! { "$set": { "token": commit.next.clone(), "mode": commit.mode.as_str() } };
         if self.bulk_write.load(Ordering::Relaxed) {
-            match self.bulk(session, &filter, &update, &writes).await {
-                Err(Attempt::Driver(e))
-                    if matches!(*e.kind, ErrorKind::IncompatibleServer { .. }) =>
-                {
-                    // Refused by the driver before anything was sent: the transaction has not
-                    // started on the server and goes on with the separate commands.
-                    tracing::debug!("the server predates bulkWrite; separate writes from now on");
+            return match self.bulk(session, &filter, &update, &writes).await {
+                Err(Attempt::Driver(e)) if no_bulk_write(&e) => {
+                    // Older than 8.0 (the driver refuses before sending anything, but counts the
+                    // transaction as started), or 8.0 at an older feature compatibility version
+                    // (the server refuses): this transaction is abandoned and the commit starts
+                    // again with separate writes, once per process.
+                    tracing::debug!("the server has no bulkWrite; separate writes from now on");
                     self.bulk_write.store(false, Ordering::Relaxed);
+                    Err(Attempt::Again)
                 }
-                done => return done.map(|()| applied),
-            }
+                done => done.map(|()| applied),
+            };
         }
         let changed = self
             .checkpoints
@@ -242,10 +243,29 @@ impl MongoStore {
             .session(&mut *session)
             .await
         {
-            Ok(result) if result.matched_count == 1 => Ok(()),
-            Ok(_) => Err(Attempt::Final(CommitError::Conflict)),
+            Ok(result) if result.matched_count != 1 => Err(Attempt::Final(CommitError::Conflict)),
+            // Every record acknowledged, or nothing is committed.
+            Ok(result) if result.inserted_count != records.len() as i64 => {
+                Err(Attempt::Final(CommitError::Unavailable(format!(
+                    "the server acknowledged {} of the commit's {} records; nothing was committed",
+                    result.inserted_count,
+                    records.len()
+                ))))
+            }
+            Ok(_) => Ok(()),
             Err(e) => Err(bulk_failure(e, &records)),
         }
+    }
+}
+
+/// Whether a failed `bulkWrite` says the server has none: the driver's refusal of a server older
+/// than 8.0, or the server's own (`CommandNotSupported` at a feature compatibility version before
+/// 8.0, `CommandNotFound`).
+fn no_bulk_write(error: &DriverError) -> bool {
+    match error.kind.as_ref() {
+        ErrorKind::IncompatibleServer { .. } => true,
+        ErrorKind::Command(e) => matches!(e.code, 59 | 115),
+        _ => false,
     }
 }
 
@@ -393,6 +413,9 @@ async fn abandon(session: &mut ClientSession, checkpoints: &Collection<Document>
 }
 
 enum Attempt {
+    /// Nothing was written and the reason is gone: start the commit again, not counted as a
+    /// retry.
+    Again,
     Transient(DriverError),
     Driver(DriverError),
     Final(CommitError),
@@ -453,6 +476,7 @@ impl CheckpointStore for MongoStore {
                     Err(Attempt::Final(CommitError::Duplicate(_))) if !look_first => {
                         look_first = true;
                     }
+                    Err(Attempt::Again) => {}
                     Err(Attempt::Final(e)) => return Err(e),
                     Err(Attempt::Transient(e))
                         if started.elapsed() < self.connection.transient_retry_window().await =>

@@ -464,7 +464,7 @@ pub fn drop_indexes(ctx: &Ctx<'_>) -> CmdResult<Document> {
 /// `getParameter`: `"*"` for every parameter, or the parameters named with a true value.
 pub fn get_parameter(ctx: &Ctx<'_>) -> CmdResult<Document> {
     let lifetime = ctx.shared.config.transaction_lifetime.as_secs().max(1) as i64;
-    let (major, minor) = release(&ctx.shared.config);
+    let (major, minor) = ctx.shared.feature_compatibility();
     let all = doc! {
         "featureCompatibilityVersion": {"version": format!("{major}.{minor}")},
         "enableTestCommands": true,
@@ -491,4 +491,42 @@ pub fn get_parameter(ctx: &Ctx<'_>) -> CmdResult<Document> {
         return Err(CommandError::new(72, "no option found to get"));
     }
     Ok(reply)
+}
+
+/// `setFeatureCompatibilityVersion: "M.m"` (on `admin`, with `confirm: true` from 7.0 on): a
+/// version no later than the release's own.
+pub fn set_feature_compatibility_version(ctx: &Ctx<'_>) -> CmdResult<Document> {
+    if ctx.db != "admin" {
+        return Err(CommandError::new(
+            13,
+            "setFeatureCompatibilityVersion may only be run against the admin database.",
+        ));
+    }
+    let release = release(&ctx.shared.config);
+    if release.0 >= 7 && !ctx.bool_field("confirm", false) {
+        return Err(CommandError::new(
+            7369100,
+            "Once you have upgraded to the new feature compatibility version, you cannot downgrade \
+             without support assistance. Pass confirm: true to go ahead.",
+        ));
+    }
+    let asked = ctx.cmd.get_str("setFeatureCompatibilityVersion").ok();
+    let version = asked
+        .and_then(|v| v.split_once('.'))
+        .and_then(|(major, minor)| Some((major.parse().ok()?, minor.parse().ok()?)))
+        .filter(|version: &(i32, i32)| *version <= release && version.0 >= release.0 - 1)
+        .ok_or_else(|| {
+            CommandError::new(
+                2,
+                format!(
+                    "Invalid feature compatibility version value '{}'",
+                    asked.unwrap_or("")
+                ),
+            )
+        })?;
+    *ctx.shared
+        .feature_compatibility
+        .lock()
+        .unwrap_or_else(|p| p.into_inner()) = version;
+    Ok(Document::new())
 }

@@ -31,6 +31,12 @@ pub async fn bulk_write(ctx: &Ctx<'_>) -> CmdResult<Document> {
             "bulkWrite may only be run against the admin database.",
         ));
     }
+    if ctx.shared.feature_compatibility() < (8, 0) {
+        return Err(CommandError::new(
+            115,
+            "BulkWrite may not be run without featureFlagBulkWriteCommand enabled",
+        ));
+    }
     let namespaces = namespaces(&ctx.cmd)?;
     let ops = documents(&ctx.cmd, "ops")?;
     if ops.is_empty() {

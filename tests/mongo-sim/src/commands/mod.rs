@@ -473,6 +473,7 @@ async fn dispatch(ctx: &Ctx<'_>) -> CmdResult<Document> {
         "getCmdLineOpts" => Ok(doc! {"argv": ["mongo-sim"], "parsed": {}}),
         "getParameter" => admin::get_parameter(ctx),
         "setParameter" => Ok(doc! {"was": Bson::Null}),
+        "setFeatureCompatibilityVersion" => admin::set_feature_compatibility_version(ctx),
         "connectionStatus" => {
             Ok(doc! {"authInfo": {"authenticatedUsers": [], "authenticatedUserRoles": []}})
         }
