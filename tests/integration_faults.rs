@@ -78,11 +78,9 @@ fn a_write_conflict_on_commit_is_retried_and_committed_once() {
         // The retry window comes from the server's transaction lifetime, asked once, when the
         // first transient error arrived (a routine run never asks).
         let asked = live
-            .server()
-            .received_commands()
+            .commands_from_handoff()
             .iter()
-            .filter(|c| c.get_str("app").ok() == Some("handoff"))
-            .filter(|c| c.get_str("command").ok() == Some("getParameter"))
+            .filter(|c| *c == "getParameter")
             .count();
         assert_eq!(asked, 1);
     }
@@ -105,11 +103,9 @@ fn a_transaction_lifetime_the_server_did_not_give_is_asked_again() {
     assert_eq!(support::ok(&output)["events_handed_off"], 4);
     assert_eq!(support::metric(&output, "transaction_retries"), 2);
     let asked = live
-        .server()
-        .received_commands()
+        .commands_from_handoff()
         .iter()
-        .filter(|c| c.get_str("app").ok() == Some("handoff"))
-        .filter(|c| c.get_str("command").ok() == Some("getParameter"))
+        .filter(|c| *c == "getParameter")
         .count();
     assert_eq!(asked, 2);
     assert_all_handed_off_once(&live, &start, 4);
@@ -378,13 +374,7 @@ fn a_failed_commit_leaves_no_transaction_open_for_the_next_run() {
     );
     assert_eq!(live.fail_point_off(), 1);
     // The failed run ended its transaction, then its sessions, before it exited.
-    let sent: Vec<String> = live
-        .server()
-        .received_commands()
-        .iter()
-        .filter(|c| c.get_str("app").ok() == Some("handoff"))
-        .filter_map(|c| c.get_str("command").ok().map(str::to_string))
-        .collect();
+    let sent = live.commands_from_handoff();
     let commit = sent.iter().position(|c| c == "commitTransaction");
     let abort = sent.iter().rposition(|c| c == "abortTransaction");
     let ended = sent.iter().rposition(|c| c == "endSessions");
@@ -474,13 +464,7 @@ fn a_server_without_bulk_write_is_written_with_separate_commands_at_no_retry() {
             "{}",
             support::stderr(&output)
         );
-        let sent: Vec<String> = live
-            .server()
-            .received_commands()
-            .iter()
-            .filter(|c| c.get_str("app").ok() == Some("handoff"))
-            .filter_map(|c| c.get_str("command").ok().map(str::to_string))
-            .collect();
+        let sent = live.commands_from_handoff();
         let count = |name: &str| sent.iter().filter(|c| *c == name).count();
         // Asked once (8.0 at 7.0's feature compatibility version answers), never by a driver
         // that knows the server is older.

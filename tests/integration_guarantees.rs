@@ -69,11 +69,9 @@ fn the_uri_cannot_weaken_the_concerns_or_move_reads_off_the_primary() {
             stream.iter().map(event_id).collect::<Vec<_>>()
         );
 
-        let received = live.server().received_commands();
-        // What `handoff` sent (it names itself in its handshake), not this test's own reads.
+        let received = live.received_from_handoff();
         let data: Vec<&Document> = received
             .iter()
-            .filter(|c| c.get_str("app").ok() == Some("handoff"))
             .filter(|c| DATA_COMMANDS.contains(&command_name(c)))
             .collect();
         let count = |name: &str| data.iter().filter(|c| command_name(c) == name).count();
@@ -255,12 +253,8 @@ fn a_batch_of_large_events_is_inserted_a_batch_at_a_time_and_handed_off_once() {
             stream.iter().map(event_id).collect::<Vec<_>>()
         );
         assert_checkpoint_at_end(&live, stream.last().unwrap().get_document("_id").unwrap());
-        let received = live.server().received_commands();
-        let sent = || {
-            received
-                .iter()
-                .filter(|c| c.get_str("app").ok() == Some("handoff"))
-        };
+        let received = live.received_from_handoff();
+        let sent = || received.iter();
         let commits = sent()
             .filter(|c| command_name(c) == "commitTransaction")
             .count();

@@ -375,11 +375,8 @@ fn a_run_needs_only_the_documented_privileges() {
         let server = live.server();
         server.clear_received_commands();
         scenario(&live, &live.uri());
-        let received = server.received_commands();
-        let sent: Vec<&Document> = received
-            .iter()
-            .filter(|c| c.get_str("app").is_ok_and(|a| a == "handoff"))
-            .collect();
+        let received = live.received_from_handoff();
+        let sent: Vec<&Document> = received.iter().collect();
         assert!(sent.len() > 20, "{} commands", sent.len());
         let mut seen = std::collections::BTreeSet::new();
         for command in sent {

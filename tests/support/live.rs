@@ -208,6 +208,24 @@ impl Live {
     }
 
     /// Runs a driver action (or any future) to completion.
+    /// What `handoff` sent to the test's own server (its handshake names it; the test's own
+    /// reads are left out), oldest first.
+    pub fn received_from_handoff(&self) -> Vec<Document> {
+        self.server()
+            .received_commands()
+            .into_iter()
+            .filter(|c| c.get_str("app").ok() == Some("handoff"))
+            .collect()
+    }
+
+    /// The names of the commands in [`Live::received_from_handoff`].
+    pub fn commands_from_handoff(&self) -> Vec<String> {
+        self.received_from_handoff()
+            .iter()
+            .filter_map(|c| c.get_str("command").ok().map(str::to_string))
+            .collect()
+    }
+
     /// See [`transaction_writes`].
     pub fn transaction_writes(&self) -> (&'static str, &'static str) {
         self.wait(transaction_writes(&self.client))
