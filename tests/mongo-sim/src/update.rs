@@ -251,6 +251,12 @@ fn apply_operator(
                     arr.push(item);
                 }
             }
+            if op == "$push"
+                && let Bson::Document(d) = value
+                && let Some(slice) = d.get("$slice")
+            {
+                slice_array(&mut arr, slice)?;
+            }
             set_path(doc, path, Bson::Array(arr))
         }
         "$pull" => {
@@ -546,6 +552,28 @@ mod tests {
     }
 
     #[test]
+    fn push_slices_to_the_first_or_last_items() {
+        let push = |slice: Bson| {
+            upd(
+                doc! {"_id": 1, "a": [1, 2, 3]},
+                doc! {"$push": {"a": {"$each": [4, 5], "$slice": slice}}},
+            )
+        };
+        assert_eq!(push(Bson::Int32(-2)), doc! {"_id": 1, "a": [4, 5]});
+        assert_eq!(push(Bson::Int64(2)), doc! {"_id": 1, "a": [1, 2]});
+        assert_eq!(
+            push(Bson::Int32(-10)),
+            doc! {"_id": 1, "a": [1, 2, 3, 4, 5]}
+        );
+        assert_eq!(push(Bson::Int32(0)), doc! {"_id": 1, "a": []});
+        let spec = parse_update(&Bson::Document(
+            doc! {"$push": {"a": {"$each": [1], "$slice": "x"}}},
+        ))
+        .unwrap();
+        assert!(apply_update(&mut doc! {"_id": 1}, &spec, false).is_err());
+    }
+
+    #[test]
     fn conflicts_and_immutable_id() {
         assert!(parse_update(&Bson::Document(doc! {"$set": {"a": 1}, "$inc": {"a": 1}})).is_err());
         let mut d = doc! {"_id": 1};
@@ -565,4 +593,28 @@ mod tests {
         assert_eq!(u, doc! {"a.b": 2});
         assert_eq!(r, vec!["c".to_string()]);
     }
+}
+
+/// `$push`'s `$slice`: keep the first `n` items (`n >= 0`) or the last `-n`.
+fn slice_array(items: &mut Vec<Bson>, slice: &Bson) -> CmdResult<()> {
+    let n = match slice {
+        Bson::Int32(n) => i64::from(*n),
+        Bson::Int64(n) => *n,
+        Bson::Double(f) if f.fract() == 0.0 && f.abs() < 1e15 => *f as i64,
+        _ => {
+            return Err(CommandError::bad_value(
+                "The value for $slice must be an integer value",
+            ));
+        }
+    };
+    let len = items.len();
+    let keep = usize::try_from(n.unsigned_abs())
+        .unwrap_or(usize::MAX)
+        .min(len);
+    if n >= 0 {
+        items.truncate(keep);
+    } else {
+        items.drain(..len - keep);
+    }
+    Ok(())
 }
