@@ -277,7 +277,8 @@ pub fn parse_change_stream(stages: &[Bson]) -> CmdResult<Pipeline> {
             },
             "$project" => match arg {
                 Bson::Document(p) if !p.is_empty() => {
-                    crate::projection::project(&Document::new(), p)?;
+                    crate::projection::project(&Document::new(), p)
+                        .map_err(|e| add_fields_error(name, e.message, e.code))?;
                     Stage::Project(p.clone())
                 }
                 Bson::Document(_) => {
