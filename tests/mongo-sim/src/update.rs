@@ -480,38 +480,73 @@ pub fn build_upsert(filter: &Document, spec: &UpdateSpec) -> CmdResult<Document>
 
 /// The `updateDescription` of a change from `old` to `new`: updated paths and removed paths.
 pub fn describe_update(old: &Document, new: &Document) -> (Document, Vec<String>) {
-    let mut updated = Document::new();
-    let mut removed = Vec::new();
-    diff_docs(old, new, "", &mut updated, &mut removed);
+    let (updated, removed, _) = describe_update_with_paths(old, new);
     (updated, removed)
 }
 
-fn diff_docs(
+/// Like [`describe_update`], plus `disambiguatedPaths`: for each reported path with a
+/// component that contains a dot or is all digits, the path's components.
+pub fn describe_update_with_paths(
     old: &Document,
     new: &Document,
-    prefix: &str,
-    updated: &mut Document,
-    removed: &mut Vec<String>,
-) {
+) -> (Document, Vec<String>, Document) {
+    let mut out = Diff::default();
+    diff_docs(old, new, &mut Vec::new(), &mut out);
+    (out.updated, out.removed, out.disambiguated)
+}
+
+#[derive(Default)]
+struct Diff {
+    updated: Document,
+    removed: Vec<String>,
+    disambiguated: Document,
+}
+
+impl Diff {
+    fn note(&mut self, parts: &[&str]) -> String {
+        let path = parts.join(".");
+        let ambiguous = parts
+            .iter()
+            .any(|p| p.contains('.') || (!p.is_empty() && p.bytes().all(|b| b.is_ascii_digit())));
+        if ambiguous {
+            self.disambiguated.insert(
+                path.clone(),
+                parts
+                    .iter()
+                    .map(|p| Bson::String(p.to_string()))
+                    .collect::<Vec<_>>(),
+            );
+        }
+        path
+    }
+}
+
+fn diff_docs<'a>(old: &'a Document, new: &'a Document, prefix: &mut Vec<&'a str>, out: &mut Diff) {
     for (k, nv) in new {
-        let path = format!("{prefix}{k}");
+        prefix.push(k);
         match old.get(k) {
             Some(ov) if ov == nv => {}
             Some(Bson::Document(od)) => {
                 if let Bson::Document(nd) = nv {
-                    diff_docs(od, nd, &format!("{path}."), updated, removed);
+                    diff_docs(od, nd, prefix, out);
                 } else {
-                    updated.insert(path, nv.clone());
+                    let path = out.note(prefix);
+                    out.updated.insert(path, nv.clone());
                 }
             }
             _ => {
-                updated.insert(path, nv.clone());
+                let path = out.note(prefix);
+                out.updated.insert(path, nv.clone());
             }
         }
+        prefix.pop();
     }
     for (k, _) in old {
         if !new.contains_key(k) {
-            removed.push(format!("{prefix}{k}"));
+            prefix.push(k);
+            let path = out.note(prefix);
+            out.removed.push(path);
+            prefix.pop();
         }
     }
 }

@@ -323,11 +323,13 @@ fn update_one_statement(
                 doc: new.clone(),
             },
             UpdateSpec::Operators(_) => {
-                let (updated, removed) = update::describe_update(&old, &new);
+                let (updated, removed, disambiguated) =
+                    update::describe_update_with_paths(&old, &new);
                 EventKind::Update {
                     id,
                     updated,
                     removed,
+                    disambiguated,
                 }
             }
         };
