@@ -29,8 +29,10 @@ fn a_run_counts_its_writes_and_gives_its_lease_back() {
     let before = DateTime::now();
     live.start_consumer();
     let first = live.checkpoint().unwrap();
-    // Created at 0; the claim, the saved starting position and the release: 3.
-    assert_eq!(first.get_i64("revision").unwrap(), 3, "{first}");
+    // Created at 0; the claim, the saved starting position, the idle watermark when the
+    // server's moved meanwhile, and the release.
+    let revision = first.get_i64("revision").unwrap();
+    assert!((3..=4).contains(&revision), "{first}");
     let owner = first.get_str("owner").unwrap().to_string();
     assert!(owner.starts_with("handoff@"), "{owner}");
     let until = *first.get_datetime("leaseUntil").unwrap();
@@ -47,8 +49,9 @@ fn a_run_counts_its_writes_and_gives_its_lease_back() {
     let out = support::ok(&live.run(&[]));
     assert_eq!(out["events_handed_off"], 3);
     let second = live.checkpoint().unwrap();
-    // Claim, three commits, release.
-    assert_eq!(second.get_i64("revision").unwrap(), 3 + 5, "{second}");
+    // The claim, three commits, perhaps the idle watermark, the release.
+    let moved = second.get_i64("revision").unwrap() - revision;
+    assert!((5..=6).contains(&moved), "{second}");
     assert_ne!(
         second.get_str("owner").unwrap(),
         owner,

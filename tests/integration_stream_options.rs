@@ -317,3 +317,90 @@ fn bad_stream_options_are_refused_before_anything_is_written() {
         "nothing was written"
     );
 }
+
+fn run_command(live: &Live, command: Document) {
+    live.wait(live.client.database(&live.db).run_command(command))
+        .expect("command");
+}
+
+#[test]
+fn pre_and_post_images_reach_the_outbox() {
+    let live = Live::start();
+    run_command(
+        &live,
+        doc! {"create": "orders", "changeStreamPreAndPostImages": {"enabled": true}},
+    );
+    let images = [
+        "--full-document",
+        "required",
+        "--full-document-before-change",
+        "whenAvailable",
+    ];
+    support::ok(&live.run(&images));
+    live.insert(0..1);
+    let orders = live.coll("orders");
+    live.wait(orders.update_one(doc! {"_id": 0}, doc! {"$set": {"qty": 1}}))
+        .unwrap();
+    live.wait(orders.update_one(doc! {"_id": 0}, doc! {"$set": {"qty": 2}}))
+        .unwrap();
+    live.wait(orders.delete_one(doc! {"_id": 0})).unwrap();
+    assert_eq!(support::ok(&live.run(&images))["events_handed_off"], 4);
+    let events: Vec<Document> = live
+        .outbox()
+        .iter()
+        .map(|r| r.get_document("event").unwrap().clone())
+        .collect();
+    // The first update: the document after it (its post-image, not the current one) and before.
+    assert_eq!(
+        events[1].get_document("fullDocument").unwrap(),
+        &doc! {"_id": 0, "qty": 1}
+    );
+    assert_eq!(
+        events[1].get_document("fullDocumentBeforeChange").unwrap(),
+        &doc! {"_id": 0, "qty": 0}
+    );
+    assert_eq!(
+        events[3].get_document("fullDocumentBeforeChange").unwrap(),
+        &doc! {"_id": 0, "qty": 2}
+    );
+}
+
+#[test]
+fn a_required_image_that_is_missing_stops_the_run_until_the_consumer_moves_on() {
+    let live = Live::start();
+    let required = ["--full-document-before-change", "required"];
+    support::ok(&live.run(&required));
+    live.insert(0..1);
+    live.wait(
+        live.coll("orders")
+            .update_one(doc! {"_id": 0}, doc! {"$set": {"qty": 1}}),
+    )
+    .unwrap();
+    // The collection keeps no images: the insert goes (it has no pre-image to require), the
+    // update has none.
+    let before = live.checkpoint_token();
+    let failed = live.run(&required);
+    let out = support::fails(&failed, 15, "Enable changeStreamPreAndPostImages");
+    assert_eq!(out["error_class"], "image_missing");
+    assert_eq!(
+        live.checkpoint_token(),
+        before,
+        "the checkpoint stays before the update"
+    );
+    assert!(
+        support::stderr(&failed).contains("NoMatchingDocument (code 47)"),
+        "{}",
+        support::stderr(&failed)
+    );
+    // Every run stops there, until the consumer continues with whenAvailable.
+    support::fails(&live.run(&required), 15, "image");
+    let out = support::ok(&live.run(&[
+        "--full-document-before-change",
+        "whenAvailable",
+        "--accept-config-change",
+        "images were off for these updates",
+    ]));
+    assert_eq!(out["events_handed_off"], 2);
+    let update = live.outbox()[1].get_document("event").unwrap().clone();
+    assert_eq!(update.get("fullDocumentBeforeChange"), Some(&Bson::Null));
+}

@@ -388,8 +388,10 @@ mod tests {
         let now = DateTime::from_millis(5);
         // A checkpoint the baseline created has the baseline's configuration.
         let baseline = Checkpoint::at(None, Mode::ResumeAfter);
-        let mut images = StreamConfig::default();
-        images.before_change = crate::domain::config::BeforeChange::Required;
+        let images = StreamConfig {
+            before_change: crate::domain::config::BeforeChange::Required,
+            ..StreamConfig::default()
+        };
         let mine = lease("me");
         let refused = claim(
             &baseline,

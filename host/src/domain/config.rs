@@ -772,7 +772,7 @@ mod tests {
         let keeps_invalidations = doc! { "$match": { "$or": [ { "operationType": "invalidate" }, { "operationType": "insert" } ] } };
         assert_eq!(
             config.stages("shop", &["cp", "out"]),
-            [keeps_invalidations.clone()]
+            std::slice::from_ref(&keeps_invalidations)
         );
         assert_eq!(config.source("shop", "orders"), "shop.orders");
         config.scope = Scope::Database;

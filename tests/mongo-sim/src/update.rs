@@ -551,6 +551,30 @@ fn diff_docs<'a>(old: &'a Document, new: &'a Document, prefix: &mut Vec<&'a str>
     }
 }
 
+/// `$push`'s `$slice`: keep the first `n` items (`n >= 0`) or the last `-n`.
+fn slice_array(items: &mut Vec<Bson>, slice: &Bson) -> CmdResult<()> {
+    let n = match slice {
+        Bson::Int32(n) => i64::from(*n),
+        Bson::Int64(n) => *n,
+        Bson::Double(f) if f.fract() == 0.0 && f.abs() < 1e15 => *f as i64,
+        _ => {
+            return Err(CommandError::bad_value(
+                "The value for $slice must be an integer value",
+            ));
+        }
+    };
+    let len = items.len();
+    let keep = usize::try_from(n.unsigned_abs())
+        .unwrap_or(usize::MAX)
+        .min(len);
+    if n >= 0 {
+        items.truncate(keep);
+    } else {
+        items.drain(..len - keep);
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -628,28 +652,4 @@ mod tests {
         assert_eq!(u, doc! {"a.b": 2});
         assert_eq!(r, vec!["c".to_string()]);
     }
-}
-
-/// `$push`'s `$slice`: keep the first `n` items (`n >= 0`) or the last `-n`.
-fn slice_array(items: &mut Vec<Bson>, slice: &Bson) -> CmdResult<()> {
-    let n = match slice {
-        Bson::Int32(n) => i64::from(*n),
-        Bson::Int64(n) => *n,
-        Bson::Double(f) if f.fract() == 0.0 && f.abs() < 1e15 => *f as i64,
-        _ => {
-            return Err(CommandError::bad_value(
-                "The value for $slice must be an integer value",
-            ));
-        }
-    };
-    let len = items.len();
-    let keep = usize::try_from(n.unsigned_abs())
-        .unwrap_or(usize::MAX)
-        .min(len);
-    if n >= 0 {
-        items.truncate(keep);
-    } else {
-        items.drain(..len - keep);
-    }
-    Ok(())
 }
