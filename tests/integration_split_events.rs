@@ -8,7 +8,7 @@ mod support;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use bson::{Bson, DateTime, Document, doc};
+use bson::{Bson, Document, doc};
 use support::live::*;
 
 /// Half of an oversized event: a document field of this many bytes (an update's event carries
@@ -155,11 +155,7 @@ fn runs_killed_among_split_events_lose_and_duplicate_nothing() {
         }
         let _ = child.wait();
         // The killed run's lease would hold the consumer for a minute: expire it, as time would.
-        live.wait(live.coll(CHECKPOINTS).update_one(
-            doc! {"_id": CONSUMER},
-            doc! {"$set": {"leaseUntil": DateTime::from_millis(0)}},
-        ))
-        .unwrap();
+        live.expire_lease();
     }
     while support::ok(&live.run(&SPLIT))["events_handed_off"] != 0 {}
 

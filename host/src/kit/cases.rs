@@ -120,7 +120,8 @@ impl Case {
         }
     }
 
-    /// `inputs.outbox_keep_event` of the case: `true` (the default) or `false`.
+    /// `inputs.outbox_keep_event` (`true` by default) and `inputs.invalidate_marker` (`false`) of
+    /// the case.
     fn outbox(&self) -> Result<OutboxOptions> {
         let flag = |key: &str, default: &str| match self.input(key, default).as_str() {
             "true" => Ok(true),

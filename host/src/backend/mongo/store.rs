@@ -15,7 +15,7 @@ use mongodb::{ClientSession, Collection};
 
 use super::connection::Connection;
 use super::errors::server_error;
-use super::{MAX_DOCUMENT_BYTES, TRANSACTION_ATTEMPTS, transaction_options};
+use super::{CLOSE_WAIT, MAX_DOCUMENT_BYTES, TRANSACTION_ATTEMPTS, transaction_options};
 use crate::domain::checkpoint::CONFIG_CHANGES_KEPT;
 use crate::domain::store::admit;
 use crate::domain::stream::BSON_OBJECT_TOO_LARGE;
@@ -538,20 +538,17 @@ impl CheckpointStore for MongoStore {
         owner: &str,
         at: bson::DateTime,
     ) -> std::result::Result<(), CommitError> {
+        // Not bounded by the run's deadline: a run stopped by it still gives its lease back,
+        // within the time closing the connection may take.
+        let release = self.checkpoints.update_one(
+            doc! { "_id": consumer, "owner": owner },
+            doc! { "$set": { "leaseUntil": at }, "$inc": { "revision": 1_i64 } },
+        );
         self.connection
-            .bounded(async {
-                self.checkpoints
-                    .update_one(
-                        doc! { "_id": consumer, "owner": owner },
-                        doc! { "$set": { "leaseUntil": at }, "$inc": { "revision": 1_i64 } },
-                    )
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| self.unavailable(&e))
-            })
-            .map_err(|_| {
-                CommitError::Unavailable("the run deadline passed while ending the lease".into())
-            })?
+            .block_on(async { tokio::time::timeout(CLOSE_WAIT, release).await })
+            .map_err(|_| CommitError::Unavailable("ending the lease took too long".into()))?
+            .map(|_| ())
+            .map_err(|e| self.unavailable(&e))
     }
 
     fn transaction_retries(&self) -> u32 {
