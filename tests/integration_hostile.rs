@@ -260,7 +260,7 @@ fn a_hostile_policy_against_mongodb_leaves_the_deployment_healthy() {
     let live = Live::start();
     let start = live.start_consumer();
     live.insert(0..4);
-    let before = live.checkpoint();
+    let before = live.position();
     for (policy, extra, needle) in [
         (
             handoff_test_policies::HUGE_ID,
@@ -291,7 +291,7 @@ fn a_hostile_policy_against_mongodb_leaves_the_deployment_healthy() {
         let mut args = vec!["--policy", policy];
         args.extend(extra);
         fails(&live.run(&args), 9, needle);
-        assert_eq!(live.checkpoint(), before);
+        assert_eq!(live.position(), before);
         assert_eq!(live.outbox_len(), 0);
     }
     let out = ok(&live.run(&[]));

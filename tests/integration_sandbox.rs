@@ -78,7 +78,7 @@ fn a_policy_waiting_in_wasi_is_stopped_by_its_slice_and_by_the_run_deadline() {
     let live = Live::start();
     live.start_consumer();
     live.insert(0..3);
-    let before = live.checkpoint();
+    let before = live.position();
     for policy in WAITING_POLICIES {
         let started = Instant::now();
         let output = finish(live.spawn(&["--policy", policy, "--policy-slice-ms", "500"]));
@@ -97,7 +97,7 @@ fn a_policy_waiting_in_wasi_is_stopped_by_its_slice_and_by_the_run_deadline() {
             "3",
         ]));
         fails(&output, 9, "the policy exceeded the run deadline of 3 s");
-        assert_eq!(live.checkpoint(), before);
+        assert_eq!(live.position(), before);
         assert_eq!(live.outbox_len(), 0);
     }
     // The deployment is healthy: the default policy hands the three events off.
@@ -111,7 +111,7 @@ fn sigterm_stops_a_policy_waiting_in_wasi() {
     let live = Live::start();
     live.start_consumer();
     live.insert(0..3);
-    let before = live.checkpoint();
+    let before = live.position();
     for policy in WAITING_POLICIES {
         let mut child = live
             .command()
@@ -137,7 +137,7 @@ fn sigterm_stops_a_policy_waiting_in_wasi() {
         assert_eq!(outputs["stopped"], true);
         assert_eq!(outputs["status"], "IDLE");
         assert_eq!(outputs["events_handed_off"], 0);
-        assert_eq!(live.checkpoint(), before);
+        assert_eq!(live.position(), before);
     }
 }
 

@@ -240,6 +240,21 @@ impl Connection {
         let _ = self.deadline.set(deadline);
     }
 
+    /// Runs `future`, giving up `grace` after the run's deadline (or after `grace` when no
+    /// deadline is set): for what a run does on its way out, like giving its lease back.
+    pub fn bounded_past_deadline<F: std::future::Future>(
+        &self,
+        future: F,
+        grace: std::time::Duration,
+    ) -> std::result::Result<F::Output, DeadlinePassed> {
+        let now = Instant::now();
+        let until = self.deadline.get().copied().unwrap_or(now).max(now) + grace;
+        let until = tokio::time::Instant::from_std(until);
+        self.runtime
+            .block_on(async move { tokio::time::timeout_at(until, future).await })
+            .map_err(|_| DeadlinePassed)
+    }
+
     /// Runs `future`, giving up when the run's deadline passes.
     pub fn bounded<F: std::future::Future>(
         &self,

@@ -15,11 +15,14 @@ use mongodb::{ClientSession, Collection};
 
 use super::connection::Connection;
 use super::errors::server_error;
-use super::{CLOSE_WAIT, MAX_DOCUMENT_BYTES, TRANSACTION_ATTEMPTS, transaction_options};
+use super::{MAX_DOCUMENT_BYTES, TRANSACTION_ATTEMPTS, transaction_options};
 use crate::domain::checkpoint::CONFIG_CHANGES_KEPT;
 use crate::domain::store::admit;
 use crate::domain::stream::BSON_OBJECT_TOO_LARGE;
 use crate::domain::{Applied, CheckpointStore, Claim, Collections, Commit, CommitError, Dump};
+
+/// How long past the run's deadline giving the lease back may take.
+const RELEASE_GRACE: Duration = Duration::from_secs(1);
 
 /// What an interrupted transaction means for the operator.
 const DEADLINE_IN_COMMIT: &str = "the run deadline passed while a transaction was in flight; its outcome is unknown, \
@@ -538,14 +541,15 @@ impl CheckpointStore for MongoStore {
         owner: &str,
         at: bson::DateTime,
     ) -> std::result::Result<(), CommitError> {
-        // Not bounded by the run's deadline: a run stopped by it still gives its lease back,
-        // within the time closing the connection may take.
+        // A run stopped by its deadline still gives its lease back, if it can within a second
+        // (a transaction its deadline interrupted may hold the checkpoint longer: then the lease
+        // expires by itself).
         let release = self.checkpoints.update_one(
             doc! { "_id": consumer, "owner": owner },
             doc! { "$set": { "leaseUntil": at }, "$inc": { "revision": 1_i64 } },
         );
         self.connection
-            .block_on(async { tokio::time::timeout(CLOSE_WAIT, release).await })
+            .bounded_past_deadline(async { release.await }, RELEASE_GRACE)
             .map_err(|_| CommitError::Unavailable("ending the lease took too long".into()))?
             .map(|_| ())
             .map_err(|e| self.unavailable(&e))
