@@ -265,23 +265,34 @@ impl Session {
                         format!("{key}.{}of{count}", k + 1)
                     }
                 };
+                // A record per fragment: the raw event's (a quarantine record adds its token and
+                // reason, before the event as the baseline's order has it).
+                let per_fragment = |reason: Option<&str>| -> Vec<Document> {
+                    fragments
+                        .iter()
+                        .enumerate()
+                        .map(|(k, fragment)| {
+                            let mut record = doc! {
+                                "_id": part(k),
+                                "consumer": &self.consumer.consumer,
+                                "source": &self.consumer.source,
+                            };
+                            if let Some(reason) = reason {
+                                record.insert(
+                                    "token",
+                                    fragment.get("_id").cloned().unwrap_or_default(),
+                                );
+                                record.insert("reason", reason);
+                            }
+                            record.insert("event", (*fragment).clone());
+                            record
+                        })
+                        .collect()
+                };
                 let records: Vec<Document> = match decision {
                     Decision::Quarantine { reason, .. } => {
                         let reason: String = reason.chars().take(MAX_REASON_CHARS).collect();
-                        fragments
-                            .iter()
-                            .enumerate()
-                            .map(|(k, fragment)| {
-                                doc! {
-                                    "_id": part(k),
-                                    "consumer": &self.consumer.consumer,
-                                    "source": &self.consumer.source,
-                                    "token": fragment.get("_id").cloned().unwrap_or_default(),
-                                    "reason": &reason,
-                                    "event": (*fragment).clone(),
-                                }
-                            })
-                            .collect()
+                        per_fragment(Some(&reason))
                     }
                     Decision::HandOffRecord(shaped) => {
                         // The raw event of a split event is too large to keep beside a payload.
@@ -300,18 +311,7 @@ impl Session {
                             }
                         }
                     }
-                    _ => fragments
-                        .iter()
-                        .enumerate()
-                        .map(|(k, fragment)| {
-                            doc! {
-                                "_id": part(k),
-                                "consumer": &self.consumer.consumer,
-                                "source": &self.consumer.source,
-                                "event": (*fragment).clone(),
-                            }
-                        })
-                        .collect(),
+                    _ => per_fragment(None),
                 };
                 for record in &records {
                     let Ok(encoded) = record.to_vec() else {
