@@ -198,8 +198,15 @@ pub fn list_collections(ctx: &Ctx<'_>) -> CmdResult<Document> {
     };
     let name_only = ctx.bool_field("nameOnly", false);
     let st = ctx.shared.lock();
+    let txn = st.txn_id(ctx.txn_key());
     let mut batch = Vec::new();
-    for (ns, coll) in st.store.collections.iter().filter(|(n, _)| n.db == ctx.db) {
+    let visible = |c: &crate::storage::Collection| c.created_by.is_none() || c.created_by == txn;
+    for (ns, coll) in st
+        .store
+        .collections
+        .iter()
+        .filter(|(n, c)| n.db == ctx.db && visible(c))
+    {
         let kind = coll.kind();
         let full = if name_only {
             doc! {"name": ns.coll.clone(), "type": kind}
@@ -254,7 +261,10 @@ pub fn create(ctx: &Ctx<'_>) -> CmdResult<Document> {
             ));
         }
     }
-    let created = ctx.shared.lock().store.create_collection(&ns, options);
+    let mut st = ctx.shared.lock();
+    let txn = st.txn_id(ctx.txn_key());
+    let created = st.store.create_collection(&ns, options, txn);
+    std::mem::drop(st);
     if !created {
         return Err(CommandError::new(
             48,
@@ -268,7 +278,8 @@ pub fn create(ctx: &Ctx<'_>) -> CmdResult<Document> {
 /// Removes a collection and records a `drop` event. False if it did not exist.
 fn drop_collection(ctx: &Ctx<'_>, ns: &Namespace) -> bool {
     let mut st = ctx.shared.lock();
-    if st.store.collections.remove(ns).is_none() {
+    // One an open transaction created is not there for anyone else yet.
+    if st.store.visible(ns, None).is_none() || st.store.collections.remove(ns).is_none() {
         return false;
     }
     st.forget_find_cursors(ns);
@@ -311,7 +322,7 @@ pub fn rename_collection(ctx: &Ctx<'_>) -> CmdResult<Document> {
         return Err(CommandError::new(20, "Can't rename a collection to itself"));
     }
     let mut st = ctx.shared.lock();
-    if !st.store.collections.contains_key(&from) {
+    if st.store.visible(&from, None).is_none() {
         return Err(CommandError::namespace_not_found(
             "Source collection does not exist",
         ));
@@ -371,7 +382,7 @@ pub fn drop_database(ctx: &Ctx<'_>) -> CmdResult<Document> {
 pub fn list_indexes(ctx: &Ctx<'_>) -> CmdResult<Document> {
     let ns = ctx.ns()?;
     let st = ctx.shared.lock();
-    let Some(coll) = st.store.collection(&ns) else {
+    let Some(coll) = st.store.visible(&ns, st.txn_id(ctx.txn_key())) else {
         return Err(CommandError::namespace_not_found(format!(
             "ns does not exist: {ns}"
         )));
@@ -400,7 +411,23 @@ pub fn create_indexes(ctx: &Ctx<'_>) -> CmdResult<Document> {
         _ => return Err(CommandError::type_mismatch("indexes must be an array")),
     };
     let mut st = ctx.shared.lock();
-    let created = st.store.create_collection(&ns, Document::new());
+    let txn = st.txn_id(ctx.txn_key());
+    if let Some(existing) = st.store.collections.get(&ns) {
+        match (existing.created_by, txn) {
+            // Inside a transaction, only a collection it created itself takes new indexes.
+            (None, Some(_)) => {
+                return Err(CommandError::new(
+                    263,
+                    format!(
+                        "Cannot create new indexes on existing collection {ns} in a multi-document transaction."
+                    ),
+                ));
+            }
+            (Some(owner), _) if Some(owner) != txn => return Err(CommandError::write_conflict()),
+            _ => {}
+        }
+    }
+    let created = st.store.create_collection(&ns, Document::new(), txn);
     let coll = st.store.ensure_collection(&ns);
     let before = 1 + coll.indexes.len() as i32;
     for spec in specs {
@@ -427,7 +454,12 @@ pub fn create_indexes(ctx: &Ctx<'_>) -> CmdResult<Document> {
 pub fn drop_indexes(ctx: &Ctx<'_>) -> CmdResult<Document> {
     let ns = ctx.ns()?;
     let mut st = ctx.shared.lock();
-    let Some(coll) = st.store.collections.get_mut(&ns) else {
+    let Some(coll) = st
+        .store
+        .collections
+        .get_mut(&ns)
+        .filter(|c| c.created_by.is_none())
+    else {
         return Err(CommandError::namespace_not_found(format!(
             "ns not found {ns}"
         )));
