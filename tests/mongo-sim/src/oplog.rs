@@ -123,6 +123,8 @@ pub enum EventKind {
         id: Bson,
         updated: Document,
         removed: Vec<String>,
+        /// Arrays a pipeline-style update shortened: `{field, newSize}`.
+        truncated: Vec<Document>,
     },
     Replace {
         id: Bson,

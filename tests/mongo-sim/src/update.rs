@@ -1,4 +1,5 @@
-//! Update operators, replacement documents, upsert seeds and update descriptions.
+//! Update operators, replacement documents, pipeline-style updates, upsert seeds and update
+//! descriptions.
 
 use bson::{Bson, Document, oid::ObjectId};
 
@@ -10,7 +11,19 @@ use crate::values::{cmp_values, values_equal};
 pub enum UpdateSpec {
     Replacement(Document),
     Operators(Document),
+    /// An aggregation pipeline of `$set` / `$addFields`, `$unset`, `$replaceRoot` /
+    /// `$replaceWith` stages.
+    Pipeline(Vec<Document>),
 }
+
+/// The stages a pipeline-style update may use here.
+const PIPELINE_STAGES: &[&str] = &[
+    "$set",
+    "$addFields",
+    "$unset",
+    "$replaceRoot",
+    "$replaceWith",
+];
 
 const OPERATORS: &[&str] = &[
     "$set",
@@ -29,11 +42,8 @@ const OPERATORS: &[&str] = &[
 
 pub fn parse_update(u: &Bson) -> CmdResult<UpdateSpec> {
     let Bson::Document(d) = u else {
-        if matches!(u, Bson::Array(_)) {
-            return Err(CommandError::new(
-                72,
-                "aggregation pipeline updates are not supported",
-            ));
+        if let Bson::Array(stages) = u {
+            return parse_pipeline(stages);
         }
         return Err(CommandError::failed_to_parse("update must be an object"));
     };
@@ -85,6 +95,32 @@ pub fn parse_update(u: &Bson) -> CmdResult<UpdateSpec> {
     Ok(UpdateSpec::Operators(d.clone()))
 }
 
+fn parse_pipeline(stages: &[Bson]) -> CmdResult<UpdateSpec> {
+    let mut out = Vec::with_capacity(stages.len());
+    for stage in stages {
+        let Bson::Document(stage) = stage else {
+            return Err(CommandError::type_mismatch(
+                "Each element of the 'pipeline' array must be an object",
+            ));
+        };
+        let mut keys = stage.keys();
+        let (Some(name), None) = (keys.next(), keys.next()) else {
+            return Err(CommandError::new(
+                40323,
+                "A pipeline stage specification object must contain exactly one field.",
+            ));
+        };
+        if !PIPELINE_STAGES.contains(&name.as_str()) {
+            return Err(CommandError::new(
+                72,
+                format!("{name} is not allowed to be used within an update"),
+            ));
+        }
+        out.push(stage.clone());
+    }
+    Ok(UpdateSpec::Pipeline(out))
+}
+
 fn conflicts(a: &str, b: &str) -> bool {
     a == b || a.starts_with(&format!("{b}.")) || b.starts_with(&format!("{a}."))
 }
@@ -125,6 +161,18 @@ pub fn apply_update(doc: &mut Document, spec: &UpdateSpec, is_insert: bool) -> C
             }
             *doc = next;
         }
+        UpdateSpec::Pipeline(stages) => {
+            for stage in stages {
+                apply_stage(doc, stage)?;
+            }
+            if let Some(id) = &old_id
+                && !doc
+                    .get("_id")
+                    .is_some_and(|n| values_equal(n, id) && n == id)
+            {
+                return Err(immutable_id());
+            }
+        }
         UpdateSpec::Operators(ops) => {
             for (op, arg) in ops {
                 let Bson::Document(fields) = arg else {
@@ -144,6 +192,153 @@ pub fn apply_update(doc: &mut Document, spec: &UpdateSpec, is_insert: bool) -> C
         }
     }
     Ok(())
+}
+
+/// Applies one stage of a pipeline-style update.
+fn apply_stage(doc: &mut Document, stage: &Document) -> CmdResult<()> {
+    let Some((name, arg)) = stage.iter().next() else {
+        return Ok(());
+    };
+    match name.as_str() {
+        "$set" | "$addFields" => {
+            let Bson::Document(fields) = arg else {
+                return Err(CommandError::failed_to_parse(format!(
+                    "{name} specification stage must be an object"
+                )));
+            };
+            let root = doc.clone();
+            for (path, expr) in fields {
+                add_field(doc, &root, path, expr)?;
+            }
+        }
+        "$unset" => {
+            let paths: Vec<&Bson> = match arg {
+                Bson::Array(a) => a.iter().collect(),
+                other => vec![other],
+            };
+            for p in paths {
+                let Bson::String(p) = p else {
+                    return Err(CommandError::failed_to_parse(
+                        "$unset specification must be a string or an array of strings",
+                    ));
+                };
+                unset_path(doc, p);
+            }
+        }
+        "$replaceRoot" | "$replaceWith" => {
+            let expr = if name == "$replaceRoot" {
+                match arg {
+                    Bson::Document(d) => d.get("newRoot").ok_or_else(|| {
+                        CommandError::new(40231, "no newRoot specified for the $replaceRoot stage")
+                    })?,
+                    _ => {
+                        return Err(CommandError::failed_to_parse(
+                            "$replaceRoot expects an object",
+                        ));
+                    }
+                }
+            } else {
+                arg
+            };
+            match evaluate(doc, expr)? {
+                Some(Bson::Document(d)) => *doc = d,
+                _ => {
+                    return Err(CommandError::new(
+                        40228,
+                        "'replacement document' must evaluate to an object",
+                    ));
+                }
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// `$set` / `$addFields` of one field: an object of plain fields merges into an embedded
+/// document already there; a value that evaluates to nothing (a missing path, `$$REMOVE`)
+/// removes the field.
+fn add_field(doc: &mut Document, root: &Document, path: &str, expr: &Bson) -> CmdResult<()> {
+    if let Bson::Document(spec) = expr
+        && !is_operator(spec)
+        && let Some(Bson::Document(existing)) = crate::values::get_path(doc, path)
+    {
+        let mut merged = existing.clone();
+        for (k, e) in spec {
+            add_field(&mut merged, root, k, e)?;
+        }
+        return set_path(doc, path, Bson::Document(merged));
+    }
+    match evaluate(root, expr)? {
+        Some(v) => set_path(doc, path, v),
+        None => {
+            unset_path(doc, path);
+            Ok(())
+        }
+    }
+}
+
+fn is_operator(d: &Document) -> bool {
+    d.keys().next().is_some_and(|k| k.starts_with('$'))
+}
+
+/// Evaluates an aggregation expression against `root`: field paths (`"$a.b"`), `$$ROOT`,
+/// `$$CURRENT`, `$$REMOVE`, `$literal`, objects and arrays of expressions, and constants.
+/// `None` is a missing value.
+fn evaluate(root: &Document, expr: &Bson) -> CmdResult<Option<Bson>> {
+    match expr {
+        Bson::String(s) if s.starts_with("$$") => {
+            let (var, path) = match s[2..].split_once('.') {
+                Some((v, p)) => (v, Some(p)),
+                None => (&s[2..], None),
+            };
+            match (var, path) {
+                ("ROOT" | "CURRENT", None) => Ok(Some(Bson::Document(root.clone()))),
+                ("ROOT" | "CURRENT", Some(p)) => Ok(crate::values::get_path(root, p).cloned()),
+                ("REMOVE", _) => Ok(None),
+                _ => Err(CommandError::new(
+                    17276,
+                    format!("Use of undefined variable: {var}"),
+                )),
+            }
+        }
+        Bson::String(s) if s.starts_with('$') => {
+            Ok(crate::values::get_path(root, &s[1..]).cloned())
+        }
+        Bson::Array(items) => {
+            let mut out = Vec::with_capacity(items.len());
+            for item in items {
+                out.push(evaluate(root, item)?.unwrap_or(Bson::Null));
+            }
+            Ok(Some(Bson::Array(out)))
+        }
+        Bson::Document(d) if is_operator(d) => {
+            if d.len() != 1 {
+                return Err(CommandError::new(
+                    15983,
+                    "An object representing an expression must have exactly one field",
+                ));
+            }
+            match d.iter().next() {
+                Some((op, arg)) if op == "$literal" => Ok(Some(arg.clone())),
+                Some((op, _)) => Err(CommandError::new(
+                    168,
+                    format!("Unrecognized expression '{op}'"),
+                )),
+                None => Ok(None),
+            }
+        }
+        Bson::Document(d) => {
+            let mut out = Document::new();
+            for (k, e) in d {
+                if let Some(v) = evaluate(root, e)? {
+                    out.insert(k.clone(), v);
+                }
+            }
+            Ok(Some(Bson::Document(out)))
+        }
+        other => Ok(Some(other.clone())),
+    }
 }
 
 fn immutable_id() -> CommandError {
@@ -455,7 +650,7 @@ pub fn build_upsert(filter: &Document, spec: &UpdateSpec) -> CmdResult<Document>
             }
             d
         }
-        UpdateSpec::Operators(_) => {
+        UpdateSpec::Operators(_) | UpdateSpec::Pipeline(_) => {
             let mut d = seed;
             apply_update(&mut d, spec, true)?;
             d
@@ -510,6 +705,69 @@ fn diff_docs(
     }
 }
 
+/// The `updateDescription` of a pipeline-style update, from the difference of the documents as
+/// a server logs it: changed or added paths (array elements by index), removed fields, and the
+/// arrays that became shorter with their new sizes (`{field, newSize}`).
+pub fn describe_pipeline_update(
+    old: &Document,
+    new: &Document,
+) -> (Document, Vec<String>, Vec<Document>) {
+    let mut diff = Diff::default();
+    diff.documents(old, new, "");
+    (diff.updated, diff.removed, diff.truncated)
+}
+
+#[derive(Default)]
+struct Diff {
+    updated: Document,
+    removed: Vec<String>,
+    truncated: Vec<Document>,
+}
+
+impl Diff {
+    fn documents(&mut self, old: &Document, new: &Document, prefix: &str) {
+        for (k, nv) in new {
+            let path = format!("{prefix}{k}");
+            match old.get(k) {
+                Some(ov) => self.value(ov, nv, path),
+                None => {
+                    self.updated.insert(path, nv.clone());
+                }
+            }
+        }
+        for (k, _) in old {
+            if !new.contains_key(k) {
+                self.removed.push(format!("{prefix}{k}"));
+            }
+        }
+    }
+
+    fn value(&mut self, old: &Bson, new: &Bson, path: String) {
+        match (old, new) {
+            (o, n) if o == n => {}
+            (Bson::Document(o), Bson::Document(n)) => self.documents(o, n, &format!("{path}.")),
+            (Bson::Array(o), Bson::Array(n)) => {
+                if n.len() < o.len() {
+                    self.truncated
+                        .push(bson::doc! {"field": path.clone(), "newSize": n.len() as i32});
+                }
+                for (i, nv) in n.iter().enumerate() {
+                    let element = format!("{path}.{i}");
+                    match o.get(i) {
+                        Some(ov) => self.value(ov, nv, element),
+                        None => {
+                            self.updated.insert(element, nv.clone());
+                        }
+                    }
+                }
+            }
+            _ => {
+                self.updated.insert(path, new.clone());
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -543,6 +801,47 @@ mod tests {
             upd(doc! {"_id": 1}, doc! {"$setOnInsert": {"x": 5}}),
             doc! {"_id": 1}
         );
+    }
+
+    #[test]
+    fn pipeline_updates_apply_and_describe() {
+        let spec = parse_update(&Bson::Array(vec![
+            Bson::Document(
+                doc! {"$set": {"array": ["foo", {"a": "bar"}], "s": {"t": 2}, "c": "$n"}},
+            ),
+            Bson::Document(doc! {"$unset": "gone"}),
+        ]))
+        .unwrap();
+        let old =
+            doc! {"_id": 1, "array": ["foo", {"a": "bar"}, 1, 2], "s": {"u": 1}, "n": 5, "gone": 1};
+        let mut new = old.clone();
+        apply_update(&mut new, &spec, false).unwrap();
+        assert_eq!(
+            new,
+            doc! {"_id": 1, "array": ["foo", {"a": "bar"}], "s": {"u": 1, "t": 2}, "n": 5, "c": 5}
+        );
+        let (updated, removed, truncated) = describe_pipeline_update(&old, &new);
+        assert_eq!(updated, doc! {"s.t": 2, "c": 5});
+        assert_eq!(removed, vec!["gone".to_string()]);
+        assert_eq!(truncated, vec![doc! {"field": "array", "newSize": 2}]);
+
+        let replace = parse_update(&Bson::Array(vec![Bson::Document(
+            doc! {"$replaceWith": {"_id": 2}},
+        )]))
+        .unwrap();
+        let mut d = doc! {"_id": 1};
+        assert_eq!(apply_update(&mut d, &replace, false).unwrap_err().code, 66);
+        for bad in [
+            doc! {"$group": {"_id": null}},
+            doc! {"$set": {"a": {"$concatArrays": []}}},
+        ] {
+            let spec = parse_update(&Bson::Array(vec![Bson::Document(bad)]));
+            let err = match spec {
+                Ok(spec) => apply_update(&mut doc! {"_id": 1}, &spec, false).unwrap_err(),
+                Err(e) => e,
+            };
+            assert!(matches!(err.code, 72 | 168), "{err:?}");
+        }
     }
 
     #[test]

@@ -489,6 +489,7 @@ fn event_doc(st: &State, e: &OplogEntry, key: TokenKey, lookup: bool) -> Documen
             id,
             updated,
             removed,
+            truncated,
         } => {
             if lookup {
                 let current = st
@@ -505,7 +506,7 @@ fn event_doc(st: &State, e: &OplogEntry, key: TokenKey, lookup: bool) -> Documen
                 doc! {
                     "updatedFields": updated.clone(),
                     "removedFields": removed.iter().cloned().map(Bson::String).collect::<Vec<_>>(),
-                    "truncatedArrays": [],
+                    "truncatedArrays": truncated.clone(),
                 },
             );
         }

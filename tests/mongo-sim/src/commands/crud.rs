@@ -328,6 +328,16 @@ fn update_one_statement(
                     id,
                     updated,
                     removed,
+                    truncated: Vec::new(),
+                }
+            }
+            UpdateSpec::Pipeline(_) => {
+                let (updated, removed, truncated) = update::describe_pipeline_update(&old, &new);
+                EventKind::Update {
+                    id,
+                    updated,
+                    removed,
+                    truncated,
                 }
             }
         };
