@@ -370,12 +370,17 @@ fn a_checkpoint_token_of_another_shape_is_malformed_and_left_as_it_is() {
     assert_eq!(out["events_handed_off"], 0);
     let after = live
         .wait(live.coll(CHECKPOINTS).find_one(doc! {"_id": consumer}))
+        .unwrap()
         .unwrap();
-    assert_eq!(
-        after.as_ref(),
-        Some(&stored),
-        "the checkpoint moved backwards"
-    );
+    // The run took and gave back its lease, and recorded its configuration: its position
+    // is the one it found.
+    for key in ["token", "mode", "source", "replicaSetId"] {
+        assert_eq!(
+            after.get(key),
+            stored.get(key),
+            "the checkpoint's {key} moved"
+        );
+    }
     tried += 1;
     assert_eq!(live.outbox_len(), 0);
     eprintln!("{tried} unusable tokens tried");

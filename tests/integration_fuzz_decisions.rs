@@ -448,7 +448,7 @@ fn run_case(lines: Vec<Line>, begin: Begin, ops: Vec<Op>) -> Result<(Dump, bool)
     let mut session = Session::new(
         consumer.clone(),
         deployment,
-        Checkpoint { token, mode },
+        Checkpoint::at(token, mode),
         Box::new(ReplaySource::new(rec.fixture.clone())),
         store.clone(),
         std::time::Instant::now() + std::time::Duration::from_secs(600),
@@ -647,6 +647,7 @@ fn run_case(lines: Vec<Line>, begin: Begin, ops: Vec<Op>) -> Result<(Dump, bool)
                         mode: Mode::ResumeAfter,
                         outbox: Vec::new(),
                         quarantine: Vec::new(),
+                        lease: None,
                     })
                     .unwrap();
                 continue;

@@ -1,14 +1,15 @@
-//! Two runs racing on one consumer: one compare-and-set loses, nothing is duplicated or lost.
+//! Two runs racing on one consumer: one compare-and-set (the claim of the checkpoint) loses,
+//! nothing is duplicated or lost.
 
 mod support;
 
 use std::sync::{Arc, Barrier};
 
-use bson::Document;
+use bson::{DateTime, Document};
 use handoff::backend::memory::MemoryStore;
 use handoff::backend::replay::Fixture;
 use handoff::backend::replay::ReplaySource;
-use handoff::domain::{Applied, CheckpointStore, Commit, CommitError, Dump};
+use handoff::domain::{Applied, CheckpointStore, Claim, Commit, CommitError, Dump};
 use handoff::error::HandoffError;
 use handoff::run::RawInputs;
 use handoff::run::{Plan, begin};
@@ -33,6 +34,12 @@ impl CheckpointStore for Gate {
     }
     fn commit(&self, commit: &Commit<'_>) -> Result<Applied, CommitError> {
         self.inner.commit(commit)
+    }
+    fn claim(&self, consumer: &str, claim: &Claim) -> Result<(), CommitError> {
+        self.inner.claim(consumer, claim)
+    }
+    fn release(&self, consumer: &str, owner: &str, at: DateTime) -> Result<(), CommitError> {
+        self.inner.release(consumer, owner, at)
     }
     fn dump(&self, consumer: &str) -> Result<Dump, CommitError> {
         self.inner.dump(consumer)
@@ -85,6 +92,7 @@ fn two_runs_on_one_store_one_cas_loses_and_no_event_is_duplicated() {
                         limits: Limits::default(),
                         stop: Default::default(),
                         outbox: Default::default(),
+                        stream: Default::default(),
                     };
                     let deadline = begin(&plan.limits);
                     let source = Box::new(ReplaySource::new(fixture));
@@ -104,10 +112,13 @@ fn two_runs_on_one_store_one_cas_loses_and_no_event_is_duplicated() {
     assert_eq!(conflicts, 1, "{results:?}");
     assert_eq!(wins.len(), 1, "{results:?}");
     let loser = results.iter().find_map(|r| r.as_ref().err()).unwrap();
+    // Both read the checkpoint before either took it: the second claim misses the revision the
+    // first one moved, so the loser stops at its start, before any commit.
     assert!(
         loser
             .to_string()
-            .contains("Checkpoint changed during this run; retry from the current token")
+            .contains("Another run took this consumer's checkpoint while this one started"),
+        "{loser}"
     );
     assert_eq!(loser.exit_code(), 3);
 

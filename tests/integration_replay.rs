@@ -254,6 +254,7 @@ fn resume_after_an_invalidate_token_fails_with_invalid_token() {
                 mode: Mode::ResumeAfter,
                 outbox: vec![],
                 quarantine: vec![],
+                lease: None,
             })
             .expect("rewrite mode");
     }

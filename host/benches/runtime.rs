@@ -47,10 +47,7 @@ fn session(fixture: &Arc<Fixture>, store: Arc<dyn CheckpointStore>) -> Session {
             set_name: "rs0".into(),
             replica_set_id: "6740a1b2c3d4e5f601234567".into(),
         },
-        Checkpoint {
-            token: None,
-            mode: Mode::ResumeAfter,
-        },
+        Checkpoint::at(None, Mode::ResumeAfter),
         Box::new(ReplaySource::new(fixture.clone())),
         store,
         Instant::now() + Limits::default().run_timeout,

@@ -12,8 +12,15 @@ pub const RECONCILE_GUIDANCE: &str = "Change-stream read or atomic handoff faile
 /// What to do about an event (or its outbox / quarantine record) over MongoDB's document limit.
 pub const EVENT_TOO_LARGE_GUIDANCE: &str = "The change event exceeds MongoDB's 16 MiB document limit (BSONObjectTooLarge); \
      the checkpoint was not moved and nothing was written, so every run stops at this event. \
-     Reduce the document that produced it, or exclude it or its large fields from the stream with a pipeline \
-     ($match / $project); a later option will split large events with $changeStreamSplitLargeEvent.";
+     Run with --split-large-events (MongoDB 7.0, 6.0.9 and later) to receive it in fragments, one outbox record each; \
+     or reduce the document that produced it, or exclude it or its large fields from the stream with a pipeline \
+     ($match / $project), accepting the change (--accept-config-change).";
+
+/// What to do about a pre- or post-image the stream requires and the server does not hold.
+pub const IMAGE_MISSING_GUIDANCE: &str = "The change stream requires a pre- or post-image (--full-document required or \
+     --full-document-before-change required) that MongoDB does not hold for this event: the checkpoint was not moved, so \
+     every run stops here. Enable changeStreamPreAndPostImages on the collection (collMod) for the events to come, and \
+     continue this consumer with whenAvailable (--accept-config-change) past the events that have none.";
 
 /// The exit code of a run stopped by SIGTERM or SIGINT: what it reported as committed stands.
 pub const STOPPED_EXIT_CODE: u8 = 12;
@@ -54,6 +61,10 @@ pub enum HandoffError {
     /// 16 MiB document limit (code 10334). Nothing was written.
     #[error("{0}")]
     EventTooLarge(String),
+    /// The stream requires a pre- or post-image the server does not hold for an event
+    /// (MongoDB code 47). Nothing was written.
+    #[error("{0}")]
+    ImageMissing(String),
     /// Anything else: a defect of this tool.
     #[error(transparent)]
     Internal(#[from] anyhow::Error),
@@ -84,6 +95,7 @@ impl HandoffError {
             HandoffError::Unavailable(_) => 10,
             HandoffError::Authentication(_) => 11,
             HandoffError::EventTooLarge(_) => 13,
+            HandoffError::ImageMissing(_) => 15,
         }
     }
 
@@ -102,6 +114,7 @@ impl HandoffError {
             HandoffError::Unavailable(_) => "unavailable",
             HandoffError::Authentication(_) => "authentication",
             HandoffError::EventTooLarge(_) => "event_too_large",
+            HandoffError::ImageMissing(_) => "image_missing",
         }
     }
 

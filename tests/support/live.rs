@@ -269,6 +269,13 @@ impl Live {
             .expect("find checkpoint")
     }
 
+    /// Where the checkpoint stands, `(token, mode)`, leaving out what a run writes without
+    /// moving it (its lease, revision and configuration).
+    pub fn position(&self) -> Option<(Option<Bson>, Option<Bson>)> {
+        self.checkpoint()
+            .map(|c| (c.get("token").cloned(), c.get("mode").cloned()))
+    }
+
     /// The checkpoint's token; panics when the checkpoint or its token is missing.
     pub fn checkpoint_token(&self) -> Document {
         self.checkpoint()
@@ -276,6 +283,16 @@ impl Live {
             .get_document("token")
             .expect("a token")
             .clone()
+    }
+
+    /// Ends the consumer's lease now, as time would: a run that was killed, or whose release
+    /// failed with its commits, leaves it held until `leaseUntil`.
+    pub fn expire_lease(&self) {
+        self.wait(self.coll(CHECKPOINTS).update_one(
+            doc! {"_id": CONSUMER},
+            doc! {"$set": {"leaseUntil": bson::DateTime::from_millis(0)}},
+        ))
+        .expect("expire the lease");
     }
 
     /// Every outbox document, in insertion order.

@@ -122,6 +122,17 @@ pub fn handoff() -> Command {
         "HANDOFF_LOG",
         "HANDOFF_LOG_FORMAT",
         "HANDOFF_OUTPUTS_FILE",
+        "QUARANTINE_COLLECTION",
+        "OUTBOX_KEEP_EVENT",
+        "INVALIDATE_MARKER",
+        "STREAM_SCOPE",
+        "PIPELINE",
+        "FULL_DOCUMENT",
+        "FULL_DOCUMENT_BEFORE_CHANGE",
+        "ACCEPT_CONFIG_CHANGE",
+        "LEASE_SECONDS",
+        "PARTITION",
+        "SPLIT_LARGE_EVENTS",
     ] {
         command.env_remove(key);
     }

@@ -4,10 +4,10 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use bson::Document;
+use bson::{DateTime, Document};
 
-use crate::domain::store::{admit, compare_and_set, record_ids};
-use crate::domain::{Applied, CheckpointStore, Commit, CommitError, Dump};
+use crate::domain::store::{admit, apply_claim, apply_release, compare_and_set, record_ids};
+use crate::domain::{Applied, CheckpointStore, Claim, Commit, CommitError, Dump};
 
 /// Records of one kind, keyed by `_id`, remembering their commit order.
 #[derive(Default)]
@@ -104,6 +104,29 @@ impl CheckpointStore for MemoryStore {
             }
         }
         Ok(applied)
+    }
+
+    fn claim(&self, consumer: &str, claim: &Claim) -> Result<(), CommitError> {
+        let mut state = self.lock()?;
+        let stored = state
+            .checkpoints
+            .get(consumer)
+            .ok_or(CommitError::Conflict)?;
+        let updated = apply_claim(stored, claim)?;
+        state.checkpoints.insert(consumer.to_string(), updated);
+        Ok(())
+    }
+
+    fn release(&self, consumer: &str, owner: &str, at: DateTime) -> Result<(), CommitError> {
+        let mut state = self.lock()?;
+        let released = state
+            .checkpoints
+            .get(consumer)
+            .and_then(|stored| apply_release(stored, owner, at));
+        if let Some(updated) = released {
+            state.checkpoints.insert(consumer.to_string(), updated);
+        }
+        Ok(())
     }
 
     fn dump(&self, consumer: &str) -> Result<Dump, CommitError> {

@@ -8,13 +8,13 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use bson::Document;
+use bson::{DateTime, Document};
 use redb::{
     Database, ReadTransaction, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction,
 };
 
-use crate::domain::store::{admit, compare_and_set, record_ids};
-use crate::domain::{Applied, CheckpointStore, Collections, Commit, CommitError, Dump};
+use crate::domain::store::{admit, apply_claim, apply_release, compare_and_set, record_ids};
+use crate::domain::{Applied, CheckpointStore, Claim, Collections, Commit, CommitError, Dump};
 use crate::error::HandoffError;
 
 type DocTable<'a> = TableDefinition<'a, &'static str, &'static [u8]>;
@@ -152,6 +152,35 @@ impl RedbStore {
     fn checkpoint_table(&self) -> DocTable<'_> {
         TableDefinition::new(&self.checkpoints)
     }
+
+    /// Replaces the consumer's checkpoint with what `change` makes of it (`None`: leave it), in
+    /// one transaction; a missing checkpoint is a conflict.
+    fn update_checkpoint(
+        &self,
+        consumer: &str,
+        change: impl FnOnce(&Document) -> Result<Option<Document>, CommitError>,
+    ) -> Result<(), CommitError> {
+        let txn = self.db.begin_write().map_err(unavailable)?;
+        {
+            let mut table = txn
+                .open_table(self.checkpoint_table())
+                .map_err(unavailable)?;
+            let stored = table
+                .get(consumer)
+                .map_err(unavailable)?
+                .map(|guard| decode(guard.value()))
+                .ok_or(CommitError::Conflict)??;
+            match change(&stored)? {
+                Some(updated) => {
+                    table
+                        .insert(consumer, encode(&updated)?.as_slice())
+                        .map_err(unavailable)?;
+                }
+                None => return Ok(()),
+            }
+        }
+        txn.commit().map_err(unavailable)
+    }
 }
 
 impl CheckpointStore for RedbStore {
@@ -227,6 +256,14 @@ impl CheckpointStore for RedbStore {
         Ok(applied)
     }
 
+    fn claim(&self, consumer: &str, claim: &Claim) -> Result<(), CommitError> {
+        self.update_checkpoint(consumer, |stored| apply_claim(stored, claim).map(Some))
+    }
+
+    fn release(&self, consumer: &str, owner: &str, at: DateTime) -> Result<(), CommitError> {
+        self.update_checkpoint(consumer, |stored| Ok(apply_release(stored, owner, at)))
+    }
+
     fn dump(&self, consumer: &str) -> Result<Dump, CommitError> {
         let txn = self.db.begin_read().map_err(unavailable)?;
         let checkpoint = match txn.open_table(self.checkpoint_table()) {
@@ -291,6 +328,7 @@ mod tests {
                 mode: Mode::ResumeAfter,
                 outbox,
                 quarantine: vec![],
+                lease: None,
             })
         };
         assert!(

@@ -30,6 +30,7 @@ macro_rules! exit_codes {
   12   stopped by SIGTERM/SIGINT after the last commit (what it committed stands)
   13   event too large: a change event or its record is over 16 MiB
   14   watchdog: the run outlived its deadline plus the grace period
+  15   image missing: the stream requires a pre-/post-image MongoDB does not hold
   130, 143  a second SIGINT / SIGTERM ended the process at once"
     };
 }

@@ -7,6 +7,7 @@ use clap::Args;
 
 use super::args::InputArgs;
 use handoff::backend::mongo::{Connection, MongoSource};
+use handoff::domain::StreamConfig;
 use handoff::error::Result;
 use handoff::kit::record::{Recording, check_redactions, record};
 
@@ -41,7 +42,13 @@ pub fn run(args: RecordArgs) -> Result<()> {
         max_wait: Duration::from_secs(u64::from(inputs.max_wait_seconds)),
         redact: &args.redact,
     };
-    let mut source = MongoSource::new(connection.clone(), &inputs.database, &inputs.collection);
+    let mut source = MongoSource::new(
+        connection.clone(),
+        &inputs.database,
+        &inputs.collection,
+        &inputs.collections(),
+        &StreamConfig::default(),
+    );
     let recorded = record(&mut source, &recording, &args.out);
     drop(source);
     connection.close();

@@ -8,8 +8,8 @@ use clap::Args;
 use super::args::{InputArgs, PolicyArgs};
 use handoff::backend::replay::Fixture;
 use handoff::error::Result;
-use handoff::run::Plan;
 use handoff::run::backends::Replay;
+use handoff::run::{Plan, StreamOptions};
 
 #[derive(Args)]
 #[command(after_help = concat!(
@@ -53,6 +53,7 @@ pub fn run(args: ReplayArgs) -> Result<super::Outcome> {
             limits: args.policy.limits(),
             stop: super::stop_signal()?,
             outbox: args.inputs.outbox(),
+            stream: StreamOptions::default(),
         };
         plan.run(|| args.policy.load(), &mut backends)
     })

@@ -2,7 +2,7 @@
 
 use clap::Args;
 
-use super::args::{InputArgs, PolicyArgs};
+use super::args::{InputArgs, PolicyArgs, StreamArgs};
 use handoff::error::Result;
 use handoff::run::Plan;
 use handoff::run::backends::Mongo;
@@ -26,6 +26,8 @@ pub struct RunArgs {
     #[command(flatten)]
     pub inputs: InputArgs,
     #[command(flatten)]
+    pub stream: StreamArgs,
+    #[command(flatten)]
     pub policy: PolicyArgs,
     #[command(flatten)]
     pub output: super::OutputArgs,
@@ -39,9 +41,10 @@ pub fn run(args: RunArgs) -> Result<super::Outcome> {
             limits: args.policy.limits(),
             stop: super::stop_signal()?,
             outbox: args.inputs.outbox(),
+            stream: args.stream.options()?,
         };
         // The deployment is reached while the policy loads.
-        let mut backends = Mongo::new(&args.uri, &plan.inputs);
+        let mut backends = Mongo::new(&args.uri, &plan.inputs, &plan.stream.config);
         plan.run(|| args.policy.load(), &mut backends)
     })
 }

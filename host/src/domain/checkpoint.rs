@@ -1,8 +1,11 @@
 //! The checkpoint document: created as the baseline creates it, and refused when it belongs to
 //! another deployment or has a shape neither this tool nor the baseline writes.
 
-use bson::{Bson, Document, doc};
+use bson::{Bson, DateTime, Document, doc};
 
+use super::config::StreamConfig;
+use super::lease::{Holder, Lease};
+use super::text::escape_untrusted;
 use crate::error::{HandoffError, Result};
 
 /// How a saved token resumes a stream.
@@ -31,11 +34,32 @@ impl Mode {
 }
 
 /// A checkpoint as loaded and validated before the run: the token (none for a fresh consumer)
-/// and the mode it must be resumed with.
+/// and the mode it must be resumed with, and what binds it: its revision, the run holding it
+/// and the stream configuration it was written with.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Checkpoint {
     pub token: Option<Document>,
     pub mode: Mode,
+    /// Incremented by every write of this tool; `None` on a checkpoint it never wrote.
+    pub revision: Option<i64>,
+    /// The last run that took the lease, and until when.
+    pub holder: Option<Holder>,
+    /// The stream configuration recorded; `None` on a checkpoint the baseline created, whose
+    /// configuration is the baseline's.
+    pub config: Option<StreamConfig>,
+}
+
+impl Checkpoint {
+    /// A consumer's checkpoint before any binding: a token and its mode.
+    pub fn at(token: Option<Document>, mode: Mode) -> Checkpoint {
+        Checkpoint {
+            token,
+            mode,
+            revision: None,
+            holder: None,
+            config: None,
+        }
+    }
 }
 
 /// A new checkpoint: `_id` plus the baseline's `$setOnInsert` fields, in its order.
@@ -47,6 +71,95 @@ pub fn initial(consumer: &str, source: &str, replica_set_id: &str) -> Document {
         "token": Bson::Null,
         "mode": Mode::ResumeAfter.as_str(),
     }
+}
+
+/// A new checkpoint of this tool: the baseline's fields, then the configuration it is bound to
+/// and revision 0.
+pub fn initial_bound(
+    consumer: &str,
+    source: &str,
+    replica_set_id: &str,
+    config: &StreamConfig,
+) -> Document {
+    let mut created = initial(consumer, source, replica_set_id);
+    created.insert("revision", 0_i64);
+    created.insert("config", config.to_document());
+    created.insert("configDigest", config.digest());
+    created
+}
+
+/// How many configuration changes a checkpoint remembers (`configChanges`, newest last).
+pub const CONFIG_CHANGES_KEPT: i32 = 20;
+
+/// The write that binds a checkpoint to this run: applied only if the checkpoint is still at
+/// the revision the run read.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Claim {
+    /// The revision the run read (`None`: the checkpoint had none).
+    pub seen_revision: Option<i64>,
+    /// `owner`, `leaseUntil`, `config` and `configDigest`.
+    pub set: Document,
+    /// A configuration change accepted by the operator, appended to `configChanges`.
+    pub change: Option<Document>,
+}
+
+/// What a run asks of the checkpoint it loaded.
+pub struct Binding<'a> {
+    pub config: &'a StreamConfig,
+    /// The operator's reason to accept a configuration other than the recorded one.
+    pub accept_change: Option<&'a str>,
+    pub lease: &'a Lease,
+    pub now: DateTime,
+}
+
+/// Decides whether this run may take the checkpoint: another run's live lease is a conflict, a
+/// configuration other than the recorded one a mismatch (unless the operator accepts it).
+/// Nothing is written for either.
+pub fn claim(loaded: &Checkpoint, binding: &Binding<'_>) -> Result<Claim> {
+    if let Some(holder) = &loaded.holder
+        && holder.owner != binding.lease.owner
+        && holder.holds(binding.now)
+    {
+        return Err(HandoffError::Conflict(format!(
+            "Another run ({}) holds this consumer until {}; it renews its lease with every commit. \
+             Retry once it has ended (or its lease has expired)",
+            escape_untrusted(&holder.owner, 120),
+            holder.until.try_to_rfc3339_string().unwrap_or_default()
+        )));
+    }
+    let recorded = loaded.config.clone().unwrap_or_default();
+    let differences = binding.config.differences(&recorded);
+    let change = match (differences.is_empty(), binding.accept_change) {
+        (true, _) => None,
+        (false, None) => {
+            return Err(HandoffError::Mismatch(format!(
+                "The consumer's checkpoint was written with another stream configuration ({}). \
+                 Run with the recorded configuration, use a new consumer_id, or pass \
+                 --accept-config-change REASON to continue this consumer with the new one \
+                 (records already handed off stay as they are)",
+                differences.join("; ")
+            )));
+        }
+        (false, Some(reason)) => Some(doc! {
+            "at": binding.now,
+            "by": &binding.lease.owner,
+            "reason": reason,
+            "from": recorded.digest(),
+            "to": binding.config.digest(),
+            "fromConfig": recorded.to_document(),
+            "differences": differences,
+        }),
+    };
+    Ok(Claim {
+        seen_revision: loaded.revision,
+        set: doc! {
+            "owner": &binding.lease.owner,
+            "leaseUntil": binding.lease.until(binding.now),
+            "config": binding.config.to_document(),
+            "configDigest": binding.config.digest(),
+        },
+        change,
+    })
 }
 
 /// Checks a loaded checkpoint in the baseline's order: source, replica set, shape.
@@ -77,7 +190,36 @@ pub fn validate(stored: &Document, source: &str, replica_set_id: &str) -> Result
         Some(Bson::Document(token)) if is_resume_token(token) => Some(token.clone()),
         Some(_) => return Err(malformed()),
     };
-    Ok(Checkpoint { token, mode })
+    let revision = match stored.get("revision") {
+        None => None,
+        Some(Bson::Int64(n)) if *n >= 0 => Some(*n),
+        Some(Bson::Int32(n)) if *n >= 0 => Some(i64::from(*n)),
+        Some(_) => return Err(malformed()),
+    };
+    let holder = match (stored.get("owner"), stored.get("leaseUntil")) {
+        (None, None) => None,
+        (Some(Bson::String(owner)), Some(Bson::DateTime(until))) => Some(Holder {
+            owner: owner.clone(),
+            until: *until,
+        }),
+        _ => return Err(malformed()),
+    };
+    let config = match stored.get("config") {
+        None => None,
+        Some(Bson::Document(config)) => Some(StreamConfig::from_document(config).map_err(|e| {
+            HandoffError::MalformedCheckpoint(format!(
+                "Checkpoint is malformed ({e}); restore a verified checkpoint before retrying"
+            ))
+        })?),
+        Some(_) => return Err(malformed()),
+    };
+    Ok(Checkpoint {
+        token,
+        mode,
+        revision,
+        holder,
+        config,
+    })
 }
 
 /// The longest `_data` accepted (a real token is well under 1 KiB; one naming a large
@@ -108,13 +250,15 @@ mod tests {
     #[test]
     fn a_new_checkpoint_validates() {
         let c = validate(&initial("c", "db.c", RS), "db.c", RS).unwrap();
-        assert_eq!(
-            c,
-            Checkpoint {
-                token: None,
-                mode: Mode::ResumeAfter
-            }
-        );
+        assert_eq!(c, Checkpoint::at(None, Mode::ResumeAfter));
+        let bound = validate(
+            &initial_bound("c", "db.c", RS, &StreamConfig::default()),
+            "db.c",
+            RS,
+        )
+        .unwrap();
+        assert_eq!(bound.revision, Some(0));
+        assert_eq!(bound.config, Some(StreamConfig::default()));
     }
 
     #[test]
@@ -132,6 +276,12 @@ mod tests {
             ("token", Bson::Int32(1)),
             ("mode", Bson::String("startAtOperationTime".into())),
             ("mode", Bson::Int32(1)),
+            ("revision", Bson::Int64(-1)),
+            ("revision", Bson::String("1".into())),
+            ("owner", Bson::String("someone".into())),
+            ("leaseUntil", Bson::DateTime(DateTime::now())),
+            ("config", Bson::String("{}".into())),
+            ("config", Bson::Document(doc! { "scope": "galaxy" })),
         ] {
             let mut c = initial("c", "db.c", RS);
             c.insert(key, value);
@@ -184,5 +334,120 @@ mod tests {
         let loaded = validate(&c, "db.c", RS).unwrap();
         assert_eq!(loaded.mode, Mode::ResumeAfter);
         assert_eq!(loaded.token, Some(doc! {"_data": "82"}));
+    }
+
+    fn lease(owner: &str) -> Lease {
+        Lease {
+            owner: owner.into(),
+            duration: std::time::Duration::from_secs(60),
+        }
+    }
+
+    #[test]
+    fn a_live_lease_of_another_run_is_a_conflict_and_an_expired_one_is_taken_over() {
+        let now = DateTime::from_millis(1_000_000);
+        let mut loaded = Checkpoint::at(None, Mode::ResumeAfter);
+        loaded.revision = Some(3);
+        loaded.holder = Some(Holder {
+            owner: "handoff@other:1:2".into(),
+            until: DateTime::from_millis(1_000_001),
+        });
+        let config = StreamConfig::default();
+        let mine = lease("handoff@me:1:1");
+        let binding = |now| Binding {
+            config: &config,
+            accept_change: None,
+            lease: &mine,
+            now,
+        };
+        let refused = claim(&loaded, &binding(now)).unwrap_err();
+        assert!(matches!(refused, HandoffError::Conflict(_)), "{refused}");
+        assert!(
+            refused.to_string().contains("handoff@other:1:2"),
+            "{refused}"
+        );
+        let taken = claim(&loaded, &binding(DateTime::from_millis(1_000_001))).unwrap();
+        assert_eq!(taken.seen_revision, Some(3));
+        assert_eq!(taken.set.get_str("owner").unwrap(), "handoff@me:1:1");
+        assert_eq!(
+            taken.set.get_datetime("leaseUntil").unwrap(),
+            &DateTime::from_millis(1_000_001 + 60_000)
+        );
+        assert_eq!(taken.set.get_str("configDigest").unwrap(), config.digest());
+        assert!(taken.change.is_none());
+        // Its own lease (a second claim of one process) is no conflict.
+        loaded.holder = Some(Holder {
+            owner: mine.owner.clone(),
+            until: DateTime::from_millis(2_000_000),
+        });
+        assert!(claim(&loaded, &binding(now)).is_ok());
+    }
+
+    #[test]
+    fn another_configuration_is_a_mismatch_unless_accepted_and_then_recorded() {
+        let now = DateTime::from_millis(5);
+        // A checkpoint the baseline created has the baseline's configuration.
+        let baseline = Checkpoint::at(None, Mode::ResumeAfter);
+        let images = StreamConfig {
+            before_change: crate::domain::config::BeforeChange::Required,
+            ..StreamConfig::default()
+        };
+        let mine = lease("me");
+        let refused = claim(
+            &baseline,
+            &Binding {
+                config: &images,
+                accept_change: None,
+                lease: &mine,
+                now,
+            },
+        )
+        .unwrap_err();
+        assert!(matches!(refused, HandoffError::Mismatch(_)), "{refused}");
+        let text = refused.to_string();
+        assert!(
+            text.contains("fullDocumentBeforeChange: checkpoint off, this run required")
+                && text.contains("--accept-config-change"),
+            "{text}"
+        );
+        let accepted = claim(
+            &baseline,
+            &Binding {
+                config: &images,
+                accept_change: Some("pre-images enabled on orders"),
+                lease: &mine,
+                now,
+            },
+        )
+        .unwrap();
+        let change = accepted.change.expect("the change is recorded");
+        assert_eq!(
+            change.get_str("reason").unwrap(),
+            "pre-images enabled on orders"
+        );
+        assert_eq!(
+            change.get_str("from").unwrap(),
+            StreamConfig::default().digest()
+        );
+        assert_eq!(change.get_str("to").unwrap(), images.digest());
+        assert_eq!(change.get_str("by").unwrap(), "me");
+        assert_eq!(
+            accepted.set.get_document("config").unwrap(),
+            &images.to_document()
+        );
+        // The same configuration with a reason changes nothing.
+        let mut bound = baseline.clone();
+        bound.config = Some(images.clone());
+        let same = claim(
+            &bound,
+            &Binding {
+                config: &images,
+                accept_change: Some("again"),
+                lease: &mine,
+                now,
+            },
+        )
+        .unwrap();
+        assert!(same.change.is_none());
     }
 }

@@ -1,9 +1,12 @@
 //! The shared vocabulary of a run: what the session, the backends and the runtime all speak of,
 //! with no WebAssembly and no driver in it.
 //!
-//! - `checkpoint`: a consumer's checkpoint document, its resume mode, and how it is loaded;
+//! - `checkpoint`: a consumer's checkpoint document, its resume mode, how it is loaded and how a
+//!   run binds it (lease, configuration);
+//! - `config`: the stream's shape (scope, pipeline, pre- and post-images), checked and digested;
 //! - `deployment`: the replica set, the consumer and where its state lives;
 //! - `stream`: where a stream starts, server errors and their classes, the change-source trait;
+//! - `lease`: which run holds a consumer, and until when;
 //! - `stop`: the flag SIGTERM and SIGINT raise to end a run after its in-flight commit;
 //! - `store`: the atomic commit and the checkpoint-store trait;
 //! - `token`: a resume token's canonical text (the form the policy sees and hashes);
@@ -11,7 +14,9 @@
 //! - `time`: the virtual clock a recorded stream runs on.
 
 pub mod checkpoint;
+pub mod config;
 pub mod deployment;
+pub mod lease;
 pub mod stop;
 pub mod store;
 pub mod stream;
@@ -19,8 +24,10 @@ pub mod text;
 pub mod time;
 pub mod token;
 
-pub use checkpoint::{Checkpoint, Mode};
+pub use checkpoint::{Checkpoint, Claim, Mode};
+pub use config::StreamConfig;
 pub use deployment::{Collections, Consumer, Deployment};
+pub use lease::Lease;
 pub use stop::StopSignal;
 pub use store::{Applied, CheckpointStore, Commit, CommitError, Dump};
 pub use stream::{ChangeSource, ServerError, Start, StreamError};

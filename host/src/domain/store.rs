@@ -3,8 +3,11 @@
 
 use bson::Document;
 
-use super::checkpoint::Mode;
+use bson::{Bson, DateTime};
+
+use super::checkpoint::{CONFIG_CHANGES_KEPT, Claim, Mode};
 use super::deployment::Consumer;
+use super::lease::Lease;
 
 /// One atomic step: move the checkpoint from `expected` to `next`, insert the outbox and
 /// quarantine records.
@@ -16,6 +19,9 @@ pub struct Commit<'a> {
     pub mode: Mode,
     pub outbox: Vec<Document>,
     pub quarantine: Vec<Document>,
+    /// The run's lease: the checkpoint must still be held by its owner, and the commit renews
+    /// it. `None` for a caller that holds none (tests, tools).
+    pub lease: Option<&'a Lease>,
 }
 
 /// Why a write did not apply. Nothing was written.
@@ -68,6 +74,11 @@ pub trait CheckpointStore: Send + Sync {
     /// is left as it is and reported in [`Applied::duplicates`]; with another token the whole
     /// commit fails with [`CommitError::Duplicate`].
     fn commit(&self, commit: &Commit<'_>) -> Result<Applied, CommitError>;
+    /// Binds the checkpoint to a run (its lease and stream configuration) if its revision is
+    /// still the one the run read, else [`CommitError::Conflict`]; increments the revision.
+    fn claim(&self, consumer: &str, claim: &Claim) -> Result<(), CommitError>;
+    /// Ends `owner`'s lease at `at`, if it still holds it; nothing otherwise.
+    fn release(&self, consumer: &str, owner: &str, at: DateTime) -> Result<(), CommitError>;
     /// The checkpoint document and the records of `consumer`, in commit order.
     fn dump(&self, consumer: &str) -> Result<Dump, CommitError>;
     /// How many times this store retried a transaction or its commit (a transient error, an
@@ -90,13 +101,68 @@ pub(crate) fn compare_and_set(
         _ => false,
     };
     let source_matches = stored.get_str("source").ok() == Some(commit.consumer.source.as_str());
-    if !token_matches || !source_matches {
+    let owner_matches = commit
+        .lease
+        .is_none_or(|lease| stored.get_str("owner").ok() == Some(lease.owner.as_str()));
+    if !token_matches || !source_matches || !owner_matches {
         return Err(CommitError::Conflict);
     }
     let mut updated = stored.clone();
     updated.insert("token", commit.next.clone());
     updated.insert("mode", commit.mode.as_str());
+    if let Some(lease) = commit.lease {
+        updated.insert("leaseUntil", lease.until(DateTime::now()));
+    }
+    updated.insert("revision", revision(stored).unwrap_or(0) + 1);
     Ok(updated)
+}
+
+/// A stored checkpoint's revision, `None` when it has none.
+fn revision(stored: &Document) -> Option<i64> {
+    match stored.get("revision") {
+        Some(Bson::Int64(n)) => Some(*n),
+        Some(Bson::Int32(n)) => Some(i64::from(*n)),
+        _ => None,
+    }
+}
+
+/// The claim both embedded stores apply: the revision must be the one the run read; the
+/// claim's fields are set, the revision incremented and an accepted configuration change
+/// appended to `configChanges` (the last [`CONFIG_CHANGES_KEPT`] kept).
+pub(crate) fn apply_claim(stored: &Document, claim: &Claim) -> Result<Document, CommitError> {
+    let seen = revision(stored);
+    if seen != claim.seen_revision {
+        return Err(CommitError::Conflict);
+    }
+    let mut updated = stored.clone();
+    for (key, value) in &claim.set {
+        updated.insert(key.clone(), value.clone());
+    }
+    updated.insert("revision", seen.unwrap_or(0) + 1);
+    if let Some(change) = &claim.change {
+        let mut changes = match updated.get("configChanges") {
+            Some(Bson::Array(changes)) => changes.clone(),
+            _ => Vec::new(),
+        };
+        changes.push(Bson::Document(change.clone()));
+        let kept = CONFIG_CHANGES_KEPT as usize;
+        if changes.len() > kept {
+            changes.drain(..changes.len() - kept);
+        }
+        updated.insert("configChanges", changes);
+    }
+    Ok(updated)
+}
+
+/// The release both embedded stores apply: `None` when `owner` does not hold the checkpoint.
+pub(crate) fn apply_release(stored: &Document, owner: &str, at: DateTime) -> Option<Document> {
+    if stored.get_str("owner").ok() != Some(owner) {
+        return None;
+    }
+    let mut updated = stored.clone();
+    updated.insert("leaseUntil", at);
+    updated.insert("revision", revision(stored).unwrap_or(0) + 1);
+    Some(updated)
 }
 
 /// Whether the saved token is the expected one: the same BSON. `Document` equality is not enough,
@@ -215,6 +281,7 @@ mod tests {
                     mode: Mode::ResumeAfter,
                     outbox: vec![],
                     quarantine: vec![],
+                    lease: None,
                 },
             )
         };
@@ -222,5 +289,89 @@ mod tests {
         assert_eq!(updated.get_document("token").unwrap(), &next);
         let other = doc! { "_data": "8201", "n": f64::NAN, "a": [1.0] };
         assert!(matches!(commit(&other), Err(CommitError::Conflict)));
+    }
+
+    #[test]
+    fn a_commit_with_a_lease_needs_its_owner_renews_it_and_counts_the_revision() {
+        let consumer = Consumer {
+            consumer: "c".into(),
+            source: "db.coll".into(),
+        };
+        let lease = Lease {
+            owner: "me".into(),
+            duration: std::time::Duration::from_secs(60),
+        };
+        let next = doc! { "_data": "8202" };
+        let stored = doc! {
+            "_id": "c", "source": "db.coll", "token": null, "mode": "resumeAfter",
+            "revision": 4_i64, "owner": "me", "leaseUntil": DateTime::from_millis(0),
+        };
+        let commit = Commit {
+            consumer: &consumer,
+            expected: None,
+            next: &next,
+            mode: Mode::ResumeAfter,
+            outbox: vec![],
+            quarantine: vec![],
+            lease: Some(&lease),
+        };
+        let before = DateTime::now();
+        let updated = compare_and_set(&stored, &commit).unwrap();
+        assert_eq!(updated.get_i64("revision").unwrap(), 5);
+        assert!(*updated.get_datetime("leaseUntil").unwrap() >= lease.until(before));
+        let mut taken = stored.clone();
+        taken.insert("owner", "someone else");
+        assert!(matches!(
+            compare_and_set(&taken, &commit),
+            Err(CommitError::Conflict)
+        ));
+        // A checkpoint the baseline wrote has no revision: the first write makes it 1.
+        let mut baseline = stored.clone();
+        baseline.remove("revision");
+        let without_lease = Commit {
+            lease: None,
+            ..commit.clone()
+        };
+        let updated = compare_and_set(&baseline, &without_lease).unwrap();
+        assert_eq!(updated.get_i64("revision").unwrap(), 1);
+    }
+
+    #[test]
+    fn a_claim_needs_the_revision_it_read_and_keeps_the_last_changes() {
+        let stored = doc! { "_id": "c", "source": "db.coll", "token": null, "revision": 2_i64 };
+        let claim = |seen: Option<i64>, n: i32| Claim {
+            seen_revision: seen,
+            set: doc! { "owner": "me", "leaseUntil": DateTime::from_millis(5) },
+            change: Some(doc! { "n": n }),
+        };
+        assert!(matches!(
+            apply_claim(&stored, &claim(Some(1), 0)),
+            Err(CommitError::Conflict)
+        ));
+        assert!(matches!(
+            apply_claim(&stored, &claim(None, 0)),
+            Err(CommitError::Conflict)
+        ));
+        let mut current = stored.clone();
+        for n in 0..25 {
+            let seen = revision(&current);
+            current = apply_claim(&current, &claim(seen, n)).unwrap();
+        }
+        assert_eq!(current.get_i64("revision").unwrap(), 27);
+        assert_eq!(current.get_str("owner").unwrap(), "me");
+        let changes = current.get_array("configChanges").unwrap();
+        assert_eq!(changes.len(), CONFIG_CHANGES_KEPT as usize);
+        assert_eq!(changes[0], Bson::Document(doc! { "n": 5 }));
+        // A baseline checkpoint (no revision) is claimed from "none".
+        let mut baseline = stored.clone();
+        baseline.remove("revision");
+        let claimed = apply_claim(&baseline, &claim(None, 0)).unwrap();
+        assert_eq!(claimed.get_i64("revision").unwrap(), 1);
+        // Only the owner releases.
+        let at = DateTime::from_millis(9);
+        assert!(apply_release(&claimed, "other", at).is_none());
+        let released = apply_release(&claimed, "me", at).unwrap();
+        assert_eq!(released.get_datetime("leaseUntil").unwrap(), &at);
+        assert_eq!(released.get_i64("revision").unwrap(), 2);
     }
 }

@@ -50,7 +50,14 @@ pub enum StreamError {
     /// cannot return it, so the stream cannot pass it.
     #[error("{0}")]
     TooLarge(ServerError),
+    /// The stream requires a pre- or post-image (`required`) that the server does not hold
+    /// for an event (`NoMatchingDocument`, 47): every run stops at that event.
+    #[error("{0}")]
+    ImageMissing(ServerError),
 }
+
+/// MongoDB's `NoMatchingDocument`: in a change stream, a `required` image that is missing.
+pub const NO_MATCHING_DOCUMENT: i32 = 47;
 
 /// MongoDB's `BSONObjectTooLarge`: a document (a change event, an inserted record) over 16 MiB.
 pub const BSON_OBJECT_TOO_LARGE: i32 = 10334;
@@ -63,6 +70,7 @@ impl StreamError {
             Some(260) => StreamError::InvalidToken(error),
             Some(280) => StreamError::Fatal(error),
             Some(BSON_OBJECT_TOO_LARGE) => StreamError::TooLarge(error),
+            Some(NO_MATCHING_DOCUMENT) => StreamError::ImageMissing(error),
             _ => StreamError::Unavailable(error),
         }
     }
@@ -73,7 +81,8 @@ impl StreamError {
             | StreamError::InvalidToken(e)
             | StreamError::Fatal(e)
             | StreamError::Unavailable(e)
-            | StreamError::TooLarge(e) => e,
+            | StreamError::TooLarge(e)
+            | StreamError::ImageMissing(e) => e,
         }
     }
 }
@@ -82,7 +91,8 @@ impl StreamError {
 pub trait ChangeSource: Send {
     /// The replica set's identity (`hello.setName`, `replSetGetConfig.settings.replicaSetId`).
     fn deployment(&mut self) -> crate::error::Result<Deployment>;
-    /// Opens the stream on the watched collection with `fullDocument: updateLookup`.
+    /// Opens the stream as the run's stream configuration says (the baseline's: the watched
+    /// collection with `fullDocument: updateLookup`).
     fn open(&mut self, start: Start<Document>) -> Result<(), StreamError>;
     /// The next event, waiting at most the await bound; `None` when none arrived.
     fn next(&mut self) -> Result<Option<Document>, StreamError>;

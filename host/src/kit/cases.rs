@@ -28,7 +28,7 @@ use crate::backend::memory::MemoryStore;
 use crate::backend::replay::{Fixture, ReplaySource};
 use crate::domain::{CheckpointStore, Dump, StopSignal};
 use crate::error::{HandoffError, Result};
-use crate::run::{Plan, RawInputs, begin};
+use crate::run::{Plan, RawInputs, StreamOptions, begin};
 use crate::runtime::{Limits, Policy, Runtime};
 use crate::session::OutboxOptions;
 
@@ -120,21 +120,23 @@ impl Case {
         }
     }
 
-    /// `inputs.outbox_keep_event` of the case: `true` (the default) or `false`.
+    /// `inputs.outbox_keep_event` (`true` by default) and `inputs.invalidate_marker` (`false`) of
+    /// the case.
     fn outbox(&self) -> Result<OutboxOptions> {
-        let keep_event = match self.input("outbox_keep_event", "true").as_str() {
-            "true" => true,
-            "false" => false,
-            other => {
-                return Err(bad(
-                    &self.dir,
-                    HandoffError::BadInput(format!(
-                        "inputs.outbox_keep_event must be true or false, not {other:?}"
-                    )),
-                ));
-            }
+        let flag = |key: &str, default: &str| match self.input(key, default).as_str() {
+            "true" => Ok(true),
+            "false" => Ok(false),
+            other => Err(bad(
+                &self.dir,
+                HandoffError::BadInput(format!(
+                    "inputs.{key} must be true or false, not {other:?}"
+                )),
+            )),
         };
-        Ok(OutboxOptions { keep_event })
+        Ok(OutboxOptions {
+            keep_event: flag("outbox_keep_event", "true")?,
+            invalidate_marker: flag("invalidate_marker", "false")?,
+        })
     }
 
     fn params(&self) -> Result<Vec<(String, String)>> {
@@ -180,6 +182,7 @@ impl Case {
             limits: Limits::default(),
             stop: StopSignal::default(),
             outbox: self.outbox()?,
+            stream: StreamOptions::default(),
         };
         let inputs = &plan.inputs;
         let mut actual = Vec::new();

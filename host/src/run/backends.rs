@@ -9,7 +9,7 @@ use super::inputs::Inputs;
 use crate::backend::mongo::{Connection, MongoSource, MongoStore};
 use crate::backend::redb_store::RedbStore;
 use crate::backend::replay::{Fixture, ReplaySource};
-use crate::domain::{ChangeSource, CheckpointStore};
+use crate::domain::{ChangeSource, CheckpointStore, StreamConfig};
 use crate::error::{HandoffError, Result};
 
 /// A run's source and store.
@@ -31,16 +31,29 @@ pub trait Backends: Send {
 pub struct Mongo {
     uri: String,
     inputs: Inputs,
+    config: StreamConfig,
     connection: Option<Arc<Connection>>,
 }
 
 impl Mongo {
-    pub fn new(uri: &str, inputs: &Inputs) -> Mongo {
+    pub fn new(uri: &str, inputs: &Inputs, config: &StreamConfig) -> Mongo {
         Mongo {
             uri: uri.to_string(),
             inputs: inputs.clone(),
+            config: config.clone(),
             connection: None,
         }
+    }
+
+    fn source(&self, connection: Arc<Connection>) -> MongoSource {
+        let inputs = &self.inputs;
+        MongoSource::new(
+            connection,
+            &inputs.database,
+            &inputs.collection,
+            &inputs.collections(),
+            &self.config,
+        )
     }
 }
 
@@ -50,8 +63,7 @@ impl Backends for Mongo {
     fn prepare(&mut self) -> Result<()> {
         let connection = Connection::connect(&self.uri)?;
         self.connection = Some(connection.clone());
-        let inputs = &self.inputs;
-        MongoSource::new(connection, &inputs.database, &inputs.collection).check_watchable()
+        self.source(connection).check_watchable()
     }
 
     fn open(&mut self, deadline: Instant) -> Result<Opened> {
@@ -59,8 +71,8 @@ impl Backends for Mongo {
             HandoffError::Internal(anyhow::anyhow!("the connection was not prepared"))
         })?;
         connection.limit_to(deadline);
+        let source = self.source(connection.clone());
         let inputs = &self.inputs;
-        let source = MongoSource::new(connection.clone(), &inputs.database, &inputs.collection);
         let store = MongoStore::new(connection, &inputs.database, &inputs.collections());
         Ok((Box::new(source), Arc::new(store)))
     }

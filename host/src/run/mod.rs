@@ -2,7 +2,7 @@
 //! and drives it.
 //!
 //! - `inputs`: the baseline task's inputs, validated;
-//! - `plan`: what a run is given (inputs, policy settings, limits, stop signal), its deadline
+//! - `plan`: what a run is given (inputs, policy settings, limits, stop signal, stream options), its deadline
 //!   fixed once when it begins, and the run itself;
 //! - `backends`: where the events come from and where the state goes (a replica set, or a
 //!   recording with an embedded store);
@@ -15,4 +15,4 @@ pub mod watchdog;
 
 pub use backends::Backends;
 pub use inputs::{Inputs, RawInputs};
-pub use plan::{FailedRun, Finished, Plan, begin};
+pub use plan::{FailedRun, Finished, Plan, StreamOptions, begin};

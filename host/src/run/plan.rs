@@ -6,8 +6,11 @@ use std::time::{Duration, Instant};
 
 use super::backends::Backends;
 use super::inputs::Inputs;
-use crate::domain::checkpoint;
-use crate::domain::{ChangeSource, CheckpointStore, CommitError, Consumer, StopSignal};
+use crate::domain::checkpoint::{self, Binding};
+use crate::domain::lease::DEFAULT_LEASE;
+use crate::domain::{
+    ChangeSource, CheckpointStore, CommitError, Consumer, Lease, StopSignal, StreamConfig,
+};
 use crate::error::{HandoffError, Result};
 
 use crate::runtime::{Limits, Policy, Runtime, Settings};
@@ -23,6 +26,30 @@ pub struct Plan {
     pub stop: StopSignal,
     /// What the outbox keeps of a policy-shaped record's event.
     pub outbox: OutboxOptions,
+    /// The stream's shape and how the run binds its checkpoint.
+    pub stream: StreamOptions,
+}
+
+/// The stream's shape and how a run binds the checkpoint to it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StreamOptions {
+    pub config: StreamConfig,
+    /// The operator's reason to continue a consumer whose checkpoint records another
+    /// configuration.
+    pub accept_config_change: Option<String>,
+    /// How long the run's lease lasts after each renewal.
+    pub lease: Duration,
+}
+
+impl Default for StreamOptions {
+    /// The baseline's stream, a lease of [`DEFAULT_LEASE`].
+    fn default() -> Self {
+        StreamOptions {
+            config: StreamConfig::default(),
+            accept_config_change: None,
+            lease: DEFAULT_LEASE,
+        }
+    }
 }
 
 /// A run that ended without failing (a stopped run included: its commits stand).
@@ -135,37 +162,84 @@ impl Plan {
     ) -> Result<Summary, Failed> {
         let started = Instant::now();
         let deployment = source.deployment()?;
+        let config = &self.stream.config;
         let consumer = Consumer {
             consumer: self.inputs.consumer_id.clone(),
-            source: self.inputs.source(),
+            source: config.source(&self.inputs.database, &self.inputs.collection),
+        };
+        let store_failure = |e: CommitError| match e {
+            CommitError::Unavailable(m) => HandoffError::Unavailable(m),
+            CommitError::Unauthorized(m) => HandoffError::unauthorized(&m),
+            other => HandoffError::Unavailable(other.to_string()),
         };
         let stored = store
             .ensure_checkpoint(
                 &consumer.consumer,
-                checkpoint::initial(
+                checkpoint::initial_bound(
                     &consumer.consumer,
                     &consumer.source,
                     &deployment.replica_set_id,
+                    config,
                 ),
             )
-            .map_err(|e| match e {
-                CommitError::Unavailable(m) => HandoffError::Unavailable(m),
-                CommitError::Unauthorized(m) => HandoffError::unauthorized(&m),
-                other => HandoffError::Unavailable(other.to_string()),
-            })?;
+            .map_err(store_failure)?;
         let loaded = checkpoint::validate(&stored, &consumer.source, &deployment.replica_set_id)?;
+        let lease = Lease::new(self.stream.lease);
+        let claim = checkpoint::claim(
+            &loaded,
+            &Binding {
+                config,
+                accept_change: self.stream.accept_config_change.as_deref(),
+                lease: &lease,
+                now: bson::DateTime::now(),
+            },
+        )?;
+        store
+            .claim(&consumer.consumer, &claim)
+            .map_err(|e| match e {
+                CommitError::Conflict => HandoffError::Conflict(
+                    "Another run took this consumer's checkpoint while this one started; retry \
+                     from the current token"
+                        .into(),
+                ),
+                other => store_failure(other),
+            })?;
+        if let Some(change) = &claim.change {
+            tracing::warn!(
+                consumer = %consumer.consumer,
+                from = change.get_str("from").unwrap_or_default(),
+                to = change.get_str("to").unwrap_or_default(),
+                "stream configuration change accepted and recorded"
+            );
+        }
         tracing::info!(
             consumer = %consumer.consumer,
             source = %consumer.source,
             policy_sha256 = %policy.sha256,
+            config_digest = %config.digest(),
             resume = loaded.token.as_ref().map_or("now", |_| loaded.mode.as_str()),
             "run starting"
         );
-        let session = Session::new(consumer, deployment, loaded, source, store, deadline)
-            .with_stop(self.stop.clone())
-            .with_max_events(self.inputs.max_events)
-            .with_outbox_options(self.outbox);
-        let summary = runtime.run(policy, session, &self.settings(), &self.limits)?;
+        let name = consumer.consumer.clone();
+        let session = Session::new(
+            consumer,
+            deployment,
+            loaded,
+            source,
+            store.clone(),
+            deadline,
+        )
+        .with_stop(self.stop.clone())
+        .with_max_events(self.inputs.max_events)
+        .with_outbox_options(self.outbox)
+        .with_lease(lease.clone());
+        let ran = runtime.run(policy, session, &self.settings(), &self.limits);
+        // The next run need not wait for the lease to expire. A run that cannot release it
+        // (its deadline passed, the server is gone) leaves it to expire.
+        if let Err(error) = store.release(&name, &lease.owner, bson::DateTime::now()) {
+            tracing::debug!(%error, "the lease could not be released; it expires by itself");
+        }
+        let summary = ran?;
         tracing::info!(
             status = summary.status.as_str(),
             events_handed_off = summary.committed.handed_off,

@@ -6,9 +6,9 @@ use std::collections::HashSet;
 use bson::{Document, doc};
 use sha2::{Digest, Sha256};
 
-use super::Session;
 use super::record::{MAX_PAYLOAD_VALUES_PER_COMMIT, MAX_PAYLOADS_PER_COMMIT, Shaped, json_values};
 use super::refusal::Refusal;
+use super::{Session, bson_size};
 use crate::domain::text::escape_untrusted;
 use crate::domain::token::canonical_text;
 use crate::domain::{Commit, CommitError, Mode};
@@ -50,14 +50,18 @@ impl Decision {
 /// One delivered event as a commit will write it.
 #[derive(Default)]
 struct Planned {
+    /// The token the checkpoint moves to (a split event's last fragment's).
     token: Document,
     text: String,
-    outbox: Option<Document>,
-    quarantine: Option<Document>,
+    /// Its outbox records: one, or one per fragment of a split event.
+    outbox: Vec<Document>,
+    quarantine: Vec<Document>,
     handed_off: Option<String>,
     skipped: bool,
     quarantined: bool,
     invalidate: bool,
+    /// Its record is the invalidation's marker (`--invalidate-marker`).
+    marker: bool,
     /// The size of its record.
     bytes: usize,
 }
@@ -212,15 +216,33 @@ impl Session {
                     );
                 }
             }
-            let Ok(token) = delivered.event.get_document("_id") else {
+            let (Ok(token), Some(checkpoint_token)) = (
+                delivered.event.get_document("_id"),
+                delivered.checkpoint_token(),
+            ) else {
                 return Err(self.reject("the event has no token"));
             };
             let mut step = Planned {
-                token: token.clone(),
+                token: checkpoint_token.clone(),
                 text: delivered.text.clone(),
                 invalidate,
                 ..Planned::default()
             };
+            if invalidate && self.outbox_options.invalidate_marker {
+                // Its ID is the one the baseline reports for an invalidation: the SHA-256 of
+                // its token's canonical text.
+                let id = hex::encode(Sha256::digest(delivered.text.as_bytes()));
+                let marker = doc! {
+                    "_id": format!("{}/{id}", self.consumer.consumer),
+                    "consumer": &self.consumer.consumer,
+                    "source": &self.consumer.source,
+                    "marker": "invalidate",
+                    "event": delivered.event.clone(),
+                };
+                step.bytes = bson_size(&marker);
+                step.outbox = vec![marker];
+                step.marker = true;
+            }
             if let Some(id) = decision.id() {
                 if !id_like(id, MAX_ID_LEN) {
                     return Err(self.reject(format!(
@@ -232,48 +254,82 @@ impl Session {
                 if !ids.insert((hand_off, key.clone())) {
                     return Err(self.reject(format!("the ID {id} appears twice in one commit")));
                 }
-                let event = &delivered.event;
-                let record = match decision {
+                // A split event gets a record per fragment, `<id>.<k>of<n>`, so that each stays
+                // under the document limit and a reader can put the event together again.
+                let fragments: Vec<&Document> = delivered.fragments().collect();
+                let count = fragments.len();
+                let part = |k: usize| {
+                    if count == 1 {
+                        key.clone()
+                    } else {
+                        format!("{key}.{}of{count}", k + 1)
+                    }
+                };
+                let records: Vec<Document> = match decision {
                     Decision::Quarantine { reason, .. } => {
                         let reason: String = reason.chars().take(MAX_REASON_CHARS).collect();
-                        doc! {
-                            "_id": key,
-                            "consumer": &self.consumer.consumer,
-                            "source": &self.consumer.source,
-                            "token": token.clone(),
-                            "reason": reason,
-                            "event": event.clone(),
-                        }
+                        fragments
+                            .iter()
+                            .enumerate()
+                            .map(|(k, fragment)| {
+                                doc! {
+                                    "_id": part(k),
+                                    "consumer": &self.consumer.consumer,
+                                    "source": &self.consumer.source,
+                                    "token": fragment.get("_id").cloned().unwrap_or_default(),
+                                    "reason": &reason,
+                                    "event": (*fragment).clone(),
+                                }
+                            })
+                            .collect()
                     }
                     Decision::HandOffRecord(shaped) => {
-                        match shaped.record(key, &self.consumer, token, event, self.outbox_options)
-                        {
-                            Ok(record) => record,
+                        // The raw event of a split event is too large to keep beside a payload.
+                        let mut options = self.outbox_options;
+                        options.keep_event &= count == 1;
+                        match shaped.record(
+                            key.clone(),
+                            &self.consumer,
+                            token,
+                            &delivered.event,
+                            options,
+                        ) {
+                            Ok(record) => vec![record],
                             Err(why) => {
                                 return Err(self.reject(format!("the record {id}: {why}")));
                             }
                         }
                     }
-                    _ => doc! {
-                        "_id": key,
-                        "consumer": &self.consumer.consumer,
-                        "source": &self.consumer.source,
-                        "event": event.clone(),
-                    },
+                    _ => fragments
+                        .iter()
+                        .enumerate()
+                        .map(|(k, fragment)| {
+                            doc! {
+                                "_id": part(k),
+                                "consumer": &self.consumer.consumer,
+                                "source": &self.consumer.source,
+                                "event": (*fragment).clone(),
+                            }
+                        })
+                        .collect(),
                 };
-                let Ok(encoded) = record.to_vec() else {
-                    return Err(self.reject(format!("the record {id} cannot be encoded as BSON")));
-                };
-                step.bytes = encoded.len();
-                if step.bytes > self.bounds.max_record_bytes {
-                    let shaped = matches!(decision, Decision::HandOffRecord(_));
-                    return Err(self.record_too_large(id, step.bytes, shaped));
+                for record in &records {
+                    let Ok(encoded) = record.to_vec() else {
+                        return Err(
+                            self.reject(format!("the record {id} cannot be encoded as BSON"))
+                        );
+                    };
+                    if encoded.len() > self.bounds.max_record_bytes {
+                        let shaped = matches!(decision, Decision::HandOffRecord(_));
+                        return Err(self.record_too_large(id, encoded.len(), shaped));
+                    }
+                    step.bytes += encoded.len();
                 }
                 if hand_off {
                     step.handed_off = Some(id.to_string());
-                    step.outbox = Some(record);
+                    step.outbox = records;
                 } else {
-                    step.quarantine = Some(record);
+                    step.quarantine = records;
                     step.quarantined = true;
                 }
             }
@@ -316,10 +372,13 @@ impl Session {
         };
         let next_token = last.token.clone();
         let next_text = last.text.clone();
-        let outbox: Vec<Document> = steps.iter_mut().filter_map(|s| s.outbox.take()).collect();
+        let outbox: Vec<Document> = steps
+            .iter_mut()
+            .flat_map(|s| std::mem::take(&mut s.outbox))
+            .collect();
         let quarantine: Vec<Document> = steps
             .iter_mut()
-            .filter_map(|s| s.quarantine.take())
+            .flat_map(|s| std::mem::take(&mut s.quarantine))
             .collect();
         let step = Commit {
             consumer: &self.consumer,
@@ -328,6 +387,7 @@ impl Session {
             mode,
             outbox,
             quarantine,
+            lease: self.lease.as_ref(),
         };
         let result = self.store.commit(&step);
         self.committed.transaction_retries = self.store.transaction_retries();
@@ -335,7 +395,7 @@ impl Session {
             Ok(applied) => applied,
             Err(error) => return Err(self.fail(match error {
                 CommitError::Conflict => HandoffError::Conflict(
-                    "Checkpoint changed during this run; retry from the current token".into(),
+                    "Checkpoint changed during this run (another run moved it, or took over this run's lease); retry from the current token".into(),
                 ),
                 CommitError::Duplicate(id) => HandoffError::Conflict(format!(
                     "A record {id} already exists for another event (a different token, consumer or \
@@ -382,6 +442,9 @@ impl Session {
             }
             if step.quarantined {
                 c.quarantined += 1;
+            }
+            if step.marker {
+                c.invalidate_markers += 1;
             }
             if step.invalidate {
                 c.invalidated = true;
@@ -437,6 +500,7 @@ impl Session {
             mode: Mode::ResumeAfter,
             outbox: Vec::new(),
             quarantine: Vec::new(),
+            lease: self.lease.as_ref(),
         };
         let result = self.store.commit(&step);
         self.committed.transaction_retries = self.store.transaction_retries();

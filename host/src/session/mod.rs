@@ -44,7 +44,7 @@ pub use stream::EventView;
 use crate::domain::StopSignal;
 use crate::domain::time::VirtualTime;
 use crate::domain::token::canonical_text;
-use crate::domain::{ChangeSource, Checkpoint, CheckpointStore, Consumer, Deployment, Mode};
+use crate::domain::{ChangeSource, Checkpoint, CheckpointStore, Consumer, Deployment, Lease, Mode};
 use crate::error::HandoffError;
 
 /// How many delivered events may wait for their commit.
@@ -81,11 +81,31 @@ impl Default for Bounds {
 
 /// A delivered event, kept until it is committed (and a little after, for `field`).
 struct Delivered {
+    /// The canonical text of its token: of its first fragment for a split event.
     text: String,
+    /// The event, or its first fragment.
     event: Document,
+    /// The other fragments of a split event (`splitEvent`), in order; empty otherwise.
+    rest: Vec<Document>,
     invalidate: bool,
-    /// The event's BSON size.
+    /// The event's BSON size (all its fragments').
     bytes: usize,
+}
+
+impl Delivered {
+    /// Every fragment of the event (the event alone when it was not split).
+    fn fragments(&self) -> impl Iterator<Item = &Document> {
+        std::iter::once(&self.event).chain(&self.rest)
+    }
+
+    /// The token the checkpoint moves to once the event is committed: its last fragment's.
+    fn checkpoint_token(&self) -> Option<&Document> {
+        self.rest
+            .last()
+            .unwrap_or(&self.event)
+            .get_document("_id")
+            .ok()
+    }
 }
 
 /// The BSON size of a document (0 if it cannot be encoded, which a delivered event always can).
@@ -118,6 +138,8 @@ pub struct Session {
     start_saved_for_policy: bool,
     bounds: Bounds,
     outbox_options: OutboxOptions,
+    /// The lease this run holds on the checkpoint, renewed by every commit.
+    lease: Option<Lease>,
 }
 
 impl Session {
@@ -153,7 +175,14 @@ impl Session {
             start_saved_for_policy: false,
             bounds: Bounds::default(),
             outbox_options: OutboxOptions::default(),
+            lease: None,
         }
+    }
+
+    /// Commits only while `lease` holds the checkpoint, renewing it.
+    pub fn with_lease(mut self, lease: Lease) -> Self {
+        self.lease = Some(lease);
+        self
     }
 
     /// Replaces the default byte and count bounds.

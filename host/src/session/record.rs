@@ -60,11 +60,17 @@ pub struct Shaped {
 pub struct OutboxOptions {
     /// Keep the raw change event beside the shaped record (`--outbox-keep-event`).
     pub keep_event: bool,
+    /// Write an outbox record for each invalidation (`--invalidate-marker`), so that readers
+    /// see where the stream restarted.
+    pub invalidate_marker: bool,
 }
 
 impl Default for OutboxOptions {
     fn default() -> Self {
-        OutboxOptions { keep_event: true }
+        OutboxOptions {
+            keep_event: true,
+            invalidate_marker: false,
+        }
     }
 }
 
@@ -217,7 +223,10 @@ mod tests {
             &consumer,
             &token,
             &event,
-            OutboxOptions { keep_event },
+            OutboxOptions {
+                keep_event,
+                ..OutboxOptions::default()
+            },
         )
     }
 

@@ -42,7 +42,9 @@ impl Refusal {
         let kind = match failure {
             HandoffError::HistoryLost(_) => RefusalKind::HistoryLost,
             HandoffError::InvalidToken(_) => RefusalKind::InvalidToken,
-            HandoffError::StreamFatal(_) | HandoffError::EventTooLarge(_) => RefusalKind::Fatal,
+            HandoffError::StreamFatal(_)
+            | HandoffError::EventTooLarge(_)
+            | HandoffError::ImageMissing(_) => RefusalKind::Fatal,
             HandoffError::Unavailable(_) | HandoffError::Authentication(_) => {
                 RefusalKind::Unavailable
             }

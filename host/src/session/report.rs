@@ -51,6 +51,9 @@ pub struct Committed {
     pub last_outbox_id: String,
     pub invalidated: bool,
     pub watermark_saved: bool,
+    /// Invalidation markers written to the outbox (`--invalidate-marker`); not counted in
+    /// `handed_off`.
+    pub invalidate_markers: u32,
 }
 
 /// Attempts to resume the change stream from a saved token, by outcome class.
@@ -71,7 +74,9 @@ impl ResumeAttempts {
             None => &mut self.ok,
             Some(StreamError::HistoryLost(_)) => &mut self.history_lost,
             Some(StreamError::InvalidToken(_)) => &mut self.invalid_token,
-            Some(StreamError::Fatal(_) | StreamError::TooLarge(_)) => &mut self.fatal,
+            Some(
+                StreamError::Fatal(_) | StreamError::TooLarge(_) | StreamError::ImageMissing(_),
+            ) => &mut self.fatal,
             Some(StreamError::Unavailable(_)) => &mut self.unavailable,
         };
         *slot = slot.saturating_add(1);

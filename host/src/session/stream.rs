@@ -5,11 +5,13 @@ use bson::{Bson, Document};
 
 use super::refusal::Refusal;
 use super::{Delivered, Session, bson_size};
-use crate::domain::stream::BSON_OBJECT_TOO_LARGE;
+use crate::domain::stream::{BSON_OBJECT_TOO_LARGE, NO_MATCHING_DOCUMENT};
 use crate::domain::text::escape_untrusted;
 use crate::domain::token::{canonical_text, value_text};
 use crate::domain::{Mode, Start, StreamError};
-use crate::error::{EVENT_TOO_LARGE_GUIDANCE, HandoffError, RECONCILE_GUIDANCE};
+use crate::error::{
+    EVENT_TOO_LARGE_GUIDANCE, HandoffError, IMAGE_MISSING_GUIDANCE, RECONCILE_GUIDANCE,
+};
 
 /// What the policy sees of an event.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -37,6 +39,11 @@ impl Session {
             // The server's text names the event's token: only its code is repeated.
             StreamError::TooLarge(e) => HandoffError::EventTooLarge(format!(
                 "{EVENT_TOO_LARGE_GUIDANCE} MongoDB error: {} (code {BSON_OBJECT_TOO_LARGE})",
+                e.code_name
+            )),
+            // The server's text names the event: only its code is repeated.
+            StreamError::ImageMissing(e) => HandoffError::ImageMissing(format!(
+                "{IMAGE_MISSING_GUIDANCE} MongoDB error: {} (code {NO_MATCHING_DOCUMENT})",
                 e.code_name
             )),
         })
@@ -168,17 +175,72 @@ impl Session {
             namespace,
             cluster_time,
         };
-        let bytes = bson_size(&event);
-        tracing::debug!(operation_type = %escape_untrusted(&operation_type, 64), bytes, "event delivered");
+        let rest = self.rest_of_split(&event)?;
+        let bytes = bson_size(&event) + rest.iter().map(bson_size).sum::<usize>();
+        tracing::debug!(
+            operation_type = %escape_untrusted(&operation_type, 64),
+            bytes,
+            fragments = rest.len() + 1,
+            "event delivered"
+        );
         self.delivered += 1;
         self.pending_bytes += bytes;
         self.pending.push_back(Delivered {
             text,
             event,
+            rest,
             invalidate: operation_type == "invalidate",
             bytes,
         });
         Ok(Some(view))
+    }
+
+    /// For the first fragment of a split event (`splitEvent: {fragment: 1, of: n}`), the other
+    /// `n - 1` fragments, read now: the server sends them one after the other, and the event is
+    /// delivered, committed and resumed from as one. A fragment out of its place ends the run.
+    fn rest_of_split(&mut self, event: &Document) -> Result<Vec<Document>, Refusal> {
+        let split =
+            split_of(event).map_err(|why| self.fail(HandoffError::StreamFatal(why.into())))?;
+        let Some((fragment, of)) = split else {
+            return Ok(Vec::new());
+        };
+        if fragment != 1 {
+            return Err(self.fail(HandoffError::StreamFatal(format!(
+                "The change stream delivered fragment {fragment} of {of} of a split event without \
+                 its first fragment; refusing to continue"
+            ))));
+        }
+        let mut rest = Vec::with_capacity(of as usize - 1);
+        for expected in 2..=of {
+            let mut waits = 0;
+            let next = loop {
+                self.gate()?;
+                match self.source.next() {
+                    Ok(Some(next)) => break next,
+                    // The next fragment is on its way: the server sends an event's fragments
+                    // back to back, but one may wait for the next batch.
+                    Ok(None) if waits < MAX_FRAGMENT_WAITS => waits += 1,
+                    Ok(None) => {
+                        return Err(self.fail(HandoffError::StreamFatal(format!(
+                            "Fragment {expected} of {of} of a split event did not arrive; \
+                             refusing to continue"
+                        ))));
+                    }
+                    Err(error) => return Err(self.stream_failure(error)),
+                }
+            };
+            match split_of(&next) {
+                Ok(Some((fragment, n))) if fragment == expected && n == of => rest.push(next),
+                _ => {
+                    return Err(self.fail(HandoffError::StreamFatal(format!(
+                        "The change stream interrupted a split event after fragment {} of {of}; \
+                         refusing to continue",
+                        expected - 1
+                    ))));
+                }
+            }
+        }
+        Ok(rest)
     }
 
     /// The stream's current resume position, as canonical text.
@@ -193,20 +255,55 @@ impl Session {
             .iter()
             .chain(self.recent.iter())
             .find(|d| d.text == token)?;
-        let mut current = Bson::Document(delivered.event.clone());
-        for part in path.split('.') {
-            current = match current {
-                Bson::Document(mut d) => d.remove(part)?,
-                Bson::Array(mut items) => {
-                    let index: usize = part.parse().ok()?;
-                    if index >= items.len() {
-                        return None;
-                    }
-                    items.swap_remove(index)
-                }
-                _ => return None,
-            };
-        }
-        Some(value_text(&current))
+        // A split event's fields are spread over its fragments: the first that has the path.
+        delivered
+            .fragments()
+            .find_map(|fragment| field_of(fragment, path))
     }
 }
+
+/// A field of `document` by dotted path, as relaxed Extended JSON text.
+fn field_of(document: &Document, path: &str) -> Option<String> {
+    let mut parts = path.split('.');
+    let mut current = document.get(parts.next()?)?;
+    for part in parts {
+        current = match current {
+            Bson::Document(d) => d.get(part)?,
+            Bson::Array(items) => items.get(part.parse::<usize>().ok()?)?,
+            _ => return None,
+        };
+    }
+    Some(value_text(current))
+}
+
+/// `splitEvent: {fragment, of}` of an event, when it has one. A malformed one is refused.
+fn split_of(event: &Document) -> Result<Option<(u32, u32)>, &'static str> {
+    let Some(split) = event.get("splitEvent") else {
+        return Ok(None);
+    };
+    let number = |split: &Document, key: &str| match split.get(key) {
+        Some(Bson::Int32(n)) => u32::try_from(*n).ok(),
+        Some(Bson::Int64(n)) => u32::try_from(*n).ok(),
+        _ => None,
+    };
+    match split {
+        Bson::Document(split) => match (number(split, "fragment"), number(split, "of")) {
+            (Some(fragment), Some(of)) if (1..=of).contains(&fragment) && of <= MAX_FRAGMENTS => {
+                Ok(Some((fragment, of)))
+            }
+            _ => Err(MALFORMED_SPLIT),
+        },
+        _ => Err(MALFORMED_SPLIT),
+    }
+}
+
+const MALFORMED_SPLIT: &str =
+    "The change stream delivered a malformed splitEvent; refusing to continue";
+
+/// The most fragments one event may arrive in (an event's fields each fit in 16 MiB, and a
+/// delivered event is bounded by the pending bytes).
+const MAX_FRAGMENTS: u32 = 64;
+
+/// How many empty reads (each the await bound, 1 s against MongoDB) a split event's next
+/// fragment may take.
+const MAX_FRAGMENT_WAITS: u32 = 30;

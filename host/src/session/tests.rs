@@ -10,7 +10,7 @@ use super::*;
 use crate::backend::memory::MemoryStore;
 use crate::backend::replay::{Fixture, ReplaySource};
 use crate::domain::token::canonical_text;
-use crate::domain::{Applied, Commit, CommitError, Dump, Start, StreamError};
+use crate::domain::{Applied, Claim, Commit, CommitError, Dump, Start, StreamError};
 
 /// A memory store that remembers the size of every transaction it committed.
 #[derive(Default)]
@@ -35,6 +35,12 @@ impl CheckpointStore for Counting {
             .unwrap()
             .push((commit.outbox.len(), bytes));
         Ok(applied)
+    }
+    fn claim(&self, consumer: &str, claim: &Claim) -> Result<(), CommitError> {
+        self.inner.claim(consumer, claim)
+    }
+    fn release(&self, consumer: &str, owner: &str, at: bson::DateTime) -> Result<(), CommitError> {
+        self.inner.release(consumer, owner, at)
     }
     fn dump(&self, consumer: &str) -> Result<Dump, CommitError> {
         self.inner.dump(consumer)
@@ -90,7 +96,7 @@ fn session(
             set_name: "rs".into(),
             replica_set_id: "0".into(),
         },
-        Checkpoint { token, mode },
+        Checkpoint::at(token, mode),
         Box::new(ReplaySource::new(fixture)),
         store,
         Instant::now() + Duration::from_secs(600),
@@ -296,4 +302,217 @@ fn an_invalidated_run_reports_the_invalidate_events_id() {
     assert_eq!(summary.committed.last_event_id, invalidate_id);
     assert!(s.finish(Ok(report("a"))).is_ok());
     assert!(s.finish(Ok(report("zz"))).is_err());
+}
+
+/// A recording of lines given as documents, each an event (or a fragment of one).
+fn recording(events: Vec<Document>) -> Arc<Fixture> {
+    let text: String = events
+        .into_iter()
+        .map(|event| format!("{}\n", bson::Bson::Document(event).into_relaxed_extjson()))
+        .collect();
+    Arc::new(Fixture::parse(&text).expect("fixture"))
+}
+
+/// Event 1 whole, event 2 in three fragments (tokens 2, 3, 4), event 5 whole.
+fn with_split_event() -> Vec<Document> {
+    vec![
+        doc! {"_id": token(1), "operationType": "insert", "documentKey": {"_id": 1}, "fullDocument": {"_id": 1}},
+        doc! {"_id": token(2), "splitEvent": {"fragment": 1, "of": 3}, "operationType": "update",
+        "documentKey": {"_id": 2}, "ns": {"db": "d", "coll": "c"}},
+        doc! {"_id": token(3), "splitEvent": {"fragment": 2, "of": 3}, "fullDocument": {"_id": 2, "big": "after"}},
+        doc! {"_id": token(4), "splitEvent": {"fragment": 3, "of": 3}, "fullDocumentBeforeChange": {"_id": 2, "big": "before"}},
+        doc! {"_id": token(5), "operationType": "insert", "documentKey": {"_id": 5}, "fullDocument": {"_id": 5}},
+    ]
+}
+
+#[test]
+fn a_split_event_is_delivered_committed_and_resumed_from_as_one() {
+    let store = Arc::new(Counting::default());
+    let mut s = session(
+        recording(with_split_event()),
+        store.clone(),
+        None,
+        Mode::ResumeAfter,
+    );
+    s.open_stream(Start::Now).unwrap();
+    let tokens = deliver(&mut s, 2);
+    // The policy sees the event once, by its first fragment's token, and reads fields across
+    // its fragments.
+    assert_eq!(tokens[1], canonical_text(&token(2)));
+    let field = |s: &Session, path: &str| s.field(&tokens[1], path);
+    assert_eq!(field(&s, "operationType").as_deref(), Some("\"update\""));
+    assert_eq!(field(&s, "fullDocument.big").as_deref(), Some("\"after\""));
+    assert_eq!(
+        field(&s, "fullDocumentBeforeChange.big").as_deref(),
+        Some("\"before\"")
+    );
+    assert_eq!(field(&s, "missing"), None);
+    s.commit_batch(
+        None,
+        &tokens[1],
+        Mode::ResumeAfter,
+        vec![Decision::HandOff("a".into()), Decision::HandOff("b".into())],
+    )
+    .unwrap();
+    // One transaction: the whole event's fragments, one record each, and the checkpoint at its
+    // last fragment.
+    assert_eq!(store.transactions.lock().unwrap().len(), 1);
+    let dump = store.dump("c").unwrap();
+    let ids: Vec<&str> = dump
+        .outbox
+        .iter()
+        .map(|r| r.get_str("_id").unwrap())
+        .collect();
+    assert_eq!(ids, ["c/a", "c/b.1of3", "c/b.2of3", "c/b.3of3"]);
+    assert_eq!(
+        dump.outbox[2].get_document("event").unwrap(),
+        &with_split_event()[2]
+    );
+    let checkpoint = dump.checkpoint.unwrap();
+    assert_eq!(checkpoint.get_document("token").unwrap(), &token(4));
+    assert_eq!(s.committed().handed_off, 2);
+    // The next event follows; a new run resumes after the last fragment.
+    assert_eq!(deliver(&mut s, 1), [canonical_text(&token(5))]);
+    let mut resumed = session(
+        recording(with_split_event()),
+        store.clone(),
+        Some(token(4)),
+        Mode::ResumeAfter,
+    );
+    resumed
+        .open_stream(Start::ResumeAfter(canonical_text(&token(4))))
+        .unwrap();
+    assert_eq!(deliver(&mut resumed, 1), [canonical_text(&token(5))]);
+}
+
+#[test]
+fn a_split_event_quarantined_keeps_a_record_per_fragment() {
+    let store = Arc::new(MemoryStore::new());
+    let mut s = session(
+        recording(with_split_event()),
+        store.clone(),
+        None,
+        Mode::ResumeAfter,
+    );
+    s.open_stream(Start::Now).unwrap();
+    let tokens = deliver(&mut s, 2);
+    s.commit_batch(
+        None,
+        &tokens[1],
+        Mode::ResumeAfter,
+        vec![
+            Decision::Skip("not needed".into()),
+            Decision::Quarantine {
+                id: "q".into(),
+                reason: "poison".into(),
+            },
+        ],
+    )
+    .unwrap();
+    let dump = store.dump("c").unwrap();
+    assert!(dump.outbox.is_empty());
+    let tokens_kept: Vec<&Document> = dump
+        .quarantine
+        .iter()
+        .map(|r| r.get_document("token").unwrap())
+        .collect();
+    assert_eq!(tokens_kept, [&token(2), &token(3), &token(4)]);
+    assert_eq!(dump.quarantine[0].get_str("_id").unwrap(), "c/q.1of3");
+    assert_eq!(s.committed().quarantined, 1);
+}
+
+#[test]
+fn a_split_event_out_of_order_ends_the_run() {
+    let whole = with_split_event();
+    for (events, says) in [
+        // A later fragment without its first.
+        (
+            vec![whole[2].clone(), whole[4].clone()],
+            "without its first fragment",
+        ),
+        // The stream goes on to another event in the middle of one.
+        (
+            vec![whole[1].clone(), whole[2].clone(), whole[4].clone()],
+            "interrupted a split event after fragment 2 of 3",
+        ),
+        // Fragments out of order.
+        (
+            vec![whole[1].clone(), whole[3].clone(), whole[2].clone()],
+            "interrupted a split event after fragment 1 of 3",
+        ),
+        (
+            vec![
+                doc! {"_id": token(9), "splitEvent": {"fragment": 4, "of": 3}, "operationType": "update"},
+            ],
+            "malformed splitEvent",
+        ),
+    ] {
+        let store = Arc::new(MemoryStore::new());
+        let mut s = session(recording(events), store.clone(), None, Mode::ResumeAfter);
+        s.open_stream(Start::Now).unwrap();
+        let error = s.next_event().unwrap_err();
+        assert_eq!(error.kind, RefusalKind::Fatal, "{error:?}");
+        assert!(
+            matches!(s.failure(), Some(HandoffError::StreamFatal(m)) if m.contains(says)),
+            "{says}: {:?}",
+            s.failure()
+        );
+        assert!(store.dump("c").unwrap().outbox.is_empty());
+    }
+}
+
+#[test]
+fn a_split_event_whose_last_fragment_never_comes_ends_the_run() {
+    let whole = with_split_event();
+    let store = Arc::new(MemoryStore::new());
+    let mut s = session(
+        recording(vec![whole[1].clone(), whole[2].clone()]),
+        store,
+        None,
+        Mode::ResumeAfter,
+    );
+    s.open_stream(Start::Now).unwrap();
+    let error = s.next_event().unwrap_err();
+    assert_eq!(error.kind, RefusalKind::Fatal, "{error:?}");
+    assert!(
+        matches!(s.failure(), Some(HandoffError::StreamFatal(m)) if m.contains("did not arrive")),
+        "{:?}",
+        s.failure()
+    );
+}
+
+#[test]
+fn an_invalidation_marker_goes_with_the_invalidations_commit() {
+    let store = Arc::new(MemoryStore::new());
+    let mut s = session(
+        fixture(&[10, 10], true),
+        store.clone(),
+        None,
+        Mode::ResumeAfter,
+    )
+    .with_outbox_options(OutboxOptions {
+        invalidate_marker: true,
+        ..OutboxOptions::default()
+    });
+    s.open_stream(Start::Now).unwrap();
+    let tokens = deliver(&mut s, 2);
+    s.commit_batch(
+        None,
+        &tokens[1],
+        Mode::StartAfter,
+        vec![
+            Decision::HandOff("a".into()),
+            Decision::Skip("invalidate".into()),
+        ],
+    )
+    .unwrap();
+    let dump = store.dump("c").unwrap();
+    assert_eq!(dump.outbox.len(), 2);
+    let marker = &dump.outbox[1];
+    let id = hex::encode(Sha256::digest(tokens[1].as_bytes()));
+    assert_eq!(marker.get_str("_id").unwrap(), format!("c/{id}"));
+    assert_eq!(marker.get_str("marker").unwrap(), "invalidate");
+    assert_eq!(s.committed().handed_off, 1);
+    assert_eq!(s.committed().invalidate_markers, 1);
+    assert_eq!(s.committed().last_event_id, id);
 }

@@ -6,6 +6,7 @@ use bson::Document;
 
 use crate::namespace::Namespace;
 use crate::oplog::TokenKey;
+use crate::stages::Pipeline;
 
 /// A find or aggregate cursor's remaining documents.
 #[derive(Debug)]
@@ -29,11 +30,35 @@ pub enum Scope {
     Cluster,
 }
 
-/// A pipeline stage after `$changeStream`.
-#[derive(Debug, Clone)]
-pub enum Stage {
-    Match(Document),
-    Project(Document),
+/// What `fullDocument` asks for on update events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FullDocument {
+    Default,
+    /// The document as it is when the event is read.
+    UpdateLookup,
+    /// The stored post-image, or null.
+    WhenAvailable,
+    /// The stored post-image, or the stream fails.
+    Required,
+}
+
+/// What `fullDocumentBeforeChange` asks for on update, replace and delete events.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BeforeChange {
+    Off,
+    WhenAvailable,
+    Required,
+}
+
+/// How a change stream renders its events.
+#[derive(Debug, Clone, Copy)]
+pub struct EventOptions {
+    pub full_document: FullDocument,
+    pub before_change: BeforeChange,
+    /// `showExpandedEvents`: DDL events, `collectionUUID`, `operationDescription`.
+    pub expanded: bool,
+    /// Whether `updateDescription.disambiguatedPaths` exists (MongoDB 6.1 and later).
+    pub disambiguated_paths: bool,
 }
 
 /// A change stream's scope, position and stages.
@@ -42,8 +67,8 @@ pub struct ChangeCursor {
     pub scope: Scope,
     /// Everything at or before this position has been delivered or skipped.
     pub after: TokenKey,
-    pub lookup: bool,
+    pub options: EventOptions,
     /// Stages after `$changeStream`, applied to each event in order.
-    pub stages: Vec<Stage>,
+    pub pipeline: Pipeline,
     pub ns: String,
 }

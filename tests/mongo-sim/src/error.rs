@@ -33,7 +33,7 @@ impl CommandError {
     pub fn new(code: i32, message: impl Into<String>) -> Self {
         CommandError {
             code,
-            code_name: code_name(code).to_string(),
+            code_name: code_name_of(code),
             message: message.into(),
             labels: None,
         }
@@ -157,7 +157,16 @@ pub fn is_resumable_change_stream_code(code: i32) -> bool {
     is_retryable_code(code) || matches!(code, 43 | 133 | 234 | 13388)
 }
 
-/// The MongoDB name of an error code.
+/// The MongoDB name of an error code; codes without a name are `Location<code>`, as
+/// MongoDB reports assertion codes.
+pub fn code_name_of(code: i32) -> String {
+    match code_name(code) {
+        "UnknownError" if code != 8 => format!("Location{code}"),
+        name => name.to_string(),
+    }
+}
+
+/// The MongoDB name of an error code ("UnknownError" when it has none).
 pub fn code_name(code: i32) -> &'static str {
     match code {
         1 => "InternalError",
@@ -172,6 +181,10 @@ pub fn code_name(code: i32) -> &'static str {
         18 => "AuthenticationFailed",
         20 => "IllegalOperation",
         27 => "IndexNotFound",
+        28 => "PathNotViable",
+        47 => "NoMatchingDocument",
+        168 => "InvalidPipelineOperator",
+        241 => "ConversionFailure",
         79 => "UnknownReplWriteConcern",
         100 => "UnsatisfiableWriteConcern",
         117 => "ConflictingOperationInProgress",

@@ -69,6 +69,12 @@ fn match_clause(doc: &Document, key: &str, cond: &Bson) -> CmdResult<bool> {
                 Ok(!any)
             }
             "comment" => Ok(true),
+            // An aggregation expression over the document, true when its value is truthy.
+            "expr" => {
+                let expr = crate::expression::Expr::parse(cond, Default::default())?;
+                let value = expr.evaluate(crate::expression::Scope::of(doc))?;
+                Ok(crate::expression::truthy(&value))
+            }
             _ => Err(CommandError::bad_value(format!(
                 "unknown top level operator: {key}"
             ))),
@@ -336,5 +342,19 @@ mod tests {
         assert!(m(doc! {"a": 5}, doc! {"a": {"$gt": 4, "$lt": 6}}));
         assert!(m(doc! {"a": 5}, doc! {"$or": [{"a": 1}, {"a": 5}]}));
         assert!(matches(&doc! {}, &doc! {"a": {"$bogus": 1}}).is_err());
+        // `$expr`: an aggregation expression, truthy or not.
+        assert!(m(
+            doc! {"a": 5, "b": 3},
+            doc! {"$expr": {"$gt": ["$a", "$b"]}}
+        ));
+        assert!(!m(
+            doc! {"a": 1, "b": 3},
+            doc! {"$expr": {"$gt": ["$a", "$b"]}}
+        ));
+        assert!(m(
+            doc! {"k": {"_id": "string to hash"}},
+            doc! {"$expr": {"$eq": [{"$toHashedIndexKey": "$k._id"}, 763_543_691_661_428_748_i64]}}
+        ));
+        assert!(matches(&doc! {}, &doc! {"$expr": {"$bogus": 1}}).is_err());
     }
 }

@@ -3,12 +3,14 @@
 //! A token's `_data` is uppercase hex of: `82`, the 8-byte big-endian cluster timestamp
 //! (seconds, increment), `01` (format version), the 4-byte big-endian index of the operation
 //! inside its transaction, and a kind byte (`00` event, `01` invalidate, `02` high-water mark).
-//! Hex order therefore equals stream order.
+//! A fragment of a split event (`$changeStreamSplitLargeEvent`) appends its 4-byte big-endian
+//! fragment index, so its token orders after the event's own position and before the next
+//! fragment's. Hex order therefore equals stream order.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use bson::{Bson, DateTime, Document, Timestamp, doc};
+use bson::{Binary, Bson, DateTime, Document, Timestamp, doc};
 
 use crate::namespace::Namespace;
 
@@ -23,6 +25,8 @@ pub struct TokenKey {
     pub increment: u32,
     pub op_index: u32,
     pub kind: u8,
+    /// The fragment of a split event (0-based), if the token is a fragment's.
+    pub fragment: Option<u32>,
 }
 
 impl TokenKey {
@@ -32,6 +36,23 @@ impl TokenKey {
             increment: ts.increment,
             op_index,
             kind,
+            fragment: None,
+        }
+    }
+
+    /// The token of fragment `n` of the event at this position.
+    pub fn with_fragment(self, n: u32) -> Self {
+        TokenKey {
+            fragment: Some(n),
+            ..self
+        }
+    }
+
+    /// The event's own position, without a fragment.
+    pub fn without_fragment(self) -> Self {
+        TokenKey {
+            fragment: None,
+            ..self
         }
     }
 
@@ -55,6 +76,9 @@ impl TokenKey {
         bytes.push(0x01);
         bytes.extend_from_slice(&self.op_index.to_be_bytes());
         bytes.push(self.kind);
+        if let Some(n) = self.fragment {
+            bytes.extend_from_slice(&n.to_be_bytes());
+        }
         bytes.iter().map(|b| format!("{b:02X}")).collect()
     }
 
@@ -68,10 +92,11 @@ impl TokenKey {
     }
 
     fn decode_own(hex: &str) -> Option<TokenKey> {
-        if hex.len() != 30 {
+        if hex.len() != 30 && hex.len() != 38 {
             return None;
         }
-        let mut bytes = [0u8; 15];
+        let mut bytes = [0u8; 19];
+        let bytes = &mut bytes[..hex.len() / 2];
         for (i, b) in bytes.iter_mut().enumerate() {
             *b = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
         }
@@ -79,11 +104,16 @@ impl TokenKey {
             return None;
         }
         let u = |i: usize| u32::from_be_bytes([bytes[i], bytes[i + 1], bytes[i + 2], bytes[i + 3]]);
+        let fragment = (bytes.len() == 19).then(|| u(15));
+        if fragment.is_some() && bytes[14] != KIND_EVENT {
+            return None;
+        }
         Some(TokenKey {
             time: u(1),
             increment: u(5),
             op_index: u(10),
             kind: bytes[14],
+            fragment,
         })
     }
 
@@ -125,6 +155,10 @@ pub enum EventKind {
         removed: Vec<String>,
         /// Arrays a pipeline-style update shortened: `{field, newSize}`.
         truncated: Vec<Document>,
+        /// `updateDescription.disambiguatedPaths`: the paths above (and of the shortened
+        /// arrays) with a field name that holds dots or is numeric, as their components (array
+        /// indexes as integers).
+        disambiguated: Document,
     },
     Replace {
         id: Bson,
@@ -136,8 +170,26 @@ pub enum EventKind {
     Drop,
     Rename {
         to: Namespace,
+        /// The UUID of the collection the rename replaced (`dropTarget`).
+        drop_target: Option<Binary>,
     },
     DropDatabase,
+    /// A collection created (explicitly or by a first write); `description` is what
+    /// `operationDescription` shows: its options and `idIndex`.
+    Create {
+        description: Document,
+    },
+    CreateIndexes {
+        indexes: Vec<Document>,
+    },
+    DropIndexes {
+        indexes: Vec<Document>,
+    },
+    /// `collMod`: what it changed, and the collection's options before.
+    Modify {
+        description: Document,
+        options_before: Document,
+    },
 }
 
 impl EventKind {
@@ -150,8 +202,32 @@ impl EventKind {
             EventKind::Drop => "drop",
             EventKind::Rename { .. } => "rename",
             EventKind::DropDatabase => "dropDatabase",
+            EventKind::Create { .. } => "create",
+            EventKind::CreateIndexes { .. } => "createIndexes",
+            EventKind::DropIndexes { .. } => "dropIndexes",
+            EventKind::Modify { .. } => "modify",
         }
     }
+
+    /// Events a change stream reports only with `showExpandedEvents`.
+    pub fn is_expanded_only(&self) -> bool {
+        matches!(
+            self,
+            EventKind::Create { .. }
+                | EventKind::CreateIndexes { .. }
+                | EventKind::DropIndexes { .. }
+                | EventKind::Modify { .. }
+        )
+    }
+}
+
+/// The documents kept for an update, replace or delete on a collection with
+/// `changeStreamPreAndPostImages` enabled: the document before the write and, for an update,
+/// after it. They live (and expire) with their event.
+#[derive(Debug, Clone, Default)]
+pub struct Images {
+    pub pre: Option<Arc<Document>>,
+    pub post: Option<Arc<Document>>,
 }
 
 /// The session and transaction a write belonged to.
@@ -169,6 +245,9 @@ pub struct OplogEntry {
     pub ns: Namespace,
     pub kind: EventKind,
     pub txn: Option<Arc<TxnInfo>>,
+    /// The collection's UUID (`collectionUUID`), when the event concerns one.
+    pub uuid: Option<Binary>,
+    pub images: Option<Images>,
 }
 
 impl OplogEntry {
@@ -182,6 +261,19 @@ impl OplogEntry {
 pub struct PendingEvent {
     pub ns: Namespace,
     pub kind: EventKind,
+    pub uuid: Option<Binary>,
+    pub images: Option<Images>,
+}
+
+impl PendingEvent {
+    pub fn new(ns: Namespace, kind: EventKind, uuid: Option<Binary>) -> Self {
+        PendingEvent {
+            ns,
+            kind,
+            uuid,
+            images: None,
+        }
+    }
 }
 
 /// The bounded, ordered change history plus the cluster clock.
@@ -242,6 +334,8 @@ impl Oplog {
                 ns: ev.ns,
                 kind: ev.kind,
                 txn: txn.clone(),
+                uuid: ev.uuid,
+                images: ev.images,
             });
         }
         while self.entries.len() > self.limit {
@@ -336,6 +430,15 @@ mod tests {
         hex.sort();
         assert_eq!(hex, keys.iter().map(|k| k.encode()).collect::<Vec<_>>());
         assert_eq!(keys, [a, b, h, c]);
+        // Fragments order after their event and before whatever follows it.
+        let f0 = a.with_fragment(0);
+        let f1 = a.with_fragment(1);
+        for k in [f0, f1] {
+            assert_eq!(TokenKey::decode(&k.encode()), Some(k));
+        }
+        assert!(a < f0 && f0 < f1 && f1 < b);
+        assert!(a.encode() < f0.encode() && f0.encode() < f1.encode() && f1.encode() < b.encode());
+        assert_eq!(f1.without_fragment(), a);
     }
 
     #[test]
@@ -366,10 +469,11 @@ mod tests {
         let start = TokenKey::high_water(log.cluster_time());
         for i in 0..3 {
             log.append(
-                vec![PendingEvent {
-                    ns: ns.clone(),
-                    kind: EventKind::Delete { id: Bson::Int32(i) },
-                }],
+                vec![PendingEvent::new(
+                    ns.clone(),
+                    EventKind::Delete { id: Bson::Int32(i) },
+                    None,
+                )],
                 None,
             );
         }

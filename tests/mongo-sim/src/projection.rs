@@ -4,7 +4,7 @@
 use bson::{Bson, Document};
 
 use crate::error::{CmdResult, CommandError};
-use crate::update::{set_path, unset_path};
+use crate::paths::{set_path, unset_path};
 use crate::values::get_path;
 
 enum Flag {
@@ -91,20 +91,16 @@ pub fn project(doc: &Document, spec: &Document) -> CmdResult<Document> {
 /// of the same field in the input (for nested inclusion flags).
 fn evaluate(root: &Document, current: Option<&Bson>, v: &Bson) -> CmdResult<Option<Bson>> {
     match v {
-        Bson::String(s) if s.starts_with("$$") => Err(CommandError::new(
-            17276,
-            format!("Use of undefined variable: {}", &s[2..]),
-        )),
+        Bson::String(s) if s.starts_with("$$") => {
+            crate::expression::Expr::parse(v, Default::default())?
+                .evaluate(crate::expression::Scope::of(root))
+        }
         Bson::String(s) if s.starts_with('$') => Ok(get_path(root, &s[1..]).cloned()),
         Bson::Document(d) => {
-            if let Some(lit) = d.get("$literal") {
-                return Ok(Some(lit.clone()));
-            }
-            if let Some(k) = d.keys().find(|k| k.starts_with('$')) {
-                return Err(CommandError::new(
-                    31325,
-                    format!("Unsupported expression in projection: {k}"),
-                ));
+            if d.keys().next().is_some_and(|k| k.starts_with('$')) {
+                // An aggregation expression (`$literal`, `$concat`, ...).
+                let expr = crate::expression::Expr::parse(v, Default::default())?;
+                return expr.evaluate(crate::expression::Scope::of(root));
             }
             let sub = match current {
                 Some(Bson::Document(c)) => Some(c),

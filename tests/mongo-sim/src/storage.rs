@@ -11,7 +11,7 @@ use bson::{Binary, Bson, Document, spec::BinarySubtype};
 
 use crate::error::CommandError;
 use crate::namespace::Namespace;
-use crate::oplog::{EventKind, Oplog, PendingEvent, TxnInfo};
+use crate::oplog::{EventKind, Images, Oplog, PendingEvent, TxnInfo};
 use crate::values::{DocKey, doc_key};
 
 #[derive(Debug, Clone)]
@@ -85,6 +85,15 @@ pub struct Collection {
 }
 
 impl Collection {
+    /// Whether `changeStreamPreAndPostImages` is enabled: updates, replacements and deletes
+    /// then keep the document before (and after) the write with their event.
+    pub fn images_enabled(&self) -> bool {
+        matches!(
+            self.options.get("changeStreamPreAndPostImages"),
+            Some(Bson::Document(d)) if matches!(d.get("enabled"), Some(Bson::Boolean(true)))
+        )
+    }
+
     /// What `listCollections` calls it: `collection`, `view` or `timeseries`.
     pub fn kind(&self) -> &'static str {
         if self.options.contains_key("viewOn") {
@@ -339,16 +348,12 @@ impl Store {
         match txn {
             Some(t) => {
                 for c in changes {
-                    if !self.collections.contains_key(&c.ns) {
-                        self.create_collection(&c.ns, Document::new(), Some(t.id));
-                    }
+                    let (created, pending) = self.pending_event(&c, Some(t));
+                    t.events.extend(created);
                     let entry = self.ensure_collection(&c.ns).entry_mut(c.key.clone());
                     entry.held_by = Some(t.id);
                     t.writes.insert((c.ns.clone(), c.key), c.new);
-                    t.events.push(PendingEvent {
-                        ns: c.ns,
-                        kind: c.event,
-                    });
+                    t.events.push(pending);
                 }
             }
             None => {
@@ -356,6 +361,8 @@ impl Store {
                 let seq = self.seq;
                 let mut events = Vec::with_capacity(changes.len());
                 for c in changes {
+                    let (created, pending) = self.pending_event(&c, None);
+                    events.extend(created);
                     let coll = self.ensure_collection(&c.ns);
                     let entry = coll.entry_mut(c.key.clone());
                     entry.versions.push(Version { seq, doc: c.new });
@@ -363,15 +370,52 @@ impl Store {
                     if entry.is_dead(min_snapshot) {
                         coll.docs.remove(&c.key);
                     }
-                    events.push(PendingEvent {
-                        ns: c.ns,
-                        kind: c.event,
-                    });
+                    events.push(pending);
                 }
                 oplog.append(events, None);
             }
         }
         Ok(())
+    }
+
+    /// The history entry of one change (with the images its collection keeps), preceded by a
+    /// `create` entry when the write creates its collection. Creates the collection.
+    fn pending_event(
+        &mut self,
+        c: &Change,
+        txn: Option<&Txn>,
+    ) -> (Option<PendingEvent>, PendingEvent) {
+        let before = if matches!(
+            c.event,
+            EventKind::Update { .. } | EventKind::Replace { .. } | EventKind::Delete { .. }
+        ) {
+            self.get(&c.ns, &c.key, txn)
+        } else {
+            None
+        };
+        let created = self.create_collection(&c.ns, Document::new(), txn.map(|t| t.id));
+        let coll = self.ensure_collection(&c.ns);
+        let uuid = Some(coll.uuid.clone());
+        let create = created.then(|| {
+            PendingEvent::new(
+                c.ns.clone(),
+                EventKind::Create {
+                    description: create_description(&Document::new()),
+                },
+                uuid.clone(),
+            )
+        });
+        let mut pending = PendingEvent::new(c.ns.clone(), c.event.clone(), uuid);
+        if coll.images_enabled() && before.is_some() {
+            pending.images = Some(Images {
+                pre: before,
+                post: match c.event {
+                    EventKind::Update { .. } => c.new.clone(),
+                    _ => None,
+                },
+            });
+        }
+        (create, pending)
     }
 
     /// Makes a transaction's writes visible at one new sequence number and records its events.
@@ -381,10 +425,9 @@ impl Store {
                 coll.created_by = None;
             }
         }
-        if txn.writes.is_empty() {
-            return;
+        if !txn.writes.is_empty() {
+            self.seq += 1;
         }
-        self.seq += 1;
         let seq = self.seq;
         for ((ns, key), doc) in txn.writes {
             let coll = self.ensure_collection(&ns);
@@ -428,6 +471,17 @@ impl Store {
             .map(|c| c.docs.values().filter(|e| e.latest().is_some()).count())
             .unwrap_or(0)
     }
+}
+
+/// The `operationDescription` of a collection's `create` event: its options, then the
+/// `_id` index.
+pub fn create_description(options: &Document) -> Document {
+    let mut d = options.clone();
+    d.insert(
+        "idIndex",
+        bson::doc! {"v": 2, "key": {"_id": 1}, "name": "_id_"},
+    );
+    d
 }
 
 /// The `_id` a filter pins by plain equality, if any.

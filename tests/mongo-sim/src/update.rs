@@ -4,6 +4,8 @@
 use bson::{Bson, Document, oid::ObjectId};
 
 use crate::error::{CmdResult, CommandError};
+use crate::paths::{set_path, unset_path};
+use crate::stages::{self, Stage};
 use crate::values::{cmp_values, values_equal};
 
 /// A parsed `u` argument of an update statement.
@@ -11,19 +13,10 @@ use crate::values::{cmp_values, values_equal};
 pub enum UpdateSpec {
     Replacement(Document),
     Operators(Document),
-    /// An aggregation pipeline of `$set` / `$addFields`, `$unset`, `$replaceRoot` /
-    /// `$replaceWith` stages.
-    Pipeline(Vec<Document>),
+    /// An aggregation pipeline of `$set` / `$addFields`, `$project`, `$unset`, `$replaceRoot` /
+    /// `$replaceWith` stages, over the change-stream stages' expression evaluator.
+    Pipeline(Vec<Stage>),
 }
-
-/// The stages a pipeline-style update may use here.
-const PIPELINE_STAGES: &[&str] = &[
-    "$set",
-    "$addFields",
-    "$unset",
-    "$replaceRoot",
-    "$replaceWith",
-];
 
 const OPERATORS: &[&str] = &[
     "$set",
@@ -42,8 +35,10 @@ const OPERATORS: &[&str] = &[
 
 pub fn parse_update(u: &Bson) -> CmdResult<UpdateSpec> {
     let Bson::Document(d) = u else {
-        if let Bson::Array(stages) = u {
-            return parse_pipeline(stages);
+        if let Bson::Array(pipeline) = u {
+            return Ok(UpdateSpec::Pipeline(stages::parse_update_pipeline(
+                pipeline,
+            )?));
         }
         return Err(CommandError::failed_to_parse("update must be an object"));
     };
@@ -95,32 +90,6 @@ pub fn parse_update(u: &Bson) -> CmdResult<UpdateSpec> {
     Ok(UpdateSpec::Operators(d.clone()))
 }
 
-fn parse_pipeline(stages: &[Bson]) -> CmdResult<UpdateSpec> {
-    let mut out = Vec::with_capacity(stages.len());
-    for stage in stages {
-        let Bson::Document(stage) = stage else {
-            return Err(CommandError::type_mismatch(
-                "Each element of the 'pipeline' array must be an object",
-            ));
-        };
-        let mut keys = stage.keys();
-        let (Some(name), None) = (keys.next(), keys.next()) else {
-            return Err(CommandError::new(
-                40323,
-                "A pipeline stage specification object must contain exactly one field.",
-            ));
-        };
-        if !PIPELINE_STAGES.contains(&name.as_str()) {
-            return Err(CommandError::new(
-                72,
-                format!("{name} is not allowed to be used within an update"),
-            ));
-        }
-        out.push(stage.clone());
-    }
-    Ok(UpdateSpec::Pipeline(out))
-}
-
 fn conflicts(a: &str, b: &str) -> bool {
     a == b || a.starts_with(&format!("{b}.")) || b.starts_with(&format!("{a}."))
 }
@@ -161,9 +130,9 @@ pub fn apply_update(doc: &mut Document, spec: &UpdateSpec, is_insert: bool) -> C
             }
             *doc = next;
         }
-        UpdateSpec::Pipeline(stages) => {
-            for stage in stages {
-                apply_stage(doc, stage)?;
+        UpdateSpec::Pipeline(pipeline) => {
+            for stage in pipeline {
+                *doc = stages::apply(stage, std::mem::take(doc))?.unwrap_or_default();
             }
             if let Some(id) = &old_id
                 && !doc
@@ -192,153 +161,6 @@ pub fn apply_update(doc: &mut Document, spec: &UpdateSpec, is_insert: bool) -> C
         }
     }
     Ok(())
-}
-
-/// Applies one stage of a pipeline-style update.
-fn apply_stage(doc: &mut Document, stage: &Document) -> CmdResult<()> {
-    let Some((name, arg)) = stage.iter().next() else {
-        return Ok(());
-    };
-    match name.as_str() {
-        "$set" | "$addFields" => {
-            let Bson::Document(fields) = arg else {
-                return Err(CommandError::failed_to_parse(format!(
-                    "{name} specification stage must be an object"
-                )));
-            };
-            let root = doc.clone();
-            for (path, expr) in fields {
-                add_field(doc, &root, path, expr)?;
-            }
-        }
-        "$unset" => {
-            let paths: Vec<&Bson> = match arg {
-                Bson::Array(a) => a.iter().collect(),
-                other => vec![other],
-            };
-            for p in paths {
-                let Bson::String(p) = p else {
-                    return Err(CommandError::failed_to_parse(
-                        "$unset specification must be a string or an array of strings",
-                    ));
-                };
-                unset_path(doc, p);
-            }
-        }
-        "$replaceRoot" | "$replaceWith" => {
-            let expr = if name == "$replaceRoot" {
-                match arg {
-                    Bson::Document(d) => d.get("newRoot").ok_or_else(|| {
-                        CommandError::new(40231, "no newRoot specified for the $replaceRoot stage")
-                    })?,
-                    _ => {
-                        return Err(CommandError::failed_to_parse(
-                            "$replaceRoot expects an object",
-                        ));
-                    }
-                }
-            } else {
-                arg
-            };
-            match evaluate(doc, expr)? {
-                Some(Bson::Document(d)) => *doc = d,
-                _ => {
-                    return Err(CommandError::new(
-                        40228,
-                        "'replacement document' must evaluate to an object",
-                    ));
-                }
-            }
-        }
-        _ => {}
-    }
-    Ok(())
-}
-
-/// `$set` / `$addFields` of one field: an object of plain fields merges into an embedded
-/// document already there; a value that evaluates to nothing (a missing path, `$$REMOVE`)
-/// removes the field.
-fn add_field(doc: &mut Document, root: &Document, path: &str, expr: &Bson) -> CmdResult<()> {
-    if let Bson::Document(spec) = expr
-        && !is_operator(spec)
-        && let Some(Bson::Document(existing)) = crate::values::get_path(doc, path)
-    {
-        let mut merged = existing.clone();
-        for (k, e) in spec {
-            add_field(&mut merged, root, k, e)?;
-        }
-        return set_path(doc, path, Bson::Document(merged));
-    }
-    match evaluate(root, expr)? {
-        Some(v) => set_path(doc, path, v),
-        None => {
-            unset_path(doc, path);
-            Ok(())
-        }
-    }
-}
-
-fn is_operator(d: &Document) -> bool {
-    d.keys().next().is_some_and(|k| k.starts_with('$'))
-}
-
-/// Evaluates an aggregation expression against `root`: field paths (`"$a.b"`), `$$ROOT`,
-/// `$$CURRENT`, `$$REMOVE`, `$literal`, objects and arrays of expressions, and constants.
-/// `None` is a missing value.
-fn evaluate(root: &Document, expr: &Bson) -> CmdResult<Option<Bson>> {
-    match expr {
-        Bson::String(s) if s.starts_with("$$") => {
-            let (var, path) = match s[2..].split_once('.') {
-                Some((v, p)) => (v, Some(p)),
-                None => (&s[2..], None),
-            };
-            match (var, path) {
-                ("ROOT" | "CURRENT", None) => Ok(Some(Bson::Document(root.clone()))),
-                ("ROOT" | "CURRENT", Some(p)) => Ok(crate::values::get_path(root, p).cloned()),
-                ("REMOVE", _) => Ok(None),
-                _ => Err(CommandError::new(
-                    17276,
-                    format!("Use of undefined variable: {var}"),
-                )),
-            }
-        }
-        Bson::String(s) if s.starts_with('$') => {
-            Ok(crate::values::get_path(root, &s[1..]).cloned())
-        }
-        Bson::Array(items) => {
-            let mut out = Vec::with_capacity(items.len());
-            for item in items {
-                out.push(evaluate(root, item)?.unwrap_or(Bson::Null));
-            }
-            Ok(Some(Bson::Array(out)))
-        }
-        Bson::Document(d) if is_operator(d) => {
-            if d.len() != 1 {
-                return Err(CommandError::new(
-                    15983,
-                    "An object representing an expression must have exactly one field",
-                ));
-            }
-            match d.iter().next() {
-                Some((op, arg)) if op == "$literal" => Ok(Some(arg.clone())),
-                Some((op, _)) => Err(CommandError::new(
-                    168,
-                    format!("Unrecognized expression '{op}'"),
-                )),
-                None => Ok(None),
-            }
-        }
-        Bson::Document(d) => {
-            let mut out = Document::new();
-            for (k, e) in d {
-                if let Some(v) = evaluate(root, e)? {
-                    out.insert(k.clone(), v);
-                }
-            }
-            Ok(Some(Bson::Document(out)))
-        }
-        other => Ok(Some(other.clone())),
-    }
 }
 
 fn immutable_id() -> CommandError {
@@ -446,6 +268,12 @@ fn apply_operator(
                     arr.push(item);
                 }
             }
+            if op == "$push"
+                && let Bson::Document(d) = value
+                && let Some(slice) = d.get("$slice")
+            {
+                slice_array(&mut arr, slice)?;
+            }
             set_path(doc, path, Bson::Array(arr))
         }
         "$pull" => {
@@ -506,98 +334,6 @@ fn arith(
             crate::values::as_f64(a).unwrap_or(0.0),
             crate::values::as_f64(b).unwrap_or(0.0),
         )),
-    }
-}
-
-/// Sets a dotted path, creating embedded documents (or padding arrays) on the way.
-pub fn set_path(doc: &mut Document, path: &str, value: Bson) -> CmdResult<()> {
-    let parts: Vec<&str> = path.split('.').collect();
-    if parts.len() > crate::wire::MAX_NESTING {
-        return Err(CommandError::bad_value(format!(
-            "path has more than {} parts",
-            crate::wire::MAX_NESTING
-        )));
-    }
-    set_in_doc(doc, &parts, value, path)
-}
-
-fn not_viable(path: &str) -> CommandError {
-    CommandError::new(
-        28,
-        format!("Cannot create field in element along path '{path}'"),
-    )
-}
-
-fn set_in_doc(doc: &mut Document, parts: &[&str], value: Bson, full: &str) -> CmdResult<()> {
-    let Some((first, rest)) = parts.split_first() else {
-        return Ok(());
-    };
-    if rest.is_empty() {
-        doc.insert(first.to_string(), value);
-        return Ok(());
-    }
-    if !doc.contains_key(*first) {
-        doc.insert(first.to_string(), Bson::Document(Document::new()));
-    }
-    match doc.get_mut(*first) {
-        Some(child) => set_in_value(child, rest, value, full),
-        None => Err(not_viable(full)),
-    }
-}
-
-fn set_in_value(target: &mut Bson, parts: &[&str], value: Bson, full: &str) -> CmdResult<()> {
-    match target {
-        Bson::Document(d) => set_in_doc(d, parts, value, full),
-        Bson::Array(a) => {
-            let idx: usize = parts[0].parse().map_err(|_| not_viable(full))?;
-            if idx > 1_000_000 {
-                return Err(not_viable(full));
-            }
-            while a.len() <= idx {
-                a.push(Bson::Null);
-            }
-            if parts.len() == 1 {
-                a[idx] = value;
-                Ok(())
-            } else {
-                if matches!(a[idx], Bson::Null) {
-                    a[idx] = Bson::Document(Document::new());
-                }
-                set_in_value(&mut a[idx], &parts[1..], value, full)
-            }
-        }
-        _ => Err(not_viable(full)),
-    }
-}
-
-/// Removes a dotted path if present.
-pub fn unset_path(doc: &mut Document, path: &str) {
-    let parts: Vec<&str> = path.split('.').collect();
-    unset_in_doc(doc, &parts);
-}
-
-fn unset_in_doc(doc: &mut Document, parts: &[&str]) {
-    let Some((first, rest)) = parts.split_first() else {
-        return;
-    };
-    if rest.is_empty() {
-        doc.remove(*first);
-        return;
-    }
-    match doc.get_mut(*first) {
-        Some(Bson::Document(d)) => unset_in_doc(d, rest),
-        Some(Bson::Array(a)) => {
-            if let Ok(i) = rest[0].parse::<usize>() {
-                if rest.len() == 1 {
-                    if i < a.len() {
-                        a[i] = Bson::Null;
-                    }
-                } else if let Some(Bson::Document(d)) = a.get_mut(i) {
-                    unset_in_doc(d, &rest[1..]);
-                }
-            }
-        }
-        _ => {}
     }
 }
 
@@ -667,105 +403,182 @@ pub fn build_upsert(filter: &Document, spec: &UpdateSpec) -> CmdResult<Document>
     Ok(out)
 }
 
-/// The `updateDescription` of a change from `old` to `new`: updated paths and removed paths.
-pub fn describe_update(old: &Document, new: &Document) -> (Document, Vec<String>) {
-    let mut updated = Document::new();
-    let mut removed = Vec::new();
-    diff_docs(old, new, "", &mut updated, &mut removed);
-    (updated, removed)
+/// The `updateDescription` of an update, with what `showExpandedEvents` adds.
+#[derive(Debug, Default, PartialEq)]
+pub struct UpdateDescription {
+    /// Changed or added paths with their new values.
+    pub updated: Document,
+    /// Removed paths.
+    pub removed: Vec<String>,
+    /// Arrays that became shorter: `{field, newSize}`.
+    pub truncated: Vec<Document>,
+    /// `disambiguatedPaths`: for each path above whose components cannot be read back from the
+    /// dotted path (a field name holding a dot, or a numeric field name below the top level),
+    /// its components, array indexes as integers.
+    pub disambiguated: Document,
 }
 
-fn diff_docs(
-    old: &Document,
-    new: &Document,
-    prefix: &str,
-    updated: &mut Document,
-    removed: &mut Vec<String>,
-) {
-    for (k, nv) in new {
-        let path = format!("{prefix}{k}");
-        match old.get(k) {
-            Some(ov) if ov == nv => {}
-            Some(Bson::Document(od)) => {
-                if let Bson::Document(nd) = nv {
-                    diff_docs(od, nd, &format!("{path}."), updated, removed);
-                } else {
-                    updated.insert(path, nv.clone());
-                }
-            }
-            _ => {
-                updated.insert(path, nv.clone());
+/// One component of a path: a field name or an array index.
+#[derive(Clone, Copy)]
+enum Part<'a> {
+    Field(&'a str),
+    Index(usize),
+}
+
+/// Which arrays a description reports element by element rather than whole.
+enum Arrays {
+    /// Every array (a pipeline-style update, logged as the difference of the documents).
+    All,
+    /// Arrays that some operator path reaches into (`$set: {"a.0.b": 1}` reports `a.0.b`).
+    Below(Vec<String>),
+}
+
+/// The `updateDescription` of `spec` taking `old` to `new`, as a server logs it. An update with
+/// operators reports what its paths changed, an array whole; a
+/// pipeline-style update is logged as the difference of the documents, so it reports array
+/// elements by index and arrays that became shorter. A replacement has none.
+pub fn describe_update(old: &Document, new: &Document, spec: &UpdateSpec) -> UpdateDescription {
+    let arrays = match spec {
+        UpdateSpec::Pipeline(_) => Arrays::All,
+        UpdateSpec::Operators(_) | UpdateSpec::Replacement(_) => Arrays::Below(Vec::new()),
+    };
+    describe(old, new, arrays)
+}
+
+fn describe(old: &Document, new: &Document, arrays: Arrays) -> UpdateDescription {
+    let mut diff = Diff {
+        out: UpdateDescription::default(),
+        arrays,
+        path: Vec::new(),
+    };
+    diff.documents(old, new);
+    diff.out
+}
+
+struct Diff<'a> {
+    out: UpdateDescription,
+    arrays: Arrays,
+    path: Vec<Part<'a>>,
+}
+
+impl<'a> Diff<'a> {
+    fn dotted(&self) -> String {
+        self.path
+            .iter()
+            .map(|p| match p {
+                Part::Field(f) => (*f).to_string(),
+                Part::Index(i) => i.to_string(),
+            })
+            .collect::<Vec<_>>()
+            .join(".")
+    }
+
+    /// Whether the array at the current path is described element by element.
+    fn descends_into_array(&self) -> bool {
+        match &self.arrays {
+            Arrays::All => true,
+            Arrays::Below(paths) => {
+                let prefix = format!("{}.", self.dotted());
+                paths.iter().any(|p| p.starts_with(&prefix))
             }
         }
     }
-    for (k, _) in old {
-        if !new.contains_key(k) {
-            removed.push(format!("{prefix}{k}"));
+
+    /// The current path, dotted, noted in `disambiguated` if it is ambiguous.
+    fn note(&mut self) -> String {
+        let dotted = self.dotted();
+        let ambiguous = self.path.iter().enumerate().any(|(depth, p)| match p {
+            Part::Field(f) => {
+                f.contains('.')
+                    || (depth > 0 && !f.is_empty() && f.bytes().all(|b| b.is_ascii_digit()))
+            }
+            Part::Index(_) => false,
+        });
+        if ambiguous {
+            let parts: Vec<Bson> = self
+                .path
+                .iter()
+                .map(|p| match p {
+                    Part::Field(f) => Bson::String((*f).to_string()),
+                    Part::Index(i) => Bson::Int32(*i as i32),
+                })
+                .collect();
+            self.out.disambiguated.insert(dotted.clone(), parts);
         }
+        dotted
     }
-}
 
-/// The `updateDescription` of a pipeline-style update, from the difference of the documents as
-/// a server logs it: changed or added paths (array elements by index), removed fields, and the
-/// arrays that became shorter with their new sizes (`{field, newSize}`).
-pub fn describe_pipeline_update(
-    old: &Document,
-    new: &Document,
-) -> (Document, Vec<String>, Vec<Document>) {
-    let mut diff = Diff::default();
-    diff.documents(old, new, "");
-    (diff.updated, diff.removed, diff.truncated)
-}
+    fn updated(&mut self, value: &Bson) {
+        let path = self.note();
+        self.out.updated.insert(path, value.clone());
+    }
 
-#[derive(Default)]
-struct Diff {
-    updated: Document,
-    removed: Vec<String>,
-    truncated: Vec<Document>,
-}
-
-impl Diff {
-    fn documents(&mut self, old: &Document, new: &Document, prefix: &str) {
+    fn documents(&mut self, old: &'a Document, new: &'a Document) {
         for (k, nv) in new {
-            let path = format!("{prefix}{k}");
+            self.path.push(Part::Field(k));
             match old.get(k) {
-                Some(ov) => self.value(ov, nv, path),
-                None => {
-                    self.updated.insert(path, nv.clone());
-                }
+                Some(ov) => self.value(ov, nv),
+                None => self.updated(nv),
             }
+            self.path.pop();
         }
         for (k, _) in old {
             if !new.contains_key(k) {
-                self.removed.push(format!("{prefix}{k}"));
+                self.path.push(Part::Field(k));
+                let path = self.note();
+                self.out.removed.push(path);
+                self.path.pop();
             }
         }
     }
 
-    fn value(&mut self, old: &Bson, new: &Bson, path: String) {
+    fn value(&mut self, old: &'a Bson, new: &'a Bson) {
         match (old, new) {
             (o, n) if o == n => {}
-            (Bson::Document(o), Bson::Document(n)) => self.documents(o, n, &format!("{path}.")),
-            (Bson::Array(o), Bson::Array(n)) => {
+            (Bson::Document(o), Bson::Document(n)) => self.documents(o, n),
+            (Bson::Array(o), Bson::Array(n)) if self.descends_into_array() => {
                 if n.len() < o.len() {
-                    self.truncated
-                        .push(bson::doc! {"field": path.clone(), "newSize": n.len() as i32});
+                    let field = self.note();
+                    self.out
+                        .truncated
+                        .push(bson::doc! {"field": field, "newSize": n.len() as i32});
                 }
                 for (i, nv) in n.iter().enumerate() {
-                    let element = format!("{path}.{i}");
+                    self.path.push(Part::Index(i));
                     match o.get(i) {
-                        Some(ov) => self.value(ov, nv, element),
-                        None => {
-                            self.updated.insert(element, nv.clone());
-                        }
+                        Some(ov) => self.value(ov, nv),
+                        None => self.updated(nv),
                     }
+                    self.path.pop();
                 }
             }
-            _ => {
-                self.updated.insert(path, new.clone());
-            }
+            _ => self.updated(new),
         }
     }
+}
+
+/// `$push`'s `$slice`: keep the first `n` items (`n >= 0`) or the last `-n`.
+fn slice_array(items: &mut Vec<Bson>, slice: &Bson) -> CmdResult<()> {
+    let n = match slice {
+        Bson::Int32(n) => i64::from(*n),
+        Bson::Int64(n) => *n,
+        Bson::Double(f) if f.fract() == 0.0 && f.abs() < 1e15 => *f as i64,
+        _ => {
+            return Err(CommandError::bad_value(
+                "The value for $slice must be an integer value",
+            ));
+        }
+    };
+    let len = items.len();
+    let keep = usize::try_from(n.unsigned_abs())
+        .unwrap_or(usize::MAX)
+        .min(len);
+    if n >= 0 {
+        items.truncate(keep);
+    } else {
+        items.drain(..len - keep);
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -820,10 +633,11 @@ mod tests {
             new,
             doc! {"_id": 1, "array": ["foo", {"a": "bar"}], "s": {"u": 1, "t": 2}, "n": 5, "c": 5}
         );
-        let (updated, removed, truncated) = describe_pipeline_update(&old, &new);
-        assert_eq!(updated, doc! {"s.t": 2, "c": 5});
-        assert_eq!(removed, vec!["gone".to_string()]);
-        assert_eq!(truncated, vec![doc! {"field": "array", "newSize": 2}]);
+        let d = describe_update(&old, &new, &spec);
+        assert_eq!(d.updated, doc! {"s.t": 2, "c": 5});
+        assert_eq!(d.removed, vec!["gone".to_string()]);
+        assert_eq!(d.truncated, vec![doc! {"field": "array", "newSize": 2}]);
+        assert_eq!(d.disambiguated, doc! {});
 
         let replace = parse_update(&Bson::Array(vec![Bson::Document(
             doc! {"$replaceWith": {"_id": 2}},
@@ -845,6 +659,28 @@ mod tests {
     }
 
     #[test]
+    fn push_slices_to_the_first_or_last_items() {
+        let push = |slice: Bson| {
+            upd(
+                doc! {"_id": 1, "a": [1, 2, 3]},
+                doc! {"$push": {"a": {"$each": [4, 5], "$slice": slice}}},
+            )
+        };
+        assert_eq!(push(Bson::Int32(-2)), doc! {"_id": 1, "a": [4, 5]});
+        assert_eq!(push(Bson::Int64(2)), doc! {"_id": 1, "a": [1, 2]});
+        assert_eq!(
+            push(Bson::Int32(-10)),
+            doc! {"_id": 1, "a": [1, 2, 3, 4, 5]}
+        );
+        assert_eq!(push(Bson::Int32(0)), doc! {"_id": 1, "a": []});
+        let spec = parse_update(&Bson::Document(
+            doc! {"$push": {"a": {"$each": [1], "$slice": "x"}}},
+        ))
+        .unwrap();
+        assert!(apply_update(&mut doc! {"_id": 1}, &spec, false).is_err());
+    }
+
+    #[test]
     fn conflicts_and_immutable_id() {
         assert!(parse_update(&Bson::Document(doc! {"$set": {"a": 1}, "$inc": {"a": 1}})).is_err());
         let mut d = doc! {"_id": 1};
@@ -857,11 +693,45 @@ mod tests {
         let spec = parse_update(&Bson::Document(doc! {"$setOnInsert": {"t": null}})).unwrap();
         let d = build_upsert(&doc! {"_id": "c", "s": "x"}, &spec).unwrap();
         assert_eq!(d, doc! {"_id": "c", "s": "x", "t": null});
-        let (u, r) = describe_update(
+        let d = describe(
             &doc! {"_id": 1, "a": {"b": 1}, "c": 1},
             &doc! {"_id": 1, "a": {"b": 2}},
+            Arrays::Below(Vec::new()),
         );
-        assert_eq!(u, doc! {"a.b": 2});
-        assert_eq!(r, vec!["c".to_string()]);
+        assert_eq!(d.updated, doc! {"a.b": 2});
+        assert_eq!(d.removed, vec!["c".to_string()]);
+    }
+
+    #[test]
+    fn disambiguated_paths_name_dotted_and_numeric_fields_and_array_indexes() {
+        // Array indexes alone and a numeric field at the top level are not ambiguous.
+        let d = describe(
+            &doc! {"_id": 1, "arr": [[1, 2]], "7": 1},
+            &doc! {"_id": 1, "arr": [[1, 3]], "7": 2},
+            Arrays::All,
+        );
+        assert_eq!(d.updated, doc! {"arr.0.1": 3, "7": 2});
+        assert_eq!(d.disambiguated, doc! {});
+        // A numeric field below the top level is a string, an array index an integer, and a
+        // shortened array is described too.
+        let d = describe(
+            &doc! {"_id": 1, "a": [{"0": 1, "b.c": [1, 2]}]},
+            &doc! {"_id": 1, "a": [{"0": 2, "b.c": [1]}]},
+            Arrays::All,
+        );
+        assert_eq!(d.updated, doc! {"a.0.0": 2});
+        assert_eq!(d.truncated, vec![doc! {"field": "a.0.b.c", "newSize": 1}]);
+        assert_eq!(
+            d.disambiguated,
+            doc! {"a.0.0": ["a", 0, "0"], "a.0.b.c": ["a", 0, "b.c"]}
+        );
+        // An operator update reports a changed array whole.
+        let old = doc! {"_id": 1, "a": [1, 2]};
+        let spec = parse_update(&Bson::Document(doc! {"$set": {"a": [1]}})).unwrap();
+        let mut new = old.clone();
+        apply_update(&mut new, &spec, false).unwrap();
+        let d = describe_update(&old, &new, &spec);
+        assert_eq!(d.updated, doc! {"a": [1]});
+        assert!(d.truncated.is_empty());
     }
 }

@@ -1,5 +1,6 @@
-//! The watched collection's change stream, opened with `fullDocument: updateLookup` and the
-//! baseline's await bound, every call bounded by the run's deadline.
+//! The watched change stream, opened as the run's stream configuration says (the baseline's:
+//! one collection with `fullDocument: updateLookup`) with the baseline's await bound, every call
+//! bounded by the run's deadline.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -8,28 +9,52 @@ use bson::{Bson, Document, doc};
 use mongodb::Collection;
 use mongodb::change_stream::ChangeStream;
 use mongodb::change_stream::event::ResumeToken;
-use mongodb::options::FullDocumentType;
+use mongodb::options::{FullDocumentBeforeChangeType, FullDocumentType, ReadConcern};
 
 use super::MAX_AWAIT;
 use super::connection::Connection;
 use super::errors::classify_stream;
-use crate::domain::{ChangeSource, Deployment, ServerError, Start, StreamError};
+use crate::domain::config::{BeforeChange, FullDocument, Scope};
+use crate::domain::{
+    ChangeSource, Collections, Deployment, ServerError, Start, StreamConfig, StreamError,
+};
 use crate::error::{HandoffError, Result};
 
-/// The watched collection's change stream.
+/// The watched collection's (database's, deployment's) change stream.
 pub struct MongoSource {
     connection: Arc<Connection>,
     collection: Collection<Document>,
+    config: StreamConfig,
+    /// The stages the stream opens with: the host's own, then the user's.
+    stages: Vec<Document>,
     stream: Option<ChangeStream<Document>>,
     clock: Instant,
 }
 
 impl MongoSource {
-    pub fn new(connection: Arc<Connection>, database: &str, collection: &str) -> MongoSource {
+    /// The stream `config` describes, around `collection` of `database`, leaving out the
+    /// consumer's own collections when it watches more than one collection.
+    pub fn new(
+        connection: Arc<Connection>,
+        database: &str,
+        collection: &str,
+        own: &Collections,
+        config: &StreamConfig,
+    ) -> MongoSource {
+        let stages = config.stages(
+            database,
+            &[
+                own.checkpoints.as_str(),
+                own.outbox.as_str(),
+                own.quarantine.as_str(),
+            ],
+        );
         let collection = connection.database(database).collection(collection);
         MongoSource {
             connection,
             collection,
+            config: config.clone(),
+            stages,
             stream: None,
             clock: Instant::now(),
         }
@@ -40,6 +65,9 @@ impl MongoSource {
     /// needs no privilege beyond those on the collection itself; a server that still refuses it
     /// leaves the question to the stream's opening.
     pub fn check_watchable(&self) -> Result<()> {
+        if self.config.scope != Scope::Collection {
+            return Ok(());
+        }
         let namespace = self.collection.namespace();
         let database = self.connection.database(&namespace.db);
         let command = doc! {
@@ -114,11 +142,36 @@ impl ChangeSource for MongoSource {
     }
 
     fn open(&mut self, start: Start<Document>) -> std::result::Result<(), StreamError> {
-        let watch = self
-            .collection
-            .watch()
-            .full_document(FullDocumentType::UpdateLookup)
+        let database = self.connection.database(&self.collection.namespace().db);
+        let watch = match self.config.scope {
+            Scope::Collection => self.collection.watch(),
+            Scope::Database => database.watch(),
+            // The client's stream follows the URI's concerns: held to those of every other read.
+            Scope::Deployment => self
+                .connection
+                .client
+                .watch()
+                .read_concern(ReadConcern::majority())
+                .selection_criteria(super::primary()),
+        };
+        let mut watch = watch
+            .pipeline(self.stages.iter().cloned())
             .max_await_time(MAX_AWAIT);
+        watch = match self.config.full_document {
+            FullDocument::Default => watch,
+            FullDocument::UpdateLookup => watch.full_document(FullDocumentType::UpdateLookup),
+            FullDocument::WhenAvailable => watch.full_document(FullDocumentType::WhenAvailable),
+            FullDocument::Required => watch.full_document(FullDocumentType::Required),
+        };
+        watch = match self.config.before_change {
+            BeforeChange::Off => watch,
+            BeforeChange::WhenAvailable => {
+                watch.full_document_before_change(FullDocumentBeforeChangeType::WhenAvailable)
+            }
+            BeforeChange::Required => {
+                watch.full_document_before_change(FullDocumentBeforeChangeType::Required)
+            }
+        };
         let watch = match start {
             Start::Now => watch,
             Start::ResumeAfter(token) => watch.resume_after(resume_token(token)?),

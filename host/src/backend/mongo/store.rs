@@ -15,10 +15,11 @@ use mongodb::{ClientSession, Collection};
 
 use super::connection::Connection;
 use super::errors::server_error;
-use super::{MAX_DOCUMENT_BYTES, TRANSACTION_ATTEMPTS, transaction_options};
+use super::{CLOSE_WAIT, MAX_DOCUMENT_BYTES, TRANSACTION_ATTEMPTS, transaction_options};
+use crate::domain::checkpoint::CONFIG_CHANGES_KEPT;
 use crate::domain::store::admit;
 use crate::domain::stream::BSON_OBJECT_TOO_LARGE;
-use crate::domain::{Applied, CheckpointStore, Collections, Commit, CommitError, Dump};
+use crate::domain::{Applied, CheckpointStore, Claim, Collections, Commit, CommitError, Dump};
 
 /// What an interrupted transaction means for the operator.
 const DEADLINE_IN_COMMIT: &str = "the run deadline passed while a transaction was in flight; its outcome is unknown, \
@@ -163,9 +164,13 @@ impl MongoStore {
         let expected = commit
             .expected
             .map_or(Bson::Null, |t| Bson::Document(t.clone()));
-        let filter = doc! { "_id": &commit.consumer.consumer, "token": expected, "source": &commit.consumer.source };
-        let update =
-            doc! { "$set": { "token": commit.next.clone(), "mode": commit.mode.as_str() } };
+        let mut filter = doc! { "_id": &commit.consumer.consumer, "token": expected, "source": &commit.consumer.source };
+        let mut set = doc! { "token": commit.next.clone(), "mode": commit.mode.as_str() };
+        if let Some(lease) = commit.lease {
+            filter.insert("owner", &lease.owner);
+            set.insert("leaseUntil", lease.until(bson::DateTime::now()));
+        }
+        let update = doc! { "$set": set, "$inc": { "revision": 1_i64 } };
         if self.bulk_write.load(Ordering::Relaxed) {
             return match self.bulk(session, &filter, &update, &writes).await {
                 Err(Attempt::Driver(e)) if no_bulk_write(&e) => {
@@ -496,6 +501,54 @@ impl CheckpointStore for MongoStore {
         self.connection
             .bounded(retried)
             .map_err(|_| CommitError::Unavailable(DEADLINE_IN_COMMIT.into()))?
+    }
+
+    fn claim(&self, consumer: &str, claim: &Claim) -> std::result::Result<(), CommitError> {
+        let revision = claim
+            .seen_revision
+            .map_or(Bson::Document(doc! { "$exists": false }), Bson::Int64);
+        let mut update = doc! { "$set": claim.set.clone(), "$inc": { "revision": 1_i64 } };
+        if let Some(change) = &claim.change {
+            update.insert(
+                "$push",
+                doc! { "configChanges": { "$each": [change.clone()], "$slice": -CONFIG_CHANGES_KEPT } },
+            );
+        }
+        let changed = self
+            .connection
+            .bounded(async {
+                self.checkpoints
+                    .update_one(doc! { "_id": consumer, "revision": revision }, update)
+                    .await
+                    .map_err(|e| self.unavailable(&e))
+            })
+            .map_err(|_| {
+                CommitError::Unavailable("the run deadline passed while taking the lease".into())
+            })??;
+        if changed.matched_count == 1 {
+            Ok(())
+        } else {
+            Err(CommitError::Conflict)
+        }
+    }
+
+    fn release(
+        &self,
+        consumer: &str,
+        owner: &str,
+        at: bson::DateTime,
+    ) -> std::result::Result<(), CommitError> {
+        // Not bounded by the run's deadline: a run stopped by it still gives its lease back,
+        // within the time closing the connection may take.
+        let release = self.checkpoints.update_one(
+            doc! { "_id": consumer, "owner": owner },
+            doc! { "$set": { "leaseUntil": at }, "$inc": { "revision": 1_i64 } },
+        );
+        self.connection
+            .block_on(async { tokio::time::timeout(CLOSE_WAIT, release).await })
+            .map_err(|_| CommitError::Unavailable("ending the lease took too long".into()))?
+            .map(|_| ())
+            .map_err(|e| self.unavailable(&e))
     }
 
     fn transaction_retries(&self) -> u32 {

@@ -10,6 +10,8 @@ use crate::error::{CmdResult, CommandError};
 use crate::matcher;
 use crate::namespace::Namespace;
 use crate::oplog::{EventKind, PendingEvent};
+use crate::state::State;
+use crate::storage::create_description;
 
 pub fn hello(ctx: &Ctx<'_>, legacy: bool) -> CmdResult<Document> {
     let shared = ctx.shared;
@@ -246,6 +248,28 @@ pub fn create(ctx: &Ctx<'_>) -> CmdResult<Document> {
     ] {
         options.remove(k);
     }
+    let images = match options.get("changeStreamPreAndPostImages") {
+        Some(v) => Some(images_option("create", v)?),
+        None => None,
+    };
+    if images.is_some() {
+        if options.contains_key("viewOn") {
+            return Err(CommandError::new(
+                72,
+                "option not supported on a view: changeStreamPreAndPostImages",
+            ));
+        }
+        if options.contains_key("timeseries") {
+            return Err(CommandError::new(
+                72,
+                "option not supported on a time-series collection: changeStreamPreAndPostImages",
+            ));
+        }
+    }
+    // Listed (and described in the `create` event) only when enabled, as MongoDB does.
+    if images == Some(false) {
+        options.remove("changeStreamPreAndPostImages");
+    }
     match (options.get("timeseries"), options.get("viewOn")) {
         (Some(Bson::Document(ts)), None) if ts.get_str("timeField").is_ok() => {}
         (Some(_), None) => {
@@ -261,17 +285,199 @@ pub fn create(ctx: &Ctx<'_>) -> CmdResult<Document> {
             ));
         }
     }
+    let plain = !options.contains_key("viewOn") && !options.contains_key("timeseries");
+    let description = plain.then(|| create_description(&options));
     let mut st = ctx.shared.lock();
     let txn = st.txn_id(ctx.txn_key());
     let created = st.store.create_collection(&ns, options, txn);
-    std::mem::drop(st);
     if !created {
         return Err(CommandError::new(
             48,
             format!("Collection {ns} already exists."),
         ));
     }
+    if let Some(description) = description {
+        let uuid = st.store.collection(&ns).map(|c| c.uuid.clone());
+        let event = PendingEvent::new(ns.clone(), EventKind::Create { description }, uuid);
+        let now = record_ddl(&mut st, ctx.txn_key(), vec![event]);
+        std::mem::drop(st);
+        if now {
+            ctx.shared.history_grew.notify_waiters();
+        }
+    }
     info!(namespace = %ns, "collection created");
+    Ok(Document::new())
+}
+
+/// Records the events of a DDL command: inside a transaction with its writes (they come with
+/// its commit, and none if it aborts), otherwise each at once. True when recorded at once.
+fn record_ddl(st: &mut State, txn_key: Option<&[u8]>, events: Vec<PendingEvent>) -> bool {
+    if events.is_empty() {
+        return false;
+    }
+    let parts = st.parts(txn_key);
+    if let Some(txn) = parts.txn {
+        txn.events.extend(events);
+        return false;
+    }
+    for e in events {
+        parts.oplog.append(vec![e], None);
+    }
+    true
+}
+
+/// Parses `changeStreamPreAndPostImages: {enabled: <bool>}` of `create` / `collMod`.
+fn images_option(command: &str, v: &Bson) -> CmdResult<bool> {
+    let field = format!("{command}.changeStreamPreAndPostImages");
+    let Bson::Document(d) = v else {
+        return Err(CommandError::type_mismatch(format!(
+            "BSON field '{field}' is the wrong type '{}', expected type 'object'",
+            crate::expression::type_name(Some(v))
+        )));
+    };
+    let mut enabled = None;
+    for (k, v) in d {
+        match (k.as_str(), v) {
+            ("enabled", Bson::Boolean(b)) => enabled = Some(*b),
+            ("enabled", other) => {
+                return Err(CommandError::type_mismatch(format!(
+                    "BSON field '{field}.enabled' is the wrong type '{}', expected type 'bool'",
+                    crate::expression::type_name(Some(other))
+                )));
+            }
+            (other, _) => {
+                return Err(CommandError::new(
+                    40415,
+                    format!("BSON field '{field}.{other}' is an unknown field."),
+                ));
+            }
+        }
+    }
+    enabled.ok_or_else(|| {
+        CommandError::new(
+            40414,
+            format!("BSON field '{field}.enabled' is missing but a required field"),
+        )
+    })
+}
+
+/// `collMod`: `changeStreamPreAndPostImages`, `validator`, `validationLevel` and
+/// `validationAction` (the validator is stored, not enforced). Records a `modify` event.
+pub fn coll_mod(ctx: &Ctx<'_>) -> CmdResult<Document> {
+    let ns = ctx.ns()?;
+    let mut changes = Document::new();
+    for (k, v) in ctx.cmd.iter().skip(1) {
+        match k.as_str() {
+            "changeStreamPreAndPostImages" => {
+                let enabled = images_option("collMod", v)?;
+                changes.insert(k.clone(), doc! {"enabled": enabled});
+            }
+            "validator" => match v {
+                Bson::Document(_) => {
+                    changes.insert(k.clone(), v.clone());
+                }
+                other => {
+                    return Err(CommandError::type_mismatch(format!(
+                        "BSON field 'collMod.validator' is the wrong type '{}', expected type 'object'",
+                        crate::expression::type_name(Some(other))
+                    )));
+                }
+            },
+            "validationLevel" | "validationAction" => {
+                let allowed: &[&str] = if k == "validationLevel" {
+                    &["off", "strict", "moderate"]
+                } else {
+                    &["error", "warn", "errorAndLog"]
+                };
+                match v {
+                    Bson::String(s) if allowed.contains(&s.as_str()) => {
+                        changes.insert(k.clone(), v.clone());
+                    }
+                    Bson::String(s) => {
+                        return Err(CommandError::bad_value(format!(
+                            "Enumeration value '{s}' for field 'collMod.{k}' is not a valid value."
+                        )));
+                    }
+                    other => {
+                        return Err(CommandError::type_mismatch(format!(
+                            "BSON field 'collMod.{k}' is the wrong type '{}', expected type 'string'",
+                            crate::expression::type_name(Some(other))
+                        )));
+                    }
+                }
+            }
+            "index" => {
+                return Err(CommandError::new(
+                    115,
+                    "collMod 'index' is not supported by this test server",
+                ));
+            }
+            _ if k.starts_with('$')
+                || matches!(
+                    k.as_str(),
+                    "lsid" | "txnNumber" | "writeConcern" | "comment" | "maxTimeMS"
+                ) => {}
+            other => {
+                return Err(CommandError::new(
+                    40415,
+                    format!("BSON field 'collMod.{other}' is an unknown field."),
+                ));
+            }
+        }
+    }
+    let mut st = ctx.shared.lock();
+    // A collection an open transaction created is not there for anyone else yet.
+    let Some(coll) = st
+        .store
+        .collections
+        .get_mut(&ns)
+        .filter(|c| c.created_by.is_none())
+    else {
+        return Err(CommandError::namespace_not_found(format!(
+            "ns does not exist: {ns}"
+        )));
+    };
+    if changes.contains_key("changeStreamPreAndPostImages") && coll.kind() != "collection" {
+        return Err(CommandError::new(
+            72,
+            format!(
+                "option not supported on a {}: changeStreamPreAndPostImages",
+                if coll.kind() == "view" {
+                    "view"
+                } else {
+                    "time-series collection"
+                }
+            ),
+        ));
+    }
+    let mut options_before = doc! {"uuid": Bson::Binary(coll.uuid.clone())};
+    options_before.extend(coll.options.clone());
+    for (k, v) in &changes {
+        let enabled =
+            matches!(v, Bson::Document(d) if matches!(d.get("enabled"), Some(Bson::Boolean(true))));
+        if k == "changeStreamPreAndPostImages" && !enabled {
+            coll.options.remove(k);
+        } else {
+            coll.options.insert(k.clone(), v.clone());
+        }
+    }
+    let uuid = Some(coll.uuid.clone());
+    if coll.kind() == "collection" {
+        st.oplog.append(
+            vec![PendingEvent::new(
+                ns.clone(),
+                EventKind::Modify {
+                    description: changes,
+                    options_before,
+                },
+                uuid,
+            )],
+            None,
+        );
+    }
+    std::mem::drop(st);
+    ctx.shared.history_grew.notify_waiters();
+    info!(namespace = %ns, "collection modified");
     Ok(Document::new())
 }
 
@@ -279,15 +485,19 @@ pub fn create(ctx: &Ctx<'_>) -> CmdResult<Document> {
 fn drop_collection(ctx: &Ctx<'_>, ns: &Namespace) -> bool {
     let mut st = ctx.shared.lock();
     // One an open transaction created is not there for anyone else yet.
-    if st.store.visible(ns, None).is_none() || st.store.collections.remove(ns).is_none() {
+    if st.store.visible(ns, None).is_none() {
         return false;
     }
+    let Some(coll) = st.store.collections.remove(ns) else {
+        return false;
+    };
     st.forget_find_cursors(ns);
     st.oplog.append(
-        vec![PendingEvent {
-            ns: ns.clone(),
-            kind: EventKind::Drop,
-        }],
+        vec![PendingEvent::new(
+            ns.clone(),
+            EventKind::Drop,
+            Some(coll.uuid),
+        )],
         None,
     );
     true
@@ -328,18 +538,19 @@ pub fn rename_collection(ctx: &Ctx<'_>) -> CmdResult<Document> {
         ));
     }
     let mut events = Vec::new();
+    let mut dropped = None;
     if st.store.collections.contains_key(&to) {
         if !drop_target {
             return Err(CommandError::new(48, "target namespace exists"));
         }
-        st.store.collections.remove(&to);
+        let uuid = st.store.collections.remove(&to).map(|c| c.uuid);
         st.forget_find_cursors(&to);
-        events.push(PendingEvent {
-            ns: to.clone(),
-            kind: EventKind::Drop,
-        });
+        dropped = uuid.clone();
+        events.push(PendingEvent::new(to.clone(), EventKind::Drop, uuid));
     }
+    let mut uuid = None;
     if let Some(coll) = st.store.collections.remove(&from) {
+        uuid = Some(coll.uuid.clone());
         st.store.collections.insert(to.clone(), coll);
     }
     st.forget_find_cursors(&from);
@@ -347,10 +558,14 @@ pub fn rename_collection(ctx: &Ctx<'_>) -> CmdResult<Document> {
         st.oplog.append(vec![e], None);
     }
     st.oplog.append(
-        vec![PendingEvent {
-            ns: from.clone(),
-            kind: EventKind::Rename { to: to.clone() },
-        }],
+        vec![PendingEvent::new(
+            from.clone(),
+            EventKind::Rename {
+                to: to.clone(),
+                drop_target: dropped,
+            },
+            uuid,
+        )],
         None,
     );
     std::mem::drop(st);
@@ -368,10 +583,11 @@ pub fn drop_database(ctx: &Ctx<'_>) -> CmdResult<Document> {
         drop_collection(ctx, &Namespace::new(ctx.db.clone(), n.clone()));
     }
     ctx.shared.lock().oplog.append(
-        vec![PendingEvent {
-            ns: Namespace::new(ctx.db.clone(), ""),
-            kind: EventKind::DropDatabase,
-        }],
+        vec![PendingEvent::new(
+            Namespace::new(ctx.db.clone(), ""),
+            EventKind::DropDatabase,
+            None,
+        )],
         None,
     );
     ctx.shared.history_grew.notify_waiters();
@@ -429,7 +645,10 @@ pub fn create_indexes(ctx: &Ctx<'_>) -> CmdResult<Document> {
     }
     let created = st.store.create_collection(&ns, Document::new(), txn);
     let coll = st.store.ensure_collection(&ns);
+    let uuid = coll.uuid.clone();
+    let empty = coll.docs.is_empty();
     let before = 1 + coll.indexes.len() as i32;
+    let mut built = Vec::new();
     for spec in specs {
         let name = spec.get_str("name").unwrap_or_default().to_string();
         if name == "_id_"
@@ -442,11 +661,44 @@ pub fn create_indexes(ctx: &Ctx<'_>) -> CmdResult<Document> {
         }
         let mut stored = doc! {"v": 2};
         stored.extend(spec);
-        coll.indexes.push(stored);
+        coll.indexes.push(stored.clone());
+        built.push(stored);
+    }
+    let after = 1 + coll.indexes.len() as i32;
+    let mut events = Vec::new();
+    if created {
+        events.push(PendingEvent::new(
+            ns.clone(),
+            EventKind::Create {
+                description: create_description(&Document::new()),
+            },
+            Some(uuid.clone()),
+        ));
+    }
+    // An empty collection records each index on its own; otherwise one index build commits
+    // them together.
+    let groups: Vec<Vec<Document>> = if empty {
+        built.into_iter().map(|i| vec![i]).collect()
+    } else if built.is_empty() {
+        Vec::new()
+    } else {
+        vec![built]
+    };
+    for indexes in groups {
+        events.push(PendingEvent::new(
+            ns.clone(),
+            EventKind::CreateIndexes { indexes },
+            Some(uuid.clone()),
+        ));
+    }
+    let recorded = record_ddl(&mut st, ctx.txn_key(), events);
+    std::mem::drop(st);
+    if recorded {
+        ctx.shared.history_grew.notify_waiters();
     }
     Ok(doc! {
         "numIndexesBefore": before,
-        "numIndexesAfter": 1 + coll.indexes.len() as i32,
+        "numIndexesAfter": after,
         "createdCollectionAutomatically": created,
     })
 }
@@ -465,30 +717,66 @@ pub fn drop_indexes(ctx: &Ctx<'_>) -> CmdResult<Document> {
         )));
     };
     let was = 1 + coll.indexes.len() as i32;
-    match ctx.cmd.get("index") {
-        Some(Bson::String(s)) if s == "*" => coll.indexes.clear(),
+    let dropping: Vec<bool> = match ctx.cmd.get("index") {
+        Some(Bson::String(s)) if s == "*" => coll.indexes.iter().map(|_| true).collect(),
         Some(Bson::String(name)) => {
-            let before = coll.indexes.len();
-            coll.indexes
-                .retain(|i| i.get_str("name").ok() != Some(name.as_str()));
-            if before == coll.indexes.len() {
+            let hit: Vec<bool> = coll
+                .indexes
+                .iter()
+                .map(|i| i.get_str("name").ok() == Some(name.as_str()))
+                .collect();
+            if !hit.contains(&true) {
                 return Err(CommandError::new(
                     27,
                     format!("index not found with name [{name}]"),
                 ));
             }
+            hit
         }
         Some(Bson::Document(key)) => coll
             .indexes
-            .retain(|i| i.get_document("key").ok() != Some(key)),
+            .iter()
+            .map(|i| i.get_document("key").ok() == Some(key))
+            .collect(),
         Some(Bson::Array(names)) => coll
             .indexes
-            .retain(|i| !names.iter().any(|n| n.as_str() == i.get_str("name").ok())),
+            .iter()
+            .map(|i| names.iter().any(|n| n.as_str() == i.get_str("name").ok()))
+            .collect(),
         _ => {
             return Err(CommandError::failed_to_parse(
                 "'index' must be a name, a key pattern or '*'",
             ));
         }
+    };
+    let uuid = coll.uuid.clone();
+    let mut dropped = Vec::new();
+    let mut kept = Vec::new();
+    for (index, drop) in std::mem::take(&mut coll.indexes).into_iter().zip(dropping) {
+        if drop {
+            dropped.push(index);
+        } else {
+            kept.push(index);
+        }
+    }
+    coll.indexes = kept;
+    // Each dropped index is its own history entry.
+    let recorded = !dropped.is_empty();
+    for index in dropped {
+        st.oplog.append(
+            vec![PendingEvent::new(
+                ns.clone(),
+                EventKind::DropIndexes {
+                    indexes: vec![index],
+                },
+                Some(uuid.clone()),
+            )],
+            None,
+        );
+    }
+    std::mem::drop(st);
+    if recorded {
+        ctx.shared.history_grew.notify_waiters();
     }
     Ok(doc! {"nIndexesWas": was})
 }

@@ -9,9 +9,8 @@ use tracing::debug;
 
 use super::Ctx;
 use super::crud::cursor_id;
-use crate::cursor::{ChangeCursor, Cursor, Scope, Stage};
+use crate::cursor::{BeforeChange, ChangeCursor, Cursor, EventOptions, FullDocument, Scope};
 use crate::error::{CmdResult, CommandError, MAX_BSON_OBJECT_SIZE};
-use crate::matcher;
 use crate::namespace::Namespace;
 use crate::oplog::{EventKind, KIND_EVENT, KIND_INVALIDATE, OplogEntry, TokenKey};
 use crate::state::State;
@@ -102,33 +101,8 @@ pub fn aggregate(ctx: &Ctx<'_>) -> CmdResult<Document> {
             ));
         }
     };
-    let mut stages = Vec::new();
-    for stage in pipeline.iter().skip(1) {
-        match stage {
-            Bson::Document(s) => match s.iter().next() {
-                Some((name, Bson::Document(f))) if name == "$match" => {
-                    matcher::validate(f)?;
-                    stages.push(Stage::Match(f.clone()));
-                }
-                Some((name, Bson::Document(p))) if name == "$project" => {
-                    crate::projection::project(&Document::new(), p)?;
-                    stages.push(Stage::Project(p.clone()));
-                }
-                Some((name, _)) => {
-                    return Err(CommandError::new(
-                        40324,
-                        format!("Unrecognized or unsupported change stream stage: '{name}'"),
-                    ));
-                }
-                None => return Err(CommandError::failed_to_parse("empty pipeline stage")),
-            },
-            _ => {
-                return Err(CommandError::failed_to_parse(
-                    "pipeline stages must be objects",
-                ));
-            }
-        }
-    }
+    let pipeline = crate::stages::parse_change_stream(&pipeline[1..])?;
+    let options = event_options(ctx, &spec)?;
     let all_for_cluster = matches!(spec.get("allChangesForCluster"), Some(Bson::Boolean(true)));
     let (scope, ns) = match ctx.cmd.get("aggregate") {
         Some(Bson::String(c)) => {
@@ -170,19 +144,6 @@ pub fn aggregate(ctx: &Ctx<'_>) -> CmdResult<Document> {
                 "aggregate needs a collection name or 1",
             ));
         }
-    };
-    let lookup = match spec.get("fullDocument") {
-        None => false,
-        Some(Bson::String(s)) => match s.as_str() {
-            "default" => false,
-            "updateLookup" | "whenAvailable" | "required" => true,
-            other => {
-                return Err(CommandError::bad_value(format!(
-                    "unknown fullDocument mode '{other}'"
-                )));
-            }
-        },
-        Some(_) => return Err(CommandError::type_mismatch("fullDocument must be a string")),
     };
     let resume_after = spec.get("resumeAfter");
     let start_after = spec.get("startAfter");
@@ -240,11 +201,17 @@ pub fn aggregate(ctx: &Ctx<'_>) -> CmdResult<Document> {
     } else {
         TokenKey::high_water(st.oplog.cluster_time())
     };
+    if after.fragment.is_some() && !pipeline.split {
+        return Err(CommandError::new(
+            280,
+            "To resume from a split event, the $changeStream pipeline must include a $changeStreamSplitLargeEvent stage",
+        ));
+    }
     let mut cursor = ChangeCursor {
         scope,
         after,
-        lookup,
-        stages,
+        options,
+        pipeline,
         ns: ns.clone(),
     };
     let (events, closed) = scan(&st, &mut cursor, batch)?;
@@ -332,6 +299,61 @@ pub async fn get_more(ctx: &Ctx<'_>) -> CmdResult<Document> {
     )
 }
 
+/// The `$changeStream` options that shape events: `fullDocument`,
+/// `fullDocumentBeforeChange` and `showExpandedEvents`.
+fn event_options(ctx: &Ctx<'_>, spec: &Document) -> CmdResult<EventOptions> {
+    let string_option = |name: &str, allowed: &[&str]| -> CmdResult<Option<String>> {
+        match spec.get(name) {
+            None => Ok(None),
+            Some(Bson::String(s)) if allowed.contains(&s.as_str()) => Ok(Some(s.clone())),
+            Some(Bson::String(s)) => Err(CommandError::bad_value(format!(
+                "Enumeration value '{s}' for field '$changeStream.{name}' is not a valid value."
+            ))),
+            Some(other) => Err(CommandError::type_mismatch(format!(
+                "BSON field '$changeStream.{name}' is the wrong type '{}', expected type 'string'",
+                crate::expression::type_name(Some(other))
+            ))),
+        }
+    };
+    let full_document = match string_option(
+        "fullDocument",
+        &["default", "updateLookup", "whenAvailable", "required"],
+    )?
+    .as_deref()
+    {
+        Some("updateLookup") => FullDocument::UpdateLookup,
+        Some("whenAvailable") => FullDocument::WhenAvailable,
+        Some("required") => FullDocument::Required,
+        _ => FullDocument::Default,
+    };
+    let before_change = match string_option(
+        "fullDocumentBeforeChange",
+        &["off", "whenAvailable", "required"],
+    )?
+    .as_deref()
+    {
+        Some("whenAvailable") => BeforeChange::WhenAvailable,
+        Some("required") => BeforeChange::Required,
+        _ => BeforeChange::Off,
+    };
+    let expanded = match spec.get("showExpandedEvents") {
+        None => false,
+        Some(Bson::Boolean(b)) => *b,
+        Some(other) => {
+            return Err(CommandError::type_mismatch(format!(
+                "BSON field '$changeStream.showExpandedEvents' is the wrong type '{}', expected type 'bool'",
+                crate::expression::type_name(Some(other))
+            )));
+        }
+    };
+    Ok(EventOptions {
+        full_document,
+        before_change,
+        expanded,
+        disambiguated_paths: super::admin::release(&ctx.shared.config) >= (7, 0),
+    })
+}
+
 /// Does this entry end the stream (after being reported)?
 fn invalidates(scope: &Scope, e: &OplogEntry) -> bool {
     match scope {
@@ -343,30 +365,109 @@ fn invalidates(scope: &Scope, e: &OplogEntry) -> bool {
     }
 }
 
-fn visible(scope: &Scope, e: &OplogEntry) -> bool {
+fn visible(cursor: &ChangeCursor, e: &OplogEntry) -> bool {
     if e.ns.coll.starts_with("system.") {
         return false;
     }
-    match scope {
+    if e.kind.is_expanded_only() && !cursor.options.expanded {
+        return false;
+    }
+    match &cursor.scope {
         Scope::Collection(ns) => e.ns == *ns,
         Scope::Database(db) => e.ns.db == *db,
         Scope::Cluster => true,
     }
 }
 
+fn bson_size(d: &Document) -> usize {
+    d.to_vec().map_or(usize::MAX, |b| b.len())
+}
+
+/// An event as the client receives it, after the pipeline's stages; `None` if a stage
+/// dropped it.
+fn render(st: &State, cursor: &ChangeCursor, e: &OplogEntry) -> CmdResult<Option<Document>> {
+    let ev = event_doc(st, e, e.key(), &cursor.options)?;
+    apply_stages(ev, &cursor.pipeline.stages)
+}
+
+fn too_large(ev: &Document, size: usize) -> CommandError {
+    let data = ev
+        .get_document("_id")
+        .and_then(|t| t.get_str("_data"))
+        .unwrap_or_default();
+    let first = format!("_id: {{ _data: \"{data}\" }}");
+    CommandError::object_too_large(size, &first)
+}
+
 /// Collects up to `limit` events after the cursor's position, advancing it. Returns the
 /// events and whether the stream was invalidated (the cursor is then finished).
 ///
 /// As on MongoDB, a batch holds at most 16 MiB of events (always at least one), and an event
-/// larger than 16 MiB fails the command with `BSONObjectTooLarge` (10334).
+/// larger than 16 MiB fails the command with `BSONObjectTooLarge` (10334) unless the pipeline
+/// ends with `$changeStreamSplitLargeEvent`, which splits it into fragments.
 fn scan(st: &State, cursor: &mut ChangeCursor, limit: usize) -> CmdResult<(Vec<Bson>, bool)> {
     if st.oplog.lost_after(cursor.after) {
         return Err(history_lost());
     }
     let mut out = Vec::new();
+    let mut bytes = 0usize;
     let mut i = st.oplog.index_after(cursor.after);
+    // Positioned on a fragment: the rest of that event's fragments come first.
+    if let Some(done) = cursor.after.fragment {
+        let base = cursor.after.without_fragment();
+        let Some(prev) = i
+            .checked_sub(1)
+            .and_then(|p| st.oplog.get(p))
+            .filter(|p| p.key() == base)
+        else {
+            return Err(CommandError::new(
+                280,
+                "cannot resume stream; the resume token was not found",
+            ));
+        };
+        let Some(ev) = render(st, cursor, prev)? else {
+            return Err(CommandError::new(
+                280,
+                "cannot resume stream; the resume token was not found",
+            ));
+        };
+        if bson_size(&ev) <= MAX_BSON_OBJECT_SIZE {
+            return Err(CommandError::new(
+                280,
+                "Attempted to resume from a split event fragment, but the event in the resumed stream was not large enough to be split",
+            ));
+        }
+        let fragments = split_event(&ev, base)?;
+        if fragments.len() <= done as usize {
+            return Err(CommandError::new(
+                280,
+                "Attempted to resume from a split event, but the resumed stream produced a different split. Ensure that the pipeline used to resume is the same as the original",
+            ));
+        }
+        for (n, fragment) in fragments.into_iter().enumerate().skip(done as usize + 1) {
+            let size = bson_size(&fragment);
+            if out.len() >= limit || (!out.is_empty() && bytes + size > MAX_BSON_OBJECT_SIZE) {
+                return Ok((out, false));
+            }
+            bytes += size;
+            out.push(Bson::Document(fragment));
+            cursor.after = base.with_fragment(n as u32);
+        }
+        if invalidates(&cursor.scope, prev) {
+            cursor.after = base;
+            if out.len() >= limit {
+                return Ok((out, false));
+            }
+            let inv = TokenKey::new(prev.ts, prev.op_index, KIND_INVALIDATE);
+            out.push(Bson::Document(invalidate_doc(prev, inv)));
+            cursor.after = inv;
+            return Ok((out, true));
+        }
+        i = st.oplog.index_after(base);
+    }
     // A stream positioned exactly on an invalidating event still owes its invalidate.
     if cursor.after.kind == KIND_EVENT
+        && cursor.after.fragment.is_none()
         && i > 0
         && let Some(prev) = st.oplog.get(i - 1)
         && prev.key() == cursor.after
@@ -380,7 +481,6 @@ fn scan(st: &State, cursor: &mut ChangeCursor, limit: usize) -> CmdResult<(Vec<B
         cursor.after = key;
         return Ok((out, true));
     }
-    let mut bytes = 0usize;
     while out.len() < limit {
         let Some(e) = st.oplog.get(i) else {
             // Scanned everything: the position covers the whole history up to now.
@@ -394,27 +494,44 @@ fn scan(st: &State, cursor: &mut ChangeCursor, limit: usize) -> CmdResult<(Vec<B
         let key = e.key();
         let previous = cursor.after;
         cursor.after = key;
-        if !visible(&cursor.scope, e) {
+        if !visible(cursor, e) {
             continue;
         }
-        let ev = event_doc(st, e, key, cursor.lookup);
-        if let Some(ev) = apply_stages(ev, &cursor.stages)? {
-            let size = ev.to_vec().map_or(usize::MAX, |b| b.len());
+        if let Some(ev) = render(st, cursor, e)? {
+            let size = bson_size(&ev);
             if size > MAX_BSON_OBJECT_SIZE {
-                let data = ev
-                    .get_document("_id")
-                    .and_then(|t| t.get_str("_data"))
-                    .unwrap_or_default();
-                let first = format!("_id: {{ _data: \"{data}\" }}");
-                return Err(CommandError::object_too_large(size, &first));
+                if !cursor.pipeline.split {
+                    return Err(too_large(&ev, size));
+                }
+                let fragments = split_event(&ev, key)?;
+                let mut delivered = false;
+                for (n, fragment) in fragments.into_iter().enumerate() {
+                    let size = bson_size(&fragment);
+                    if out.len() >= limit
+                        || (!out.is_empty() && bytes + size > MAX_BSON_OBJECT_SIZE)
+                    {
+                        // The batch is full: the next one continues this event.
+                        if !delivered {
+                            cursor.after = previous;
+                        }
+                        return Ok((out, false));
+                    }
+                    bytes += size;
+                    out.push(Bson::Document(fragment));
+                    cursor.after = key.with_fragment(n as u32);
+                    delivered = true;
+                }
+                // Every fragment went out: the position is the event's own.
+                cursor.after = key;
+            } else {
+                if !out.is_empty() && bytes + size > MAX_BSON_OBJECT_SIZE {
+                    // The batch is full: this event opens the next one.
+                    cursor.after = previous;
+                    return Ok((out, false));
+                }
+                bytes += size;
+                out.push(Bson::Document(ev));
             }
-            if !out.is_empty() && bytes + size > MAX_BSON_OBJECT_SIZE {
-                // The batch is full: this event opens the next one.
-                cursor.after = previous;
-                return Ok((out, false));
-            }
-            bytes += size;
-            out.push(Bson::Document(ev));
         }
         if invalidates(&cursor.scope, e) {
             if out.len() < limit {
@@ -429,18 +546,74 @@ fn scan(st: &State, cursor: &mut ChangeCursor, limit: usize) -> CmdResult<(Vec<B
     Ok((out, false))
 }
 
+/// Splits an oversized event as `$changeStreamSplitLargeEvent` does: its fields other than
+/// `_id`, ordered by encoded size then name, fill fragments greedily; each fragment starts
+/// with its own resume token and `splitEvent: {fragment, of}`. A fragment (counted with the
+/// sort key MongoDB attaches to it) stays below 16 MiB less the event token's size.
+fn split_event(ev: &Document, key: TokenKey) -> CmdResult<Vec<Document>> {
+    let element_size = |k: &str, v: &Bson| {
+        let mut one = Document::new();
+        one.insert(k, v.clone());
+        bson_size(&one).saturating_sub(5)
+    };
+    let mut fields: Vec<(usize, &String, &Bson)> = ev
+        .iter()
+        .filter(|(k, _)| k.as_str() != "_id")
+        .map(|(k, v)| (element_size(k, v), k, v))
+        .collect();
+    if fields.is_empty() {
+        return Err(CommandError::new(
+            7182502,
+            "Cannot split an empty event or an event containing solely '_id' field",
+        ));
+    }
+    fields.sort_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+    let max = MAX_BSON_OBJECT_SIZE.saturating_sub(bson_size(&key.to_document()));
+    let mut fragments: Vec<Document> = Vec::new();
+    let mut it = fields.into_iter().peekable();
+    while it.peek().is_some() {
+        let token = key.with_fragment(fragments.len() as u32).to_document();
+        let mut fragment = doc! {
+            "_id": token.clone(),
+            "splitEvent": {"fragment": fragments.len() as i32 + 1, "of": 0i32},
+        };
+        let sort_key = doc! {"$sortKey": {"": token}};
+        let mut size = bson_size(&fragment) + bson_size(&sort_key) - 5;
+        while let Some((field_size, k, v)) = it.next_if(|_| true) {
+            fragment.insert(k.clone(), v.clone());
+            size += field_size;
+            match it.peek() {
+                Some((next, _, _)) if size + next <= max => {}
+                _ => break,
+            }
+        }
+        if size > max {
+            return Err(CommandError::new(
+                7182500,
+                format!(
+                    "Splitting change event failed: fragment size {size} is greater than maximum allowed fragment size {max}"
+                ),
+            ));
+        }
+        fragments.push(fragment);
+    }
+    let of = fragments.len() as i32;
+    for f in &mut fragments {
+        if let Ok(split) = f.get_document_mut("splitEvent") {
+            split.insert("of", of);
+        }
+    }
+    Ok(fragments)
+}
+
 /// Runs the user's stages on one event; `None` if filtered out. Changing `_id` is fatal.
-fn apply_stages(ev: Document, stages: &[Stage]) -> CmdResult<Option<Document>> {
+fn apply_stages(ev: Document, stages: &[crate::stages::Stage]) -> CmdResult<Option<Document>> {
     let token = ev.get("_id").cloned();
     let mut ev = ev;
     for stage in stages {
-        match stage {
-            Stage::Match(f) => {
-                if !matcher::matches(&ev, f)? {
-                    return Ok(None);
-                }
-            }
-            Stage::Project(p) => ev = crate::projection::project(&ev, p)?,
+        match crate::stages::apply(stage, ev)? {
+            Some(next) => ev = next,
+            None => return Ok(None),
         }
     }
     if ev.get("_id").cloned() != token {
@@ -471,14 +644,57 @@ fn invalidate_doc(e: &OplogEntry, key: TokenKey) -> Document {
     }
 }
 
+/// The event named in a missing-image error, as MongoDB describes it.
+fn described(e: &OplogEntry) -> String {
+    let mut d = doc! {
+        "operationType": e.kind.operation_type(),
+        "ns": ns_doc(&e.ns),
+        "clusterTime": Bson::Timestamp(e.ts),
+    };
+    if let Some(t) = &e.txn {
+        d.insert("txnNumber", t.txn_number);
+    }
+    crate::expression::display(&Bson::Document(d))
+}
+
+fn image(doc: Option<&std::sync::Arc<Document>>) -> Bson {
+    doc.map_or(Bson::Null, |d| Bson::Document((**d).clone()))
+}
+
 /// The change event as a client receives it.
-fn event_doc(st: &State, e: &OplogEntry, key: TokenKey, lookup: bool) -> Document {
+fn event_doc(
+    st: &State,
+    e: &OplogEntry,
+    key: TokenKey,
+    options: &EventOptions,
+) -> CmdResult<Document> {
     let mut d = doc! {
         "_id": key.to_document(),
         "operationType": e.kind.operation_type(),
         "clusterTime": Bson::Timestamp(e.ts),
-        "wallTime": e.wall,
     };
+    if options.expanded
+        && let Some(uuid) = &e.uuid
+    {
+        d.insert("collectionUUID", Bson::Binary(uuid.clone()));
+    }
+    d.insert("wallTime", e.wall);
+    let pre_image = e.images.as_ref().and_then(|i| i.pre.as_ref());
+    // The pre-image stage runs before the post-image stage, so its error comes first.
+    let wants_pre = options.before_change != BeforeChange::Off
+        && matches!(
+            e.kind,
+            EventKind::Update { .. } | EventKind::Replace { .. } | EventKind::Delete { .. }
+        );
+    if wants_pre && pre_image.is_none() && options.before_change == BeforeChange::Required {
+        return Err(CommandError::new(
+            47,
+            format!(
+                "Change stream was configured to require a pre-image for all update, delete and replace events, but the pre-image was not found for event: {}",
+                described(e)
+            ),
+        ));
+    }
     match &e.kind {
         EventKind::Insert { id, doc } | EventKind::Replace { id, doc } => {
             d.insert("fullDocument", Bson::Document((**doc).clone()));
@@ -490,25 +706,43 @@ fn event_doc(st: &State, e: &OplogEntry, key: TokenKey, lookup: bool) -> Documen
             updated,
             removed,
             truncated,
+            disambiguated,
         } => {
-            if lookup {
-                let current = st
-                    .store
-                    .get(&e.ns, &doc_key(id), None)
-                    .map(|d| Bson::Document((*d).clone()))
-                    .unwrap_or(Bson::Null);
-                d.insert("fullDocument", current);
+            match options.full_document {
+                FullDocument::Default => {}
+                FullDocument::UpdateLookup => {
+                    let current = st
+                        .store
+                        .get(&e.ns, &doc_key(id), None)
+                        .map(|d| Bson::Document((*d).clone()))
+                        .unwrap_or(Bson::Null);
+                    d.insert("fullDocument", current);
+                }
+                FullDocument::WhenAvailable | FullDocument::Required => {
+                    let post = e.images.as_ref().and_then(|i| i.post.as_ref());
+                    if post.is_none() && options.full_document == FullDocument::Required {
+                        return Err(CommandError::new(
+                            47,
+                            format!(
+                                "Change stream was configured to require a post-image for all update events, but the post-image was not found for event: {}",
+                                described(e)
+                            ),
+                        ));
+                    }
+                    d.insert("fullDocument", image(post));
+                }
             }
             d.insert("ns", ns_doc(&e.ns));
             d.insert("documentKey", doc! {"_id": id.clone()});
-            d.insert(
-                "updateDescription",
-                doc! {
-                    "updatedFields": updated.clone(),
-                    "removedFields": removed.iter().cloned().map(Bson::String).collect::<Vec<_>>(),
-                    "truncatedArrays": truncated.clone(),
-                },
-            );
+            let mut description = doc! {
+                "updatedFields": updated.clone(),
+                "removedFields": removed.iter().cloned().map(Bson::String).collect::<Vec<_>>(),
+                "truncatedArrays": truncated.clone(),
+            };
+            if options.expanded && options.disambiguated_paths {
+                description.insert("disambiguatedPaths", disambiguated.clone());
+            }
+            d.insert("updateDescription", description);
         }
         EventKind::Delete { id } => {
             d.insert("ns", ns_doc(&e.ns));
@@ -517,14 +751,46 @@ fn event_doc(st: &State, e: &OplogEntry, key: TokenKey, lookup: bool) -> Documen
         EventKind::Drop | EventKind::DropDatabase => {
             d.insert("ns", ns_doc(&e.ns));
         }
-        EventKind::Rename { to } => {
+        EventKind::Rename { to, drop_target } => {
             d.insert("ns", ns_doc(&e.ns));
             d.insert("to", ns_doc(to));
+            if options.expanded {
+                let mut description = doc! {"to": ns_doc(to)};
+                if let Some(uuid) = drop_target {
+                    description.insert("dropTarget", Bson::Binary(uuid.clone()));
+                }
+                d.insert("operationDescription", description);
+            }
+        }
+        EventKind::Create { description } => {
+            d.insert("ns", ns_doc(&e.ns));
+            d.insert("operationDescription", description.clone());
+        }
+        EventKind::CreateIndexes { indexes } | EventKind::DropIndexes { indexes } => {
+            d.insert("ns", ns_doc(&e.ns));
+            d.insert(
+                "operationDescription",
+                doc! {"indexes": indexes.iter().cloned().map(Bson::Document).collect::<Vec<_>>()},
+            );
+        }
+        EventKind::Modify {
+            description,
+            options_before,
+        } => {
+            d.insert("ns", ns_doc(&e.ns));
+            d.insert("operationDescription", description.clone());
+            d.insert(
+                "stateBeforeChange",
+                doc! {"collectionOptions": options_before.clone()},
+            );
         }
     }
     if let Some(t) = &e.txn {
         d.insert("lsid", t.lsid.clone());
         d.insert("txnNumber", t.txn_number);
     }
-    d
+    if wants_pre {
+        d.insert("fullDocumentBeforeChange", image(pre_image));
+    }
+    Ok(d)
 }

@@ -322,22 +322,14 @@ fn update_one_statement(
                 id,
                 doc: new.clone(),
             },
-            UpdateSpec::Operators(_) => {
-                let (updated, removed) = update::describe_update(&old, &new);
+            UpdateSpec::Operators(_) | UpdateSpec::Pipeline(_) => {
+                let d = update::describe_update(&old, &new, spec);
                 EventKind::Update {
                     id,
-                    updated,
-                    removed,
-                    truncated: Vec::new(),
-                }
-            }
-            UpdateSpec::Pipeline(_) => {
-                let (updated, removed, truncated) = update::describe_pipeline_update(&old, &new);
-                EventKind::Update {
-                    id,
-                    updated,
-                    removed,
-                    truncated,
+                    updated: d.updated,
+                    removed: d.removed,
+                    truncated: d.truncated,
+                    disambiguated: d.disambiguated,
                 }
             }
         };
@@ -612,12 +604,7 @@ pub fn find(ctx: &Ctx<'_>) -> CmdResult<Document> {
         iter.map(|d| project(&d, &projection))
             .collect::<CmdResult<_>>()?
     };
-    let first_len = if single {
-        all.len()
-    } else {
-        batch.min(all.len())
-    };
-    let first: Vec<Bson> = all.drain(..first_len).map(Bson::Document).collect();
+    let first = take_batch(&mut all, if single { usize::MAX } else { batch });
     let id = if single {
         0
     } else {
@@ -726,10 +713,7 @@ pub fn aggregate(ctx: &Ctx<'_>) -> CmdResult<Document> {
         _ => DEFAULT_BATCH,
     };
     let mut all: VecDeque<Document> = docs.into();
-    let first: Vec<Bson> = all
-        .drain(..batch.min(all.len()))
-        .map(Bson::Document)
-        .collect();
+    let first = take_batch(&mut all, batch);
     let id = register_cursor(ctx, ns.to_string(), all);
     Ok(doc! {"cursor": {"firstBatch": first, "id": id, "ns": ns.to_string()}})
 }
@@ -797,8 +781,7 @@ pub fn get_more(ctx: &Ctx<'_>) -> CmdResult<Document> {
     let Some(Cursor::Find(c)) = st.cursors.get_mut(&id) else {
         return Err(CommandError::new(43, format!("cursor id {id} not found")));
     };
-    let take = batch.min(c.docs.len());
-    let next: Vec<Bson> = c.docs.drain(..take).map(Bson::Document).collect();
+    let next = take_batch(&mut c.docs, batch);
     let ns = c.ns.clone();
     let done = c.docs.is_empty();
     if done {
@@ -807,6 +790,25 @@ pub fn get_more(ctx: &Ctx<'_>) -> CmdResult<Document> {
         st.touch_cursor(id);
     }
     Ok(doc! {"cursor": {"nextBatch": next, "id": if done { 0 } else { id }, "ns": ns}})
+}
+
+/// The next batch of a cursor: at most `count` documents and, as MongoDB's replies, at most
+/// 16 MiB of them (one document at least).
+fn take_batch(docs: &mut VecDeque<Document>, count: usize) -> Vec<Bson> {
+    let mut batch = Vec::new();
+    let mut bytes = 0;
+    while batch.len() < count {
+        let Some(next) = docs.front() else { break };
+        let size = next.to_vec().map_or(0, |b| b.len());
+        if !batch.is_empty() && bytes + size > MAX_BSON_OBJECT_SIZE {
+            break;
+        }
+        bytes += size;
+        if let Some(doc) = docs.pop_front() {
+            batch.push(Bson::Document(doc));
+        }
+    }
+    batch
 }
 
 pub fn cursor_id(cmd: &Document) -> CmdResult<i64> {

@@ -542,6 +542,7 @@ async fn dispatch(ctx: &Ctx<'_>) -> CmdResult<Document> {
         "listDatabases" => admin::list_databases(ctx),
         "listCollections" => admin::list_collections(ctx),
         "create" => admin::create(ctx),
+        "collMod" => admin::coll_mod(ctx),
         "drop" => admin::drop(ctx),
         "renameCollection" => admin::rename_collection(ctx),
         "dropDatabase" => admin::drop_database(ctx),

@@ -1,0 +1,197 @@
+//! The checkpoint's revision and lease: every write counts, a run takes the lease at its start
+//! and gives it back at its end, a second run stops at its start while the lease holds, an
+//! expired lease is taken over, and a run that lost its lease cannot commit.
+
+mod support;
+
+use std::time::Duration;
+
+use bson::{DateTime, Document, doc};
+use handoff::backend::mongo::{Connection, MongoStore};
+use handoff::domain::{CheckpointStore, Collections, Commit, CommitError, Consumer, Lease, Mode};
+use support::live::*;
+
+fn set_checkpoint(live: &Live, fields: Document) {
+    live.wait(
+        live.coll(CHECKPOINTS)
+            .update_one(doc! {"_id": CONSUMER}, doc! {"$set": fields}),
+    )
+    .expect("update checkpoint");
+}
+
+fn in_ms(ms: i64) -> DateTime {
+    DateTime::from_millis(DateTime::now().timestamp_millis() + ms)
+}
+
+#[test]
+fn a_run_counts_its_writes_and_gives_its_lease_back() {
+    let live = Live::start();
+    let before = DateTime::now();
+    live.start_consumer();
+    let first = live.checkpoint().unwrap();
+    // Created at 0; the claim, the saved starting position, the idle watermark when the
+    // server's moved meanwhile, and the release.
+    let revision = first.get_i64("revision").unwrap();
+    assert!((3..=4).contains(&revision), "{first}");
+    let owner = first.get_str("owner").unwrap().to_string();
+    assert!(owner.starts_with("handoff@"), "{owner}");
+    let until = *first.get_datetime("leaseUntil").unwrap();
+    assert!(
+        until >= before && until <= DateTime::now(),
+        "released: {until}"
+    );
+    assert_eq!(
+        first.get_str("configDigest").unwrap(),
+        handoff::domain::StreamConfig::default().digest()
+    );
+
+    live.insert(0..3);
+    let out = support::ok(&live.run(&[]));
+    assert_eq!(out["events_handed_off"], 3);
+    let second = live.checkpoint().unwrap();
+    // The claim, three commits, perhaps the idle watermark, the release.
+    let moved = second.get_i64("revision").unwrap() - revision;
+    assert!((5..=6).contains(&moved), "{second}");
+    assert_ne!(
+        second.get_str("owner").unwrap(),
+        owner,
+        "each run has its own name"
+    );
+}
+
+#[test]
+fn a_second_run_stops_at_its_start_while_the_lease_holds_and_takes_it_over_once_expired() {
+    let live = Live::start();
+    let start = live.start_consumer();
+    live.insert(0..3);
+    set_checkpoint(
+        &live,
+        doc! {"owner": "handoff@elsewhere:7:1", "leaseUntil": in_ms(60_000)},
+    );
+    let before = live.checkpoint().unwrap();
+    let held = live.run(&[]);
+    let out = support::fails(
+        &held,
+        3,
+        "Another run (handoff@elsewhere:7:1) holds this consumer",
+    );
+    assert_eq!(out["events_handed_off"], 0);
+    assert_eq!(live.checkpoint().unwrap(), before, "nothing was written");
+    assert_eq!(live.outbox_len(), 0);
+
+    set_checkpoint(&live, doc! {"leaseUntil": in_ms(-1)});
+    let out = support::ok(&live.run(&[]));
+    assert_eq!(out["events_handed_off"], 3);
+    let after = live.checkpoint().unwrap();
+    assert_ne!(after.get_str("owner").unwrap(), "handoff@elsewhere:7:1");
+    assert_eq!(
+        outbox_event_ids(&live.outbox()),
+        live.events_after(&start)
+            .iter()
+            .map(event_id)
+            .collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn two_runs_racing_for_the_lease_one_stops_at_its_start() {
+    let live = Live::start();
+    let start = live.start_consumer();
+    live.insert(0..20);
+    // The first run idles three seconds after the events, holding its lease; the second
+    // starts meanwhile.
+    let first = live.spawn(&["--max-wait-seconds", "3"]);
+    std::thread::sleep(Duration::from_millis(700));
+    let second = live.spawn(&[]).wait_with_output().unwrap();
+    let first = first.wait_with_output().unwrap();
+    let out = support::ok(&first);
+    assert_eq!(out["events_handed_off"], 20);
+    let lost = support::fails(&second, 3, "holds this consumer");
+    assert_eq!(lost["events_handed_off"], 0);
+    assert_eq!(
+        outbox_event_ids(&live.outbox()),
+        live.events_after(&start)
+            .iter()
+            .map(event_id)
+            .collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn a_run_whose_lease_was_taken_over_cannot_commit() {
+    let live = Live::start();
+    let start = live.start_consumer();
+    let connection = Connection::connect(&live.uri()).expect("connect");
+    let collections = Collections {
+        checkpoints: CHECKPOINTS.into(),
+        outbox: OUTBOX.into(),
+        quarantine: "kestra_change_quarantine".into(),
+    };
+    let store = MongoStore::new(connection.clone(), &live.db, &collections);
+    let consumer = Consumer {
+        consumer: CONSUMER.into(),
+        source: format!("{}.orders", live.db),
+    };
+    let mine = Lease::new(Duration::from_secs(60));
+    set_checkpoint(
+        &live,
+        doc! {"owner": "handoff@elsewhere:7:1", "leaseUntil": in_ms(60_000)},
+    );
+    let next = doc! {"_data": "82FFFFFFFF000000012B0429296E1404"};
+    let record = doc! {"_id": format!("{CONSUMER}/x"), "consumer": CONSUMER, "source": &consumer.source, "event": {"_id": next.clone()}};
+    let commit = Commit {
+        consumer: &consumer,
+        expected: Some(&start),
+        next: &next,
+        mode: Mode::ResumeAfter,
+        outbox: vec![record],
+        quarantine: vec![],
+        lease: Some(&mine),
+    };
+    assert!(matches!(store.commit(&commit), Err(CommitError::Conflict)));
+    assert_eq!(live.checkpoint_token(), start);
+    assert_eq!(
+        live.outbox_len(),
+        0,
+        "the record went with the missed compare-and-set"
+    );
+    // Held by its own name, the same commit goes through and renews the lease.
+    set_checkpoint(&live, doc! {"owner": &mine.owner});
+    store.commit(&commit).expect("commit");
+    let after = live.checkpoint().unwrap();
+    assert_eq!(after.get_document("token").unwrap(), &next);
+    assert!(*after.get_datetime("leaseUntil").unwrap() > in_ms(50_000));
+    // A release by another name changes nothing; by the owner, it ends the lease now.
+    store
+        .release(CONSUMER, "handoff@elsewhere:7:1", DateTime::now())
+        .unwrap();
+    assert_eq!(live.checkpoint().unwrap(), after);
+    store
+        .release(CONSUMER, &mine.owner, DateTime::now())
+        .unwrap();
+    assert!(
+        *live
+            .checkpoint()
+            .unwrap()
+            .get_datetime("leaseUntil")
+            .unwrap()
+            <= DateTime::now()
+    );
+    drop(store);
+    connection.close();
+}
+
+#[test]
+fn a_lease_duration_out_of_bounds_is_bad_input() {
+    let live = Live::start();
+    for bad in ["0", "4", "86401", "x"] {
+        let out = live.run(&["--lease-seconds", bad]);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{bad}: {}",
+            support::stderr(&out)
+        );
+    }
+    assert!(live.checkpoint().is_none(), "nothing was written");
+}
