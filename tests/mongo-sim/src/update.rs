@@ -434,13 +434,24 @@ enum Arrays {
 }
 
 /// The `updateDescription` of `spec` taking `old` to `new`, as a server logs it. An update with
-/// operators reports what its paths changed, an array whole; a
+/// operators reports what its paths changed: an array whole, unless a path reaches into it; a
 /// pipeline-style update is logged as the difference of the documents, so it reports array
 /// elements by index and arrays that became shorter. A replacement has none.
 pub fn describe_update(old: &Document, new: &Document, spec: &UpdateSpec) -> UpdateDescription {
     let arrays = match spec {
         UpdateSpec::Pipeline(_) => Arrays::All,
-        UpdateSpec::Operators(_) | UpdateSpec::Replacement(_) => Arrays::Below(Vec::new()),
+        UpdateSpec::Replacement(_) => Arrays::Below(Vec::new()),
+        UpdateSpec::Operators(ops) => Arrays::Below(
+            ops.iter()
+                .filter_map(|(_, fields)| fields.as_document())
+                .flat_map(|fields| {
+                    fields.iter().flat_map(|(path, arg)| {
+                        // `$rename` touches its target too.
+                        std::iter::once(path.clone()).chain(arg.as_str().map(str::to_string))
+                    })
+                })
+                .collect(),
+        ),
     };
     describe(old, new, arrays)
 }
@@ -725,13 +736,14 @@ mod tests {
             d.disambiguated,
             doc! {"a.0.0": ["a", 0, "0"], "a.0.b.c": ["a", 0, "b.c"]}
         );
-        // An operator update reports a changed array whole.
-        let old = doc! {"_id": 1, "a": [1, 2]};
-        let spec = parse_update(&Bson::Document(doc! {"$set": {"a": [1]}})).unwrap();
+        // An operator update reports a changed array whole, unless a path reaches into it.
+        let old = doc! {"_id": 1, "a": [1, 2], "b": [{"1": 1}]};
+        let spec = parse_update(&Bson::Document(doc! {"$set": {"a": [1], "b.0.1": 2}})).unwrap();
         let mut new = old.clone();
         apply_update(&mut new, &spec, false).unwrap();
         let d = describe_update(&old, &new, &spec);
-        assert_eq!(d.updated, doc! {"a": [1]});
+        assert_eq!(d.updated, doc! {"a": [1], "b.0.1": 2});
         assert!(d.truncated.is_empty());
+        assert_eq!(d.disambiguated, doc! {"b.0.1": ["b", 0, "1"]});
     }
 }

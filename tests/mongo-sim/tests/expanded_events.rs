@@ -422,7 +422,29 @@ async fn ddl_in_a_transaction_is_reported_when_it_commits_and_not_if_it_aborts()
 }
 
 #[tokio::test]
-async fn pipeline_update_descriptions_index_into_arrays() {
+async fn a_view_is_reported_by_its_definition() {
+    let (server, client) = common::start().await;
+    let db = client.database("ddl");
+    let mut stream = watch_db(&db, true).await;
+    command(
+        &client,
+        "ddl",
+        doc! {"create": "v", "viewOn": "c", "pipeline": [{"$match": {"a": 1}}]},
+    )
+    .await;
+    let e = next_event(&mut stream).await;
+    assert_eq!(e.get_str("operationType").unwrap(), "create");
+    assert_eq!(
+        e.get_document("operationDescription").unwrap(),
+        &doc! {"viewOn": "c", "pipeline": [{"$match": {"a": 1}}]}
+    );
+    // A view has no UUID.
+    assert!(!e.contains_key("collectionUUID"), "{e}");
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn update_descriptions_index_into_arrays_where_the_update_reaches() {
     let (server, client) = common::start().await;
     let coll = client.database("ddl").collection::<Document>("arrays");
     coll.insert_one(doc! {"_id": 1, "a": [{"1": 1}], "obj": {"sub.obj": [[1, 2], 3]}, "n": [1, 2]})
@@ -435,6 +457,21 @@ async fn pipeline_update_descriptions_index_into_arrays() {
         .await
         .unwrap()
         .with_type::<Document>();
+
+    // An operator path into an array element: reported there, the index an integer.
+    coll.update_one(doc! {"_id": 1}, doc! {"$set": {"a.0.1": 2, "n": [1]}})
+        .await
+        .unwrap();
+    let e = next_event(&mut stream).await;
+    assert_eq!(
+        e.get_document("updateDescription").unwrap(),
+        &doc! {
+            "updatedFields": {"a.0.1": 2, "n": [1]},
+            "removedFields": [],
+            "truncatedArrays": [],
+            "disambiguatedPaths": {"a.0.1": ["a", 0, "1"]},
+        }
+    );
 
     // A pipeline-style update: the difference, shortened arrays with their paths disambiguated.
     coll.update_one(

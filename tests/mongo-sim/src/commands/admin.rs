@@ -285,8 +285,16 @@ pub fn create(ctx: &Ctx<'_>) -> CmdResult<Document> {
             ));
         }
     }
-    let plain = !options.contains_key("viewOn") && !options.contains_key("timeseries");
-    let description = plain.then(|| create_description(&options));
+    // A view's `create` event describes its definition (MongoDB derives it from the view's
+    // entry in `system.views`); a time-series collection records none here.
+    let description = match options.get("viewOn") {
+        Some(view_on) => Some(doc! {
+            "viewOn": view_on.clone(),
+            "pipeline": options.get("pipeline").cloned().unwrap_or_else(|| Bson::Array(Vec::new())),
+        }),
+        None if options.contains_key("timeseries") => None,
+        None => Some(create_description(&options)),
+    };
     let mut st = ctx.shared.lock();
     let txn = st.txn_id(ctx.txn_key());
     let created = st.store.create_collection(&ns, options, txn);
@@ -297,7 +305,11 @@ pub fn create(ctx: &Ctx<'_>) -> CmdResult<Document> {
         ));
     }
     if let Some(description) = description {
-        let uuid = st.store.collection(&ns).map(|c| c.uuid.clone());
+        let uuid = st
+            .store
+            .collection(&ns)
+            .filter(|c| c.kind() == "collection")
+            .map(|c| c.uuid.clone());
         let event = PendingEvent::new(ns.clone(), EventKind::Create { description }, uuid);
         let now = record_ddl(&mut st, ctx.txn_key(), vec![event]);
         std::mem::drop(st);
