@@ -22,6 +22,7 @@ pub mod failpoints;
 pub mod matcher;
 pub mod namespace;
 pub mod oplog;
+pub mod paths;
 pub mod projection;
 pub mod server;
 pub mod stages;

@@ -153,8 +153,11 @@ pub enum EventKind {
         id: Bson,
         updated: Document,
         removed: Vec<String>,
-        /// `updateDescription.disambiguatedPaths`: the paths above whose field names hold
-        /// dots or look like array indexes, as their components.
+        /// Arrays a pipeline-style update shortened: `{field, newSize}`.
+        truncated: Vec<Document>,
+        /// `updateDescription.disambiguatedPaths`: the paths above (and of the shortened
+        /// arrays) with a field name that holds dots or is numeric, as their components (array
+        /// indexes as integers).
         disambiguated: Document,
     },
     Replace {

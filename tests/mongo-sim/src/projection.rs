@@ -4,7 +4,7 @@
 use bson::{Bson, Document};
 
 use crate::error::{CmdResult, CommandError};
-use crate::update::{set_path, unset_path};
+use crate::paths::{set_path, unset_path};
 use crate::values::get_path;
 
 enum Flag {

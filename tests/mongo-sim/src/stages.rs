@@ -240,6 +240,99 @@ fn parse_replace_root(arg: &Bson) -> CmdResult<Expr> {
     })
 }
 
+/// Parses a stage that reshapes a document, as a change stream or a pipeline-style update
+/// uses it: `$project`, `$addFields` / `$set`, `$unset`, `$replaceRoot`, `$replaceWith`.
+fn parse_shaping_stage(name: &str, arg: &Bson) -> CmdResult<Stage> {
+    Ok(match name {
+        "$project" => match arg {
+            Bson::Document(p) if !p.is_empty() => {
+                crate::projection::project(&Document::new(), p)
+                    .map_err(|e| add_fields_error(name, e.message, e.code))?;
+                Stage::Project(p.clone())
+            }
+            Bson::Document(_) => {
+                return Err(CommandError::new(
+                    51272,
+                    "Invalid $project :: caused by :: projection specification must have at least one field",
+                ));
+            }
+            _ => {
+                return Err(CommandError::new(
+                    15969,
+                    "$project specification must be an object",
+                ));
+            }
+        },
+        "$addFields" | "$set" => match arg {
+            Bson::Document(d) if !d.is_empty() => Stage::AddFields(parse_add_fields_spec(name, d)?),
+            Bson::Document(_) => {
+                return Err(add_fields_error(
+                    name,
+                    "specification must have at least one field",
+                    40177,
+                ));
+            }
+            other => {
+                return Err(CommandError::new(
+                    40272,
+                    format!(
+                        "{name} specification stage must be an object, got {}",
+                        type_name(Some(other))
+                    ),
+                ));
+            }
+        },
+        "$unset" => Stage::Unset(parse_unset(arg)?),
+        "$replaceRoot" => Stage::ReplaceRoot(parse_replace_root(arg)?),
+        "$replaceWith" => Stage::ReplaceRoot(Expr::parse(arg, ParseContext::default())?),
+        other => {
+            return Err(CommandError::new(
+                40324,
+                format!("Unrecognized pipeline stage name: '{other}'"),
+            ));
+        }
+    })
+}
+
+/// The stages a pipeline-style update may hold.
+const UPDATE_STAGES: &[&str] = &[
+    "$addFields",
+    "$set",
+    "$project",
+    "$unset",
+    "$replaceRoot",
+    "$replaceWith",
+];
+
+/// Parses the pipeline of a pipeline-style update: `$addFields` / `$set`, `$project`,
+/// `$unset`, `$replaceRoot` / `$replaceWith`; other stages are refused with 72, as MongoDB
+/// refuses them within an update.
+pub fn parse_update_pipeline(stages: &[Bson]) -> CmdResult<Vec<Stage>> {
+    let mut out = Vec::with_capacity(stages.len());
+    for stage in stages {
+        let Bson::Document(s) = stage else {
+            return Err(CommandError::type_mismatch(
+                "Each element of the 'pipeline' array must be an object",
+            ));
+        };
+        let mut fields = s.iter();
+        let (Some((name, arg)), None) = (fields.next(), fields.next()) else {
+            return Err(CommandError::new(
+                40323,
+                "A pipeline stage specification object must contain exactly one field.",
+            ));
+        };
+        if !UPDATE_STAGES.contains(&name.as_str()) {
+            return Err(CommandError::new(
+                72,
+                format!("{name} is not allowed to be used within an update"),
+            ));
+        }
+        out.push(parse_shaping_stage(name, arg)?);
+    }
+    Ok(out)
+}
+
 /// Parses the stages after `$changeStream` as MongoDB validates a change stream's pipeline:
 /// every stage is parsed first (unknown names fail with 40324), then stages a change stream
 /// does not allow fail with `IllegalOperation` (20), then positions are checked.
@@ -275,49 +368,9 @@ pub fn parse_change_stream(stages: &[Bson]) -> CmdResult<Pipeline> {
                     ));
                 }
             },
-            "$project" => match arg {
-                Bson::Document(p) if !p.is_empty() => {
-                    crate::projection::project(&Document::new(), p)
-                        .map_err(|e| add_fields_error(name, e.message, e.code))?;
-                    Stage::Project(p.clone())
-                }
-                Bson::Document(_) => {
-                    return Err(CommandError::new(
-                        51272,
-                        "Invalid $project :: caused by :: projection specification must have at least one field",
-                    ));
-                }
-                _ => {
-                    return Err(CommandError::new(
-                        15969,
-                        "$project specification must be an object",
-                    ));
-                }
-            },
-            "$addFields" | "$set" => match arg {
-                Bson::Document(d) if !d.is_empty() => {
-                    Stage::AddFields(parse_add_fields_spec(name, d)?)
-                }
-                Bson::Document(_) => {
-                    return Err(add_fields_error(
-                        name,
-                        "specification must have at least one field",
-                        40177,
-                    ));
-                }
-                other => {
-                    return Err(CommandError::new(
-                        40272,
-                        format!(
-                            "{name} specification stage must be an object, got {}",
-                            type_name(Some(other))
-                        ),
-                    ));
-                }
-            },
-            "$unset" => Stage::Unset(parse_unset(arg)?),
-            "$replaceRoot" => Stage::ReplaceRoot(parse_replace_root(arg)?),
-            "$replaceWith" => Stage::ReplaceRoot(Expr::parse(arg, ParseContext::default())?),
+            "$project" | "$addFields" | "$set" | "$unset" | "$replaceRoot" | "$replaceWith" => {
+                parse_shaping_stage(name, arg)?
+            }
             "$redact" => Stage::Redact(Expr::parse(arg, ParseContext { redact: true })?),
             SPLIT_STAGE => {
                 if !matches!(arg, Bson::Document(d) if d.is_empty()) {
@@ -468,7 +521,7 @@ pub fn apply(stage: &Stage, doc: Document) -> CmdResult<Option<Document>> {
         Stage::Unset(paths) => {
             let mut out = doc;
             for p in paths {
-                crate::update::unset_path(&mut out, p);
+                crate::paths::unset_path(&mut out, p);
             }
             Ok(Some(out))
         }

@@ -93,6 +93,11 @@ impl State {
         self.active.values().copied().min().unwrap_or(u64::MAX)
     }
 
+    /// The id of the open transaction of the session `key` names, if any.
+    pub fn txn_id(&self, key: Option<&[u8]>) -> Option<u64> {
+        self.sessions.get(key?)?.txn.as_ref().map(|t| t.id)
+    }
+
     pub fn session(&mut self, key: &[u8], lsid: &Document) -> &mut Session {
         self.sessions
             .entry(key.to_vec())

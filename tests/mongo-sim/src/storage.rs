@@ -77,6 +77,10 @@ pub struct Collection {
     pub options: Document,
     /// Secondary index specifications (bookkeeping only; only `_id` is enforced).
     pub indexes: Vec<Document>,
+    /// The open transaction that created the collection (explicitly, or by a first write or
+    /// index): until it commits, only that transaction sees the collection, and it is gone if
+    /// the transaction aborts.
+    pub created_by: Option<u64>,
     next_record: u64,
 }
 
@@ -116,6 +120,7 @@ impl Collection {
             docs: BTreeMap::new(),
             options,
             indexes: Vec::new(),
+            created_by: None,
             next_record: 0,
         }
     }
@@ -184,27 +189,48 @@ impl Store {
             .or_insert_with(|| Collection::new(Document::new()))
     }
 
-    /// Creates a collection; false if it exists.
-    pub fn create_collection(&mut self, ns: &Namespace, options: Document) -> bool {
+    /// The collection as a reader sees it: one created by an open transaction is seen by that
+    /// transaction (`txn`, its id) only.
+    pub fn visible(&self, ns: &Namespace, txn: Option<u64>) -> Option<&Collection> {
+        self.collections
+            .get(ns)
+            .filter(|c| c.created_by.is_none() || c.created_by == txn)
+    }
+
+    /// Creates a collection, inside the transaction `txn` if given; false if it exists.
+    pub fn create_collection(
+        &mut self,
+        ns: &Namespace,
+        options: Document,
+        txn: Option<u64>,
+    ) -> bool {
         if self.collections.contains_key(ns) {
             return false;
         }
-        self.collections
-            .insert(ns.clone(), Collection::new(options));
+        let mut coll = Collection::new(options);
+        coll.created_by = txn;
+        self.collections.insert(ns.clone(), coll);
         true
     }
 
+    /// The databases holding a committed collection.
     pub fn database_names(&self) -> Vec<String> {
-        let mut names: Vec<String> = self.collections.keys().map(|n| n.db.clone()).collect();
+        let mut names: Vec<String> = self
+            .collections
+            .iter()
+            .filter(|(_, c)| c.created_by.is_none())
+            .map(|(n, _)| n.db.clone())
+            .collect();
         names.dedup();
         names
     }
 
+    /// The committed collections of a database.
     pub fn collection_names(&self, db: &str) -> Vec<String> {
         self.collections
-            .keys()
-            .filter(|n| n.db == db)
-            .map(|n| n.coll.clone())
+            .iter()
+            .filter(|(n, c)| n.db == db && c.created_by.is_none())
+            .map(|(n, _)| n.coll.clone())
             .collect()
     }
 
@@ -277,6 +303,14 @@ impl Store {
         key: &DocKey,
         txn: Option<&Txn>,
     ) -> Result<(), WriteError> {
+        // A collection an open transaction created is that transaction's until it ends.
+        if let Some(owner) = self.collections.get(ns).and_then(|c| c.created_by) {
+            match txn {
+                None => return Err(WriteError::Blocked),
+                Some(t) if t.id != owner => return Err(CommandError::write_conflict().into()),
+                Some(_) => {}
+            }
+        }
         let Some(entry) = self.collections.get(ns).and_then(|c| c.docs.get(key)) else {
             return Ok(());
         };
@@ -359,7 +393,7 @@ impl Store {
         } else {
             None
         };
-        let created = !self.collections.contains_key(&c.ns);
+        let created = self.create_collection(&c.ns, Document::new(), txn.map(|t| t.id));
         let coll = self.ensure_collection(&c.ns);
         let uuid = Some(coll.uuid.clone());
         let create = created.then(|| {
@@ -386,10 +420,14 @@ impl Store {
 
     /// Makes a transaction's writes visible at one new sequence number and records its events.
     pub fn commit(&mut self, oplog: &mut Oplog, txn: Txn, info: TxnInfo, min_snapshot: u64) {
-        if txn.writes.is_empty() {
-            return;
+        for coll in self.collections.values_mut() {
+            if coll.created_by == Some(txn.id) {
+                coll.created_by = None;
+            }
         }
-        self.seq += 1;
+        if !txn.writes.is_empty() {
+            self.seq += 1;
+        }
         let seq = self.seq;
         for ((ns, key), doc) in txn.writes {
             let coll = self.ensure_collection(&ns);
@@ -410,6 +448,8 @@ impl Store {
 
     /// Releases a transaction's holds and discards its writes.
     pub fn abort(&mut self, txn: Txn, min_snapshot: u64) {
+        let id = txn.id;
+        self.collections.retain(|_, c| c.created_by != Some(id));
         for (ns, key) in txn.writes.into_keys() {
             if let Some(coll) = self.collections.get_mut(&ns)
                 && let Some(entry) = coll.docs.get_mut(&key)

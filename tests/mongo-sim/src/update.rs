@@ -1,8 +1,11 @@
-//! Update operators, replacement documents, upsert seeds and update descriptions.
+//! Update operators, replacement documents, pipeline-style updates, upsert seeds and update
+//! descriptions.
 
 use bson::{Bson, Document, oid::ObjectId};
 
 use crate::error::{CmdResult, CommandError};
+use crate::paths::{set_path, unset_path};
+use crate::stages::{self, Stage};
 use crate::values::{cmp_values, values_equal};
 
 /// A parsed `u` argument of an update statement.
@@ -10,6 +13,9 @@ use crate::values::{cmp_values, values_equal};
 pub enum UpdateSpec {
     Replacement(Document),
     Operators(Document),
+    /// An aggregation pipeline of `$set` / `$addFields`, `$project`, `$unset`, `$replaceRoot` /
+    /// `$replaceWith` stages, over the change-stream stages' expression evaluator.
+    Pipeline(Vec<Stage>),
 }
 
 const OPERATORS: &[&str] = &[
@@ -29,11 +35,10 @@ const OPERATORS: &[&str] = &[
 
 pub fn parse_update(u: &Bson) -> CmdResult<UpdateSpec> {
     let Bson::Document(d) = u else {
-        if matches!(u, Bson::Array(_)) {
-            return Err(CommandError::new(
-                72,
-                "aggregation pipeline updates are not supported",
-            ));
+        if let Bson::Array(pipeline) = u {
+            return Ok(UpdateSpec::Pipeline(stages::parse_update_pipeline(
+                pipeline,
+            )?));
         }
         return Err(CommandError::failed_to_parse("update must be an object"));
     };
@@ -124,6 +129,18 @@ pub fn apply_update(doc: &mut Document, spec: &UpdateSpec, is_insert: bool) -> C
                 next.insert(k.clone(), v.clone());
             }
             *doc = next;
+        }
+        UpdateSpec::Pipeline(pipeline) => {
+            for stage in pipeline {
+                *doc = stages::apply(stage, std::mem::take(doc))?.unwrap_or_default();
+            }
+            if let Some(id) = &old_id
+                && !doc
+                    .get("_id")
+                    .is_some_and(|n| values_equal(n, id) && n == id)
+            {
+                return Err(immutable_id());
+            }
         }
         UpdateSpec::Operators(ops) => {
             for (op, arg) in ops {
@@ -320,98 +337,6 @@ fn arith(
     }
 }
 
-/// Sets a dotted path, creating embedded documents (or padding arrays) on the way.
-pub fn set_path(doc: &mut Document, path: &str, value: Bson) -> CmdResult<()> {
-    let parts: Vec<&str> = path.split('.').collect();
-    if parts.len() > crate::wire::MAX_NESTING {
-        return Err(CommandError::bad_value(format!(
-            "path has more than {} parts",
-            crate::wire::MAX_NESTING
-        )));
-    }
-    set_in_doc(doc, &parts, value, path)
-}
-
-fn not_viable(path: &str) -> CommandError {
-    CommandError::new(
-        28,
-        format!("Cannot create field in element along path '{path}'"),
-    )
-}
-
-fn set_in_doc(doc: &mut Document, parts: &[&str], value: Bson, full: &str) -> CmdResult<()> {
-    let Some((first, rest)) = parts.split_first() else {
-        return Ok(());
-    };
-    if rest.is_empty() {
-        doc.insert(first.to_string(), value);
-        return Ok(());
-    }
-    if !doc.contains_key(*first) {
-        doc.insert(first.to_string(), Bson::Document(Document::new()));
-    }
-    match doc.get_mut(*first) {
-        Some(child) => set_in_value(child, rest, value, full),
-        None => Err(not_viable(full)),
-    }
-}
-
-fn set_in_value(target: &mut Bson, parts: &[&str], value: Bson, full: &str) -> CmdResult<()> {
-    match target {
-        Bson::Document(d) => set_in_doc(d, parts, value, full),
-        Bson::Array(a) => {
-            let idx: usize = parts[0].parse().map_err(|_| not_viable(full))?;
-            if idx > 1_000_000 {
-                return Err(not_viable(full));
-            }
-            while a.len() <= idx {
-                a.push(Bson::Null);
-            }
-            if parts.len() == 1 {
-                a[idx] = value;
-                Ok(())
-            } else {
-                if matches!(a[idx], Bson::Null) {
-                    a[idx] = Bson::Document(Document::new());
-                }
-                set_in_value(&mut a[idx], &parts[1..], value, full)
-            }
-        }
-        _ => Err(not_viable(full)),
-    }
-}
-
-/// Removes a dotted path if present.
-pub fn unset_path(doc: &mut Document, path: &str) {
-    let parts: Vec<&str> = path.split('.').collect();
-    unset_in_doc(doc, &parts);
-}
-
-fn unset_in_doc(doc: &mut Document, parts: &[&str]) {
-    let Some((first, rest)) = parts.split_first() else {
-        return;
-    };
-    if rest.is_empty() {
-        doc.remove(*first);
-        return;
-    }
-    match doc.get_mut(*first) {
-        Some(Bson::Document(d)) => unset_in_doc(d, rest),
-        Some(Bson::Array(a)) => {
-            if let Ok(i) = rest[0].parse::<usize>() {
-                if rest.len() == 1 {
-                    if i < a.len() {
-                        a[i] = Bson::Null;
-                    }
-                } else if let Some(Bson::Document(d)) = a.get_mut(i) {
-                    unset_in_doc(d, &rest[1..]);
-                }
-            }
-        }
-        _ => {}
-    }
-}
-
 /// The document an upsert starts from: the filter's equality conditions.
 pub fn upsert_seed(filter: &Document) -> Document {
     let mut out = Document::new();
@@ -461,7 +386,7 @@ pub fn build_upsert(filter: &Document, spec: &UpdateSpec) -> CmdResult<Document>
             }
             d
         }
-        UpdateSpec::Operators(_) => {
+        UpdateSpec::Operators(_) | UpdateSpec::Pipeline(_) => {
             let mut d = seed;
             apply_update(&mut d, spec, true)?;
             d
@@ -478,75 +403,167 @@ pub fn build_upsert(filter: &Document, spec: &UpdateSpec) -> CmdResult<Document>
     Ok(out)
 }
 
-/// The `updateDescription` of a change from `old` to `new`: updated paths and removed paths.
-pub fn describe_update(old: &Document, new: &Document) -> (Document, Vec<String>) {
-    let (updated, removed, _) = describe_update_with_paths(old, new);
-    (updated, removed)
+/// The `updateDescription` of an update, with what `showExpandedEvents` adds.
+#[derive(Debug, Default, PartialEq)]
+pub struct UpdateDescription {
+    /// Changed or added paths with their new values.
+    pub updated: Document,
+    /// Removed paths.
+    pub removed: Vec<String>,
+    /// Arrays that became shorter: `{field, newSize}`.
+    pub truncated: Vec<Document>,
+    /// `disambiguatedPaths`: for each path above whose components cannot be read back from the
+    /// dotted path (a field name holding a dot, or a numeric field name below the top level),
+    /// its components, array indexes as integers.
+    pub disambiguated: Document,
 }
 
-/// Like [`describe_update`], plus `disambiguatedPaths`: for each reported path with a
-/// component that contains a dot or is all digits, the path's components.
-pub fn describe_update_with_paths(
-    old: &Document,
-    new: &Document,
-) -> (Document, Vec<String>, Document) {
-    let mut out = Diff::default();
-    diff_docs(old, new, &mut Vec::new(), &mut out);
-    (out.updated, out.removed, out.disambiguated)
+/// One component of a path: a field name or an array index.
+#[derive(Clone, Copy)]
+enum Part<'a> {
+    Field(&'a str),
+    Index(usize),
 }
 
-#[derive(Default)]
-struct Diff {
-    updated: Document,
-    removed: Vec<String>,
-    disambiguated: Document,
+/// Which arrays a description reports element by element rather than whole.
+enum Arrays {
+    /// Every array (a pipeline-style update, logged as the difference of the documents).
+    All,
+    /// Arrays that some operator path reaches into (`$set: {"a.0.b": 1}` reports `a.0.b`).
+    Below(Vec<String>),
 }
 
-impl Diff {
-    fn note(&mut self, parts: &[&str]) -> String {
-        let path = parts.join(".");
-        let ambiguous = parts
+/// The `updateDescription` of `spec` taking `old` to `new`, as a server logs it. An update with
+/// operators reports what its paths changed: an array whole, unless a path reaches into it; a
+/// pipeline-style update is logged as the difference of the documents, so it reports array
+/// elements by index and arrays that became shorter. A replacement has none.
+pub fn describe_update(old: &Document, new: &Document, spec: &UpdateSpec) -> UpdateDescription {
+    let arrays = match spec {
+        UpdateSpec::Pipeline(_) => Arrays::All,
+        UpdateSpec::Replacement(_) => Arrays::Below(Vec::new()),
+        UpdateSpec::Operators(ops) => Arrays::Below(
+            ops.iter()
+                .filter_map(|(_, fields)| fields.as_document())
+                .flat_map(|fields| {
+                    fields.iter().flat_map(|(path, arg)| {
+                        // `$rename` touches its target too.
+                        std::iter::once(path.clone()).chain(arg.as_str().map(str::to_string))
+                    })
+                })
+                .collect(),
+        ),
+    };
+    describe(old, new, arrays)
+}
+
+fn describe(old: &Document, new: &Document, arrays: Arrays) -> UpdateDescription {
+    let mut diff = Diff {
+        out: UpdateDescription::default(),
+        arrays,
+        path: Vec::new(),
+    };
+    diff.documents(old, new);
+    diff.out
+}
+
+struct Diff<'a> {
+    out: UpdateDescription,
+    arrays: Arrays,
+    path: Vec<Part<'a>>,
+}
+
+impl<'a> Diff<'a> {
+    fn dotted(&self) -> String {
+        self.path
             .iter()
-            .any(|p| p.contains('.') || (!p.is_empty() && p.bytes().all(|b| b.is_ascii_digit())));
-        if ambiguous {
-            self.disambiguated.insert(
-                path.clone(),
-                parts
-                    .iter()
-                    .map(|p| Bson::String(p.to_string()))
-                    .collect::<Vec<_>>(),
-            );
-        }
-        path
+            .map(|p| match p {
+                Part::Field(f) => (*f).to_string(),
+                Part::Index(i) => i.to_string(),
+            })
+            .collect::<Vec<_>>()
+            .join(".")
     }
-}
 
-fn diff_docs<'a>(old: &'a Document, new: &'a Document, prefix: &mut Vec<&'a str>, out: &mut Diff) {
-    for (k, nv) in new {
-        prefix.push(k);
-        match old.get(k) {
-            Some(ov) if ov == nv => {}
-            Some(Bson::Document(od)) => {
-                if let Bson::Document(nd) = nv {
-                    diff_docs(od, nd, prefix, out);
-                } else {
-                    let path = out.note(prefix);
-                    out.updated.insert(path, nv.clone());
+    /// Whether the array at the current path is described element by element.
+    fn descends_into_array(&self) -> bool {
+        match &self.arrays {
+            Arrays::All => true,
+            Arrays::Below(paths) => {
+                let prefix = format!("{}.", self.dotted());
+                paths.iter().any(|p| p.starts_with(&prefix))
+            }
+        }
+    }
+
+    /// The current path, dotted, noted in `disambiguated` if it is ambiguous.
+    fn note(&mut self) -> String {
+        let dotted = self.dotted();
+        let ambiguous = self.path.iter().enumerate().any(|(depth, p)| match p {
+            Part::Field(f) => {
+                f.contains('.')
+                    || (depth > 0 && !f.is_empty() && f.bytes().all(|b| b.is_ascii_digit()))
+            }
+            Part::Index(_) => false,
+        });
+        if ambiguous {
+            let parts: Vec<Bson> = self
+                .path
+                .iter()
+                .map(|p| match p {
+                    Part::Field(f) => Bson::String((*f).to_string()),
+                    Part::Index(i) => Bson::Int32(*i as i32),
+                })
+                .collect();
+            self.out.disambiguated.insert(dotted.clone(), parts);
+        }
+        dotted
+    }
+
+    fn updated(&mut self, value: &Bson) {
+        let path = self.note();
+        self.out.updated.insert(path, value.clone());
+    }
+
+    fn documents(&mut self, old: &'a Document, new: &'a Document) {
+        for (k, nv) in new {
+            self.path.push(Part::Field(k));
+            match old.get(k) {
+                Some(ov) => self.value(ov, nv),
+                None => self.updated(nv),
+            }
+            self.path.pop();
+        }
+        for (k, _) in old {
+            if !new.contains_key(k) {
+                self.path.push(Part::Field(k));
+                let path = self.note();
+                self.out.removed.push(path);
+                self.path.pop();
+            }
+        }
+    }
+
+    fn value(&mut self, old: &'a Bson, new: &'a Bson) {
+        match (old, new) {
+            (o, n) if o == n => {}
+            (Bson::Document(o), Bson::Document(n)) => self.documents(o, n),
+            (Bson::Array(o), Bson::Array(n)) if self.descends_into_array() => {
+                if n.len() < o.len() {
+                    let field = self.note();
+                    self.out
+                        .truncated
+                        .push(bson::doc! {"field": field, "newSize": n.len() as i32});
+                }
+                for (i, nv) in n.iter().enumerate() {
+                    self.path.push(Part::Index(i));
+                    match o.get(i) {
+                        Some(ov) => self.value(ov, nv),
+                        None => self.updated(nv),
+                    }
+                    self.path.pop();
                 }
             }
-            _ => {
-                let path = out.note(prefix);
-                out.updated.insert(path, nv.clone());
-            }
-        }
-        prefix.pop();
-    }
-    for (k, _) in old {
-        if !new.contains_key(k) {
-            prefix.push(k);
-            let path = out.note(prefix);
-            out.removed.push(path);
-            prefix.pop();
+            _ => self.updated(new),
         }
     }
 }
@@ -611,6 +628,48 @@ mod tests {
     }
 
     #[test]
+    fn pipeline_updates_apply_and_describe() {
+        let spec = parse_update(&Bson::Array(vec![
+            Bson::Document(
+                doc! {"$set": {"array": ["foo", {"a": "bar"}], "s": {"t": 2}, "c": "$n"}},
+            ),
+            Bson::Document(doc! {"$unset": "gone"}),
+        ]))
+        .unwrap();
+        let old =
+            doc! {"_id": 1, "array": ["foo", {"a": "bar"}, 1, 2], "s": {"u": 1}, "n": 5, "gone": 1};
+        let mut new = old.clone();
+        apply_update(&mut new, &spec, false).unwrap();
+        assert_eq!(
+            new,
+            doc! {"_id": 1, "array": ["foo", {"a": "bar"}], "s": {"u": 1, "t": 2}, "n": 5, "c": 5}
+        );
+        let d = describe_update(&old, &new, &spec);
+        assert_eq!(d.updated, doc! {"s.t": 2, "c": 5});
+        assert_eq!(d.removed, vec!["gone".to_string()]);
+        assert_eq!(d.truncated, vec![doc! {"field": "array", "newSize": 2}]);
+        assert_eq!(d.disambiguated, doc! {});
+
+        let replace = parse_update(&Bson::Array(vec![Bson::Document(
+            doc! {"$replaceWith": {"_id": 2}},
+        )]))
+        .unwrap();
+        let mut d = doc! {"_id": 1};
+        assert_eq!(apply_update(&mut d, &replace, false).unwrap_err().code, 66);
+        for bad in [
+            doc! {"$group": {"_id": null}},
+            doc! {"$set": {"a": {"$concatArrays": []}}},
+        ] {
+            let spec = parse_update(&Bson::Array(vec![Bson::Document(bad)]));
+            let err = match spec {
+                Ok(spec) => apply_update(&mut doc! {"_id": 1}, &spec, false).unwrap_err(),
+                Err(e) => e,
+            };
+            assert!(matches!(err.code, 72 | 168), "{err:?}");
+        }
+    }
+
+    #[test]
     fn push_slices_to_the_first_or_last_items() {
         let push = |slice: Bson| {
             upd(
@@ -645,11 +704,46 @@ mod tests {
         let spec = parse_update(&Bson::Document(doc! {"$setOnInsert": {"t": null}})).unwrap();
         let d = build_upsert(&doc! {"_id": "c", "s": "x"}, &spec).unwrap();
         assert_eq!(d, doc! {"_id": "c", "s": "x", "t": null});
-        let (u, r) = describe_update(
+        let d = describe(
             &doc! {"_id": 1, "a": {"b": 1}, "c": 1},
             &doc! {"_id": 1, "a": {"b": 2}},
+            Arrays::Below(Vec::new()),
         );
-        assert_eq!(u, doc! {"a.b": 2});
-        assert_eq!(r, vec!["c".to_string()]);
+        assert_eq!(d.updated, doc! {"a.b": 2});
+        assert_eq!(d.removed, vec!["c".to_string()]);
+    }
+
+    #[test]
+    fn disambiguated_paths_name_dotted_and_numeric_fields_and_array_indexes() {
+        // Array indexes alone and a numeric field at the top level are not ambiguous.
+        let d = describe(
+            &doc! {"_id": 1, "arr": [[1, 2]], "7": 1},
+            &doc! {"_id": 1, "arr": [[1, 3]], "7": 2},
+            Arrays::All,
+        );
+        assert_eq!(d.updated, doc! {"arr.0.1": 3, "7": 2});
+        assert_eq!(d.disambiguated, doc! {});
+        // A numeric field below the top level is a string, an array index an integer, and a
+        // shortened array is described too.
+        let d = describe(
+            &doc! {"_id": 1, "a": [{"0": 1, "b.c": [1, 2]}]},
+            &doc! {"_id": 1, "a": [{"0": 2, "b.c": [1]}]},
+            Arrays::All,
+        );
+        assert_eq!(d.updated, doc! {"a.0.0": 2});
+        assert_eq!(d.truncated, vec![doc! {"field": "a.0.b.c", "newSize": 1}]);
+        assert_eq!(
+            d.disambiguated,
+            doc! {"a.0.0": ["a", 0, "0"], "a.0.b.c": ["a", 0, "b.c"]}
+        );
+        // An operator update reports a changed array whole, unless a path reaches into it.
+        let old = doc! {"_id": 1, "a": [1, 2], "b": [{"1": 1}]};
+        let spec = parse_update(&Bson::Document(doc! {"$set": {"a": [1], "b.0.1": 2}})).unwrap();
+        let mut new = old.clone();
+        apply_update(&mut new, &spec, false).unwrap();
+        let d = describe_update(&old, &new, &spec);
+        assert_eq!(d.updated, doc! {"a": [1], "b.0.1": 2});
+        assert!(d.truncated.is_empty());
+        assert_eq!(d.disambiguated, doc! {"b.0.1": ["b", 0, "1"]});
     }
 }

@@ -417,3 +417,68 @@ async fn an_insert_over_16_mib_is_refused_with_bson_object_too_large() {
     assert_eq!(ids(&coll, doc! {}).await, vec![Bson::Int32(2)]);
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn pipeline_updates_apply_and_describe_their_changes() {
+    let (_server, client) = common::start().await;
+    let coll = client.database("crud").collection::<Document>("pipe");
+    coll.insert_one(doc! {"_id": 1, "array": ["foo", {"a": "bar"}, 1, 2, 3], "n": 5, "gone": true})
+        .await
+        .unwrap();
+    let stream = coll.watch().await.unwrap();
+    let pipeline = vec![
+        doc! {"$set": {"array": ["foo", {"a": "bar"}], "copy": "$n", "sub": {"x": 1}}},
+        doc! {"$unset": ["gone"]},
+    ];
+    let r = coll.update_one(doc! {"_id": 1}, pipeline).await.unwrap();
+    assert_eq!(r.modified_count, 1);
+    assert_eq!(
+        coll.find_one(doc! {"_id": 1}).await.unwrap().unwrap(),
+        doc! {"_id": 1, "array": ["foo", {"a": "bar"}], "n": 5, "copy": 5, "sub": {"x": 1}}
+    );
+    let event = common::next_event(&mut stream.with_type::<Document>()).await;
+    let desc = event.get_document("updateDescription").unwrap();
+    assert_eq!(
+        desc.get_document("updatedFields").unwrap(),
+        &doc! {"copy": 5, "sub": {"x": 1}}
+    );
+    assert_eq!(
+        desc.get_array("removedFields").unwrap(),
+        &vec![Bson::from("gone")]
+    );
+    assert_eq!(
+        desc.get_array("truncatedArrays").unwrap(),
+        &vec![Bson::Document(doc! {"field": "array", "newSize": 2})]
+    );
+
+    // An upsert starts from the filter; $replaceWith keeps the _id or fails with 66.
+    coll.update_one(
+        doc! {"_id": 2},
+        vec![doc! {"$set": {"v": {"$literal": "$x"}}}],
+    )
+    .upsert(true)
+    .await
+    .unwrap();
+    assert_eq!(
+        coll.find_one(doc! {"_id": 2}).await.unwrap().unwrap(),
+        doc! {"_id": 2, "v": "$x"}
+    );
+    let err = coll
+        .update_one(doc! {"_id": 2}, vec![doc! {"$replaceWith": {"_id": 3}}])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&*err.kind, ErrorKind::Write(WriteFailure::WriteError(we)) if we.code == 66),
+        "{err}"
+    );
+    // Stages an update cannot use are refused.
+    let err = coll
+        .update_one(doc! {"_id": 2}, vec![doc! {"$group": {"_id": null}}])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&*err.kind, ErrorKind::Write(WriteFailure::WriteError(we)) if we.code == 72)
+            || matches!(&*err.kind, ErrorKind::Command(c) if c.code == 72),
+        "{err}"
+    );
+}

@@ -353,3 +353,145 @@ async fn show_expanded_events_must_be_a_boolean() {
     }
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn ddl_in_a_transaction_is_reported_when_it_commits_and_not_if_it_aborts() {
+    let (server, client) = common::start().await;
+    let db = client.database("ddl");
+    let mut stream = watch_db(&db, true).await;
+    let mut s = client.start_session().await.unwrap();
+
+    // Explicitly with an index, and implicitly by a first insert: all with the commit.
+    s.start_transaction().await.unwrap();
+    db.create_collection("c").session(&mut s).await.unwrap();
+    db.collection::<Document>("c")
+        .create_index(mongodb::IndexModel::builder().keys(doc! {"x": 1}).build())
+        .session(&mut s)
+        .await
+        .unwrap();
+    db.collection::<Document>("d")
+        .insert_one(doc! {"_id": 1})
+        .session(&mut s)
+        .await
+        .unwrap();
+    s.commit_transaction().await.unwrap();
+
+    // Created and gone again: no event.
+    s.start_transaction().await.unwrap();
+    db.create_collection("e").session(&mut s).await.unwrap();
+    db.collection::<Document>("f")
+        .insert_one(doc! {"_id": 1})
+        .session(&mut s)
+        .await
+        .unwrap();
+    s.abort_transaction().await.unwrap();
+
+    db.collection::<Document>("marker")
+        .insert_one(doc! {"_id": 1})
+        .await
+        .unwrap();
+    let mut seen = Vec::new();
+    for _ in 0..6 {
+        let e = next_event(&mut stream).await;
+        let coll = e
+            .get_document("ns")
+            .unwrap()
+            .get_str("coll")
+            .unwrap()
+            .to_string();
+        let in_txn = e.contains_key("txnNumber");
+        seen.push((
+            e.get_str("operationType").unwrap().to_string(),
+            coll,
+            in_txn,
+        ));
+    }
+    let expected: Vec<(String, String, bool)> = [
+        ("create", "c", true),
+        ("createIndexes", "c", true),
+        ("create", "d", true),
+        ("insert", "d", true),
+        ("create", "marker", false),
+        ("insert", "marker", false),
+    ]
+    .into_iter()
+    .map(|(op, c, t)| (op.to_string(), c.to_string(), t))
+    .collect();
+    assert_eq!(seen, expected);
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_view_is_reported_by_its_definition() {
+    let (server, client) = common::start().await;
+    let db = client.database("ddl");
+    let mut stream = watch_db(&db, true).await;
+    command(
+        &client,
+        "ddl",
+        doc! {"create": "v", "viewOn": "c", "pipeline": [{"$match": {"a": 1}}]},
+    )
+    .await;
+    let e = next_event(&mut stream).await;
+    assert_eq!(e.get_str("operationType").unwrap(), "create");
+    assert_eq!(
+        e.get_document("operationDescription").unwrap(),
+        &doc! {"viewOn": "c", "pipeline": [{"$match": {"a": 1}}]}
+    );
+    // A view has no UUID.
+    assert!(!e.contains_key("collectionUUID"), "{e}");
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn update_descriptions_index_into_arrays_where_the_update_reaches() {
+    let (server, client) = common::start().await;
+    let coll = client.database("ddl").collection::<Document>("arrays");
+    coll.insert_one(doc! {"_id": 1, "a": [{"1": 1}], "obj": {"sub.obj": [[1, 2], 3]}, "n": [1, 2]})
+        .await
+        .unwrap();
+    let mut stream = coll
+        .watch()
+        .show_expanded_events(true)
+        .max_await_time(Duration::from_millis(100))
+        .await
+        .unwrap()
+        .with_type::<Document>();
+
+    // An operator path into an array element: reported there, the index an integer.
+    coll.update_one(doc! {"_id": 1}, doc! {"$set": {"a.0.1": 2, "n": [1]}})
+        .await
+        .unwrap();
+    let e = next_event(&mut stream).await;
+    assert_eq!(
+        e.get_document("updateDescription").unwrap(),
+        &doc! {
+            "updatedFields": {"a.0.1": 2, "n": [1]},
+            "removedFields": [],
+            "truncatedArrays": [],
+            "disambiguatedPaths": {"a.0.1": ["a", 0, "1"]},
+        }
+    );
+
+    // A pipeline-style update: the difference, shortened arrays with their paths disambiguated.
+    coll.update_one(
+        doc! {"_id": 1},
+        vec![doc! {"$set": {"obj": {"$literal": {"sub.obj": [[1], 4]}}}}],
+    )
+    .await
+    .unwrap();
+    let e = next_event(&mut stream).await;
+    assert_eq!(
+        e.get_document("updateDescription").unwrap(),
+        &doc! {
+            "updatedFields": {"obj.sub.obj.1": 4},
+            "removedFields": [],
+            "truncatedArrays": [{"field": "obj.sub.obj.0", "newSize": 1}],
+            "disambiguatedPaths": {
+                "obj.sub.obj.0": ["obj", "sub.obj", 0],
+                "obj.sub.obj.1": ["obj", "sub.obj", 1],
+            },
+        }
+    );
+    server.shutdown().await;
+}

@@ -551,3 +551,144 @@ async fn get_parameter_reports_the_transaction_lifetime_limit() {
     assert_eq!(code_of(&unknown), Some(72));
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn commit_asking_more_members_than_the_set_has_is_an_unsatisfiable_write_concern() {
+    use mongodb::error::{UNKNOWN_TRANSACTION_COMMIT_RESULT, WriteFailure};
+    use mongodb::options::{Acknowledgment, WriteConcern};
+
+    let (_server, client) = common::start().await;
+    let coll = client.database("tx").collection::<Document>("wc");
+    let mut s = client.start_session().await.unwrap();
+    s.start_transaction()
+        .write_concern(WriteConcern::builder().w(Acknowledgment::Nodes(10)).build())
+        .await
+        .unwrap();
+    coll.insert_one(doc! {"_id": 1})
+        .session(&mut s)
+        .await
+        .unwrap();
+    let err = s.commit_transaction().await.unwrap_err();
+    let code = match &*err.kind {
+        ErrorKind::Write(WriteFailure::WriteConcernError(wce)) => Some(wce.code),
+        _ => code_of(&err),
+    };
+    assert_eq!(code, Some(100), "{err}");
+    assert!(!err.contains_label(UNKNOWN_TRANSACTION_COMMIT_RESULT));
+    assert!(!err.contains_label(TRANSIENT_TRANSACTION_ERROR));
+    // The transaction committed all the same.
+    assert!(coll.find_one(doc! {"_id": 1}).await.unwrap().is_some());
+}
+
+#[tokio::test]
+async fn write_concerns_one_member_cannot_satisfy_are_reported_after_the_write() {
+    let (_server, client) = common::start().await;
+    let insert = |id: i32, w: Bson| {
+        doc! {"insert": "wc", "documents": [{"_id": id}], "writeConcern": {"w": w}}
+    };
+    let reply = common::command(&client, "tx", insert(1, Bson::Int32(2))).await;
+    assert_eq!(reply.get_i32("n").ok(), Some(1));
+    let wce = reply.get_document("writeConcernError").unwrap();
+    assert_eq!(wce.get_i32("code").ok(), Some(100));
+    assert_eq!(
+        wce.get_str("codeName").ok(),
+        Some("UnsatisfiableWriteConcern")
+    );
+
+    let reply = common::command(&client, "tx", insert(2, Bson::String("dc".into()))).await;
+    assert_eq!(reply.get_i32("n").ok(), Some(1));
+    let wce = reply.get_document("writeConcernError").unwrap();
+    assert_eq!(wce.get_i32("code").ok(), Some(79));
+
+    for (id, w) in [(3, Bson::Int32(1)), (4, Bson::String("majority".into()))] {
+        let reply = common::command(&client, "tx", insert(id, w)).await;
+        assert!(!reply.contains_key("writeConcernError"), "{reply}");
+    }
+    let coll = client.database("tx").collection::<Document>("wc");
+    assert_eq!(coll.count_documents(doc! {}).await.unwrap(), 4);
+}
+
+async fn collection_names(client: &mongodb::Client) -> Vec<String> {
+    client
+        .database("ddl")
+        .list_collection_names()
+        .await
+        .unwrap()
+}
+
+async fn index_names(client: &mongodb::Client) -> Vec<String> {
+    client
+        .database("ddl")
+        .collection::<Document>("c")
+        .list_index_names()
+        .await
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn a_collection_created_in_a_transaction_appears_when_it_commits() {
+    let (_server, client) = common::start().await;
+    let db = client.database("ddl");
+
+    // Explicitly, with an index.
+    let mut s = client.start_session().await.unwrap();
+    s.start_transaction().await.unwrap();
+    db.create_collection("c").session(&mut s).await.unwrap();
+    db.collection::<Document>("c")
+        .create_index(
+            mongodb::IndexModel::builder()
+                .keys(doc! {"x": 1})
+                .options(
+                    mongodb::options::IndexOptions::builder()
+                        .name("x_1".to_string())
+                        .build(),
+                )
+                .build(),
+        )
+        .session(&mut s)
+        .await
+        .unwrap();
+    assert!(collection_names(&client).await.is_empty());
+    assert!(!index_names(&client).await.contains(&"x_1".to_string()));
+    s.commit_transaction().await.unwrap();
+    assert_eq!(collection_names(&client).await, vec!["c".to_string()]);
+    assert!(index_names(&client).await.contains(&"x_1".to_string()));
+
+    // A committed collection takes no new index inside a transaction.
+    s.start_transaction().await.unwrap();
+    let err = db
+        .collection::<Document>("c")
+        .create_index(mongodb::IndexModel::builder().keys(doc! {"y": 1}).build())
+        .session(&mut s)
+        .await
+        .unwrap_err();
+    assert_eq!(code_of(&err), Some(263), "{err}");
+    s.abort_transaction().await.ok();
+
+    // Implicitly, by a first insert; gone again when the transaction aborts.
+    let coll = db.collection::<Document>("d");
+    s.start_transaction().await.unwrap();
+    coll.insert_one(doc! {"_id": 1})
+        .session(&mut s)
+        .await
+        .unwrap();
+    assert_eq!(collection_names(&client).await, vec!["c".to_string()]);
+    s.abort_transaction().await.unwrap();
+    assert_eq!(collection_names(&client).await, vec!["c".to_string()]);
+
+    // A write from outside waits for the transaction that is creating the collection.
+    s.start_transaction().await.unwrap();
+    coll.insert_one(doc! {"_id": 2})
+        .session(&mut s)
+        .await
+        .unwrap();
+    let outside = tokio::spawn({
+        let coll = coll.clone();
+        async move { coll.insert_one(doc! {"_id": 3}).await }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!outside.is_finished());
+    s.commit_transaction().await.unwrap();
+    outside.await.unwrap().unwrap();
+    assert_eq!(coll.count_documents(doc! {}).await.unwrap(), 2);
+}

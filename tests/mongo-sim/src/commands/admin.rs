@@ -10,6 +10,7 @@ use crate::error::{CmdResult, CommandError};
 use crate::matcher;
 use crate::namespace::Namespace;
 use crate::oplog::{EventKind, PendingEvent};
+use crate::state::State;
 use crate::storage::create_description;
 
 pub fn hello(ctx: &Ctx<'_>, legacy: bool) -> CmdResult<Document> {
@@ -199,8 +200,15 @@ pub fn list_collections(ctx: &Ctx<'_>) -> CmdResult<Document> {
     };
     let name_only = ctx.bool_field("nameOnly", false);
     let st = ctx.shared.lock();
+    let txn = st.txn_id(ctx.txn_key());
     let mut batch = Vec::new();
-    for (ns, coll) in st.store.collections.iter().filter(|(n, _)| n.db == ctx.db) {
+    let visible = |c: &crate::storage::Collection| c.created_by.is_none() || c.created_by == txn;
+    for (ns, coll) in st
+        .store
+        .collections
+        .iter()
+        .filter(|(n, c)| n.db == ctx.db && visible(c))
+    {
         let kind = coll.kind();
         let full = if name_only {
             doc! {"name": ns.coll.clone(), "type": kind}
@@ -277,31 +285,57 @@ pub fn create(ctx: &Ctx<'_>) -> CmdResult<Document> {
             ));
         }
     }
-    let plain = !options.contains_key("viewOn") && !options.contains_key("timeseries");
-    let description = create_description(&options);
+    // A view's `create` event describes its definition (MongoDB derives it from the view's
+    // entry in `system.views`); a time-series collection records none here.
+    let description = match options.get("viewOn") {
+        Some(view_on) => Some(doc! {
+            "viewOn": view_on.clone(),
+            "pipeline": options.get("pipeline").cloned().unwrap_or_else(|| Bson::Array(Vec::new())),
+        }),
+        None if options.contains_key("timeseries") => None,
+        None => Some(create_description(&options)),
+    };
     let mut st = ctx.shared.lock();
-    let created = st.store.create_collection(&ns, options);
+    let txn = st.txn_id(ctx.txn_key());
+    let created = st.store.create_collection(&ns, options, txn);
     if !created {
         return Err(CommandError::new(
             48,
             format!("Collection {ns} already exists."),
         ));
     }
-    if plain {
-        let uuid = st.store.collection(&ns).map(|c| c.uuid.clone());
-        st.oplog.append(
-            vec![PendingEvent::new(
-                ns.clone(),
-                EventKind::Create { description },
-                uuid,
-            )],
-            None,
-        );
+    if let Some(description) = description {
+        let uuid = st
+            .store
+            .collection(&ns)
+            .filter(|c| c.kind() == "collection")
+            .map(|c| c.uuid.clone());
+        let event = PendingEvent::new(ns.clone(), EventKind::Create { description }, uuid);
+        let now = record_ddl(&mut st, ctx.txn_key(), vec![event]);
+        std::mem::drop(st);
+        if now {
+            ctx.shared.history_grew.notify_waiters();
+        }
     }
-    std::mem::drop(st);
-    ctx.shared.history_grew.notify_waiters();
     info!(namespace = %ns, "collection created");
     Ok(Document::new())
+}
+
+/// Records the events of a DDL command: inside a transaction with its writes (they come with
+/// its commit, and none if it aborts), otherwise each at once. True when recorded at once.
+fn record_ddl(st: &mut State, txn_key: Option<&[u8]>, events: Vec<PendingEvent>) -> bool {
+    if events.is_empty() {
+        return false;
+    }
+    let parts = st.parts(txn_key);
+    if let Some(txn) = parts.txn {
+        txn.events.extend(events);
+        return false;
+    }
+    for e in events {
+        parts.oplog.append(vec![e], None);
+    }
+    true
 }
 
 /// Parses `changeStreamPreAndPostImages: {enabled: <bool>}` of `create` / `collMod`.
@@ -404,7 +438,13 @@ pub fn coll_mod(ctx: &Ctx<'_>) -> CmdResult<Document> {
         }
     }
     let mut st = ctx.shared.lock();
-    let Some(coll) = st.store.collections.get_mut(&ns) else {
+    // A collection an open transaction created is not there for anyone else yet.
+    let Some(coll) = st
+        .store
+        .collections
+        .get_mut(&ns)
+        .filter(|c| c.created_by.is_none())
+    else {
         return Err(CommandError::namespace_not_found(format!(
             "ns does not exist: {ns}"
         )));
@@ -456,6 +496,10 @@ pub fn coll_mod(ctx: &Ctx<'_>) -> CmdResult<Document> {
 /// Removes a collection and records a `drop` event. False if it did not exist.
 fn drop_collection(ctx: &Ctx<'_>, ns: &Namespace) -> bool {
     let mut st = ctx.shared.lock();
+    // One an open transaction created is not there for anyone else yet.
+    if st.store.visible(ns, None).is_none() {
+        return false;
+    }
     let Some(coll) = st.store.collections.remove(ns) else {
         return false;
     };
@@ -500,7 +544,7 @@ pub fn rename_collection(ctx: &Ctx<'_>) -> CmdResult<Document> {
         return Err(CommandError::new(20, "Can't rename a collection to itself"));
     }
     let mut st = ctx.shared.lock();
-    if !st.store.collections.contains_key(&from) {
+    if st.store.visible(&from, None).is_none() {
         return Err(CommandError::namespace_not_found(
             "Source collection does not exist",
         ));
@@ -566,7 +610,7 @@ pub fn drop_database(ctx: &Ctx<'_>) -> CmdResult<Document> {
 pub fn list_indexes(ctx: &Ctx<'_>) -> CmdResult<Document> {
     let ns = ctx.ns()?;
     let st = ctx.shared.lock();
-    let Some(coll) = st.store.collection(&ns) else {
+    let Some(coll) = st.store.visible(&ns, st.txn_id(ctx.txn_key())) else {
         return Err(CommandError::namespace_not_found(format!(
             "ns does not exist: {ns}"
         )));
@@ -595,7 +639,23 @@ pub fn create_indexes(ctx: &Ctx<'_>) -> CmdResult<Document> {
         _ => return Err(CommandError::type_mismatch("indexes must be an array")),
     };
     let mut st = ctx.shared.lock();
-    let created = st.store.create_collection(&ns, Document::new());
+    let txn = st.txn_id(ctx.txn_key());
+    if let Some(existing) = st.store.collections.get(&ns) {
+        match (existing.created_by, txn) {
+            // Inside a transaction, only a collection it created itself takes new indexes.
+            (None, Some(_)) => {
+                return Err(CommandError::new(
+                    263,
+                    format!(
+                        "Cannot create new indexes on existing collection {ns} in a multi-document transaction."
+                    ),
+                ));
+            }
+            (Some(owner), _) if Some(owner) != txn => return Err(CommandError::write_conflict()),
+            _ => {}
+        }
+    }
+    let created = st.store.create_collection(&ns, Document::new(), txn);
     let coll = st.store.ensure_collection(&ns);
     let uuid = coll.uuid.clone();
     let empty = coll.docs.is_empty();
@@ -643,10 +703,7 @@ pub fn create_indexes(ctx: &Ctx<'_>) -> CmdResult<Document> {
             Some(uuid.clone()),
         ));
     }
-    let recorded = !events.is_empty();
-    for e in events {
-        st.oplog.append(vec![e], None);
-    }
+    let recorded = record_ddl(&mut st, ctx.txn_key(), events);
     std::mem::drop(st);
     if recorded {
         ctx.shared.history_grew.notify_waiters();
@@ -661,7 +718,12 @@ pub fn create_indexes(ctx: &Ctx<'_>) -> CmdResult<Document> {
 pub fn drop_indexes(ctx: &Ctx<'_>) -> CmdResult<Document> {
     let ns = ctx.ns()?;
     let mut st = ctx.shared.lock();
-    let Some(coll) = st.store.collections.get_mut(&ns) else {
+    let Some(coll) = st
+        .store
+        .collections
+        .get_mut(&ns)
+        .filter(|c| c.created_by.is_none())
+    else {
         return Err(CommandError::namespace_not_found(format!(
             "ns not found {ns}"
         )));

@@ -705,6 +705,7 @@ fn event_doc(
             id,
             updated,
             removed,
+            truncated,
             disambiguated,
         } => {
             match options.full_document {
@@ -736,7 +737,7 @@ fn event_doc(
             let mut description = doc! {
                 "updatedFields": updated.clone(),
                 "removedFields": removed.iter().cloned().map(Bson::String).collect::<Vec<_>>(),
-                "truncatedArrays": [],
+                "truncatedArrays": truncated.clone(),
             };
             if options.expanded && options.disambiguated_paths {
                 description.insert("disambiguatedPaths", disambiguated.clone());

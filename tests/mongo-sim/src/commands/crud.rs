@@ -322,14 +322,14 @@ fn update_one_statement(
                 id,
                 doc: new.clone(),
             },
-            UpdateSpec::Operators(_) => {
-                let (updated, removed, disambiguated) =
-                    update::describe_update_with_paths(&old, &new);
+            UpdateSpec::Operators(_) | UpdateSpec::Pipeline(_) => {
+                let d = update::describe_update(&old, &new, spec);
                 EventKind::Update {
                     id,
-                    updated,
-                    removed,
-                    disambiguated,
+                    updated: d.updated,
+                    removed: d.removed,
+                    truncated: d.truncated,
+                    disambiguated: d.disambiguated,
                 }
             }
         };

@@ -352,6 +352,10 @@ async fn run_command(
         }
     }
 
+    let write_concern = match body.get("writeConcern") {
+        Some(Bson::Document(wc)) => Some(wc.clone()),
+        _ => None,
+    };
     let result = async {
         let session = session?;
         if let Some(s) = &session {
@@ -399,6 +403,13 @@ async fn run_command(
             if !d.contains_key("ok") {
                 d.insert("ok", 1.0);
             }
+            let write_concern_error = write_concern_error.or_else(|| {
+                if shared.is_replica_set() && WRITE_CONCERN_COMMANDS.contains(&name.as_str()) {
+                    unsatisfiable_write_concern(write_concern.as_ref())
+                } else {
+                    None
+                }
+            });
             if let Some(wce) = write_concern_error {
                 add_write_concern_error(&mut d, wce, label_ctx);
             }
@@ -411,6 +422,50 @@ async fn run_command(
     };
     append_cluster_time(shared, &mut reply);
     Some(reply)
+}
+
+/// Commands that wait for their write concern once they have succeeded.
+const WRITE_CONCERN_COMMANDS: &[&str] = &[
+    "insert",
+    "update",
+    "delete",
+    "findAndModify",
+    "findandmodify",
+    "bulkWrite",
+    "commitTransaction",
+    "abortTransaction",
+    "create",
+    "drop",
+    "dropDatabase",
+    "renameCollection",
+    "createIndexes",
+    "dropIndexes",
+    "deleteIndexes",
+];
+
+/// The write concern error a single-member replica set reports once the write is applied: `w`
+/// asking for more members than the one there is (UnsatisfiableWriteConcern, 100), or naming a
+/// mode other than `majority` (UnknownReplWriteConcern, 79; the set configures no tags).
+fn unsatisfiable_write_concern(wc: Option<&Document>) -> Option<Document> {
+    let wc = wc?;
+    let (code, message) = match wc.get("w")? {
+        Bson::String(mode) if mode != "majority" => (
+            79,
+            format!("No write concern mode named '{mode}' found in replica set configuration"),
+        ),
+        w => match crate::values::as_f64(w) {
+            Some(n) if n > 1.0 => (100, "Not enough data-bearing nodes".to_string()),
+            _ => return None,
+        },
+    };
+    let mut applied = wc.clone();
+    applied.insert("provenance", "clientSupplied");
+    Some(doc! {
+        "code": code,
+        "codeName": crate::error::code_name(code),
+        "errmsg": message,
+        "errInfo": {"writeConcern": applied},
+    })
 }
 
 /// Reports an injected write concern error on an otherwise successful reply, with the labels
