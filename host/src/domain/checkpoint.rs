@@ -88,6 +88,10 @@ pub fn initial_bound(
     created
 }
 
+/// The largest revision a checkpoint may hold (2^53, exact in every client's numbers): far more
+/// writes than any consumer makes, and room for every later increment.
+pub const MAX_REVISION: i64 = 1 << 53;
+
 /// How many configuration changes a checkpoint remembers (`configChanges`, newest last).
 pub const CONFIG_CHANGES_KEPT: i32 = 20;
 
@@ -128,6 +132,17 @@ pub fn claim(loaded: &Checkpoint, binding: &Binding<'_>) -> Result<Claim> {
         )));
     }
     let recorded = loaded.config.clone().unwrap_or_default();
+    // Events are dealt to partitions by the count: another count (or none) would hand some
+    // events off twice and leave others to no one, which no reason can accept.
+    let count = |c: &StreamConfig| c.partition.map(|p| p.count);
+    if count(&recorded) != count(binding.config) {
+        return Err(HandoffError::Mismatch(
+            "The consumer's checkpoint was written for another partitioning (partition count); \
+             repartitioning a running consumer would hand events off twice or not at all. \
+             Start new consumers for the new partitions"
+                .into(),
+        ));
+    }
     let differences = binding.config.differences(&recorded);
     let change = match (differences.is_empty(), binding.accept_change) {
         (true, _) => None,
@@ -146,7 +161,6 @@ pub fn claim(loaded: &Checkpoint, binding: &Binding<'_>) -> Result<Claim> {
             "reason": reason,
             "from": recorded.digest(),
             "to": binding.config.digest(),
-            "fromConfig": recorded.to_document(),
             "differences": differences,
         }),
     };
@@ -192,7 +206,7 @@ pub fn validate(stored: &Document, source: &str, replica_set_id: &str) -> Result
     };
     let revision = match stored.get("revision") {
         None => None,
-        Some(Bson::Int64(n)) if *n >= 0 => Some(*n),
+        Some(Bson::Int64(n)) if (0..MAX_REVISION).contains(n) => Some(*n),
         Some(Bson::Int32(n)) if *n >= 0 => Some(i64::from(*n)),
         Some(_) => return Err(malformed()),
     };
@@ -277,6 +291,7 @@ mod tests {
             ("mode", Bson::String("startAtOperationTime".into())),
             ("mode", Bson::Int32(1)),
             ("revision", Bson::Int64(-1)),
+            ("revision", Bson::Int64(i64::MAX)),
             ("revision", Bson::String("1".into())),
             ("owner", Bson::String("someone".into())),
             ("leaseUntil", Bson::DateTime(DateTime::now())),
@@ -435,6 +450,32 @@ mod tests {
             accepted.set.get_document("config").unwrap(),
             &images.to_document()
         );
+        // Another partition count is refused, reason or not.
+        let mut partitioned = baseline.clone();
+        partitioned.config = Some(StreamConfig {
+            partition: Some(crate::domain::config::Partition { index: 0, count: 4 }),
+            ..StreamConfig::default()
+        });
+        for count in [None, Some(8)] {
+            let other = StreamConfig {
+                partition: count.map(|count| crate::domain::config::Partition { index: 0, count }),
+                ..StreamConfig::default()
+            };
+            let refused = claim(
+                &partitioned,
+                &Binding {
+                    config: &other,
+                    accept_change: Some("more throughput"),
+                    lease: &mine,
+                    now,
+                },
+            )
+            .unwrap_err();
+            assert!(
+                matches!(&refused, HandoffError::Mismatch(m) if m.contains("repartitioning")),
+                "{refused}"
+            );
+        }
         // The same configuration with a reason changes nothing.
         let mut bound = baseline.clone();
         bound.config = Some(images.clone());

@@ -213,15 +213,23 @@ impl StreamConfig {
         if let Some(partition) = &self.partition {
             stages.push(partition.stage());
         }
-        stages.extend(self.pipeline.iter().map(|stage| match stage.get("$match") {
-            // An invalidation must reach the host whatever the filter: without it the consumer
-            // would lose the `startAfter` position that lets the next run continue.
-            Some(filter) => doc! {
-                "$match": { "$or": [ { "operationType": "invalidate" }, filter.clone() ] }
-            },
-            None => stage.clone(),
+        // An invalidation must reach the host whatever the stages: without it the consumer
+        // would lose the `startAfter` position that lets the next run continue.
+        stages.extend(self.pipeline.iter().map(|stage| {
+            if let Some(filter) = stage.get("$match") {
+                doc! { "$match": { "$or": [ { "operationType": "invalidate" }, filter.clone() ] } }
+            } else if let Some(expression) = stage.get("$redact") {
+                doc! { "$redact": { "$cond": [
+                    { "$eq": ["$operationType", "invalidate"] }, "$$KEEP", expression.clone()
+                ] } }
+            } else {
+                stage.clone()
+            }
         }));
         if self.split_large_events {
+            // Only the server's fragments carry `splitEvent`: a field of that name a pipeline
+            // brought up from a document is dropped, so that it cannot join events.
+            stages.push(doc! { "$unset": "splitEvent" });
             // Last, as MongoDB requires.
             stages.push(doc! { "$changeStreamSplitLargeEvent": {} });
         }
@@ -243,7 +251,8 @@ impl StreamConfig {
     }
 
     /// `sha256:` and the hex SHA-256 of the stored form's BSON: two configurations have the same
-    /// digest exactly when they open the same stream.
+    /// digest exactly when their options are the same (the stages opened also depend on the
+    /// database and the consumer's own collections, which the checkpoint pins otherwise).
     pub fn digest(&self) -> String {
         let bytes = self.to_document().to_vec().unwrap_or_default();
         format!("sha256:{}", hex::encode(Sha256::digest(bytes)))
@@ -252,6 +261,17 @@ impl StreamConfig {
     /// Reads a stored configuration; a field it lacks has the baseline's value (so that a
     /// configuration stored before a field existed keeps its meaning).
     pub fn from_document(stored: &Document) -> Result<StreamConfig, MalformedConfig> {
+        // An option this version does not know (written by a newer one) cannot be honoured,
+        // nor silently dropped by the next claim.
+        if let Some(unknown) = stored
+            .keys()
+            .find(|key| !STORED_KEYS.contains(&key.as_str()))
+        {
+            return Err(MalformedConfig(format!(
+                "{:?} is not an option this version knows",
+                super::text::escape_untrusted(unknown, 40)
+            )));
+        }
         let defaults = StreamConfig::default();
         let text = |key: &str| match stored.get(key) {
             None => Ok(None),
@@ -376,6 +396,16 @@ impl StreamConfig {
     }
 }
 
+/// The fields of a stored configuration.
+const STORED_KEYS: [&str; 6] = [
+    "scope",
+    "fullDocument",
+    "fullDocumentBeforeChange",
+    "pipeline",
+    "partition",
+    "splitLargeEvents",
+];
+
 /// The stages a change-stream pipeline may hold (MongoDB's list, less `$changeStreamSplitLargeEvent`,
 /// which the host adds itself).
 pub const ALLOWED_STAGES: [&str; 8] = [
@@ -424,6 +454,10 @@ pub fn parse_pipeline(text: &str) -> Result<Vec<Document>, String> {
                 return Err(format!("stage {index} is not a document"));
             };
             check_stage(&stage).map_err(|why| format!("stage {index}: {why}"))?;
+            // A key MongoDB cannot store (one holding NUL) would make the stage unsendable.
+            stage
+                .to_vec()
+                .map_err(|_| format!("stage {index} cannot be encoded as BSON"))?;
             Ok(stage)
         })
         .collect()
@@ -618,6 +652,7 @@ mod tests {
             ),
             (r#"[{"$addFields": 1}]"#, "takes a document"),
             (r#"[{"$unset": 1}]"#, "field path"),
+            (r#"[{"$match": {"a\u0000b": 1}}]"#, "cannot be encoded"),
             (r#"[1]"#, "not a document"),
             (r#"{"$match": {}}"#, "JSON array"),
             (r#"[{"$match": "#, "not JSON"),
@@ -762,12 +797,16 @@ mod tests {
             ]
         );
         let stages = shaped.stages("db", &["cp"]);
-        assert_eq!(stages.len(), 2);
+        assert_eq!(stages.len(), 3);
         assert_eq!(
-            stages.last().unwrap(),
-            &doc! { "$changeStreamSplitLargeEvent": {} }
+            stages[1..],
+            [
+                doc! { "$unset": "splitEvent" },
+                doc! { "$changeStreamSplitLargeEvent": {} }
+            ]
         );
         for bad in [
+            doc! { "fromTheFuture": true },
             doc! { "partition": { "index": 4, "count": 4 } },
             doc! { "partition": { "index": 0 } },
             doc! { "partition": 3 },
@@ -793,6 +832,14 @@ mod tests {
         let stages = config.stages("shop", &["cp", "out"]);
         assert_eq!(stages.len(), 2);
         assert_eq!(stages[1], keeps_invalidations);
+        // A $redact keeps invalidations whatever its expression says.
+        config.pipeline = vec![doc! { "$redact": "$$PRUNE" }];
+        assert_eq!(
+            config.stages("shop", &[])[1],
+            doc! { "$redact": { "$cond": [
+                { "$eq": ["$operationType", "invalidate"] }, "$$KEEP", "$$PRUNE"
+            ] } }
+        );
         assert_eq!(
             stages[0],
             doc! { "$match": { "$nor": [ { "ns.db": "shop", "ns.coll": { "$in": ["cp", "out"] } } ] } }

@@ -4,9 +4,9 @@
 //! early: the checkpoint's compare-and-set on the token is what keeps two runs from handing an
 //! event off twice, with or without it (the baseline task knows no lease).
 //!
-//! Times are the writer's wall clock; runs on machines whose clocks disagree by more than a
-//! lease may take a lease over early, which costs the later run its commits (a conflict), never
-//! an event.
+//! Times are the writer's wall clock; a run on a machine whose clock is ahead by more than a
+//! lease may take a lease over early, which costs the run that held it its next commit (a
+//! conflict), never an event.
 
 use std::time::Duration;
 

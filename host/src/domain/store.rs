@@ -77,8 +77,13 @@ pub trait CheckpointStore: Send + Sync {
     /// Binds the checkpoint to a run (its lease and stream configuration) if its revision is
     /// still the one the run read, else [`CommitError::Conflict`]; increments the revision.
     fn claim(&self, consumer: &str, claim: &Claim) -> Result<(), CommitError>;
-    /// Ends `owner`'s lease at `at`, if it still holds it; nothing otherwise.
+    /// Sets the end of `owner`'s lease to `at`, if it still holds it; nothing otherwise. A run
+    /// gives its lease back with the epoch.
     fn release(&self, consumer: &str, owner: &str, at: DateTime) -> Result<(), CommitError>;
+    /// Extends `owner`'s lease to `until` (a run that reads without committing keeps it).
+    fn renew(&self, consumer: &str, owner: &str, until: DateTime) -> Result<(), CommitError> {
+        self.release(consumer, owner, until)
+    }
     /// The checkpoint document and the records of `consumer`, in commit order.
     fn dump(&self, consumer: &str) -> Result<Dump, CommitError>;
     /// How many times this store retried a transaction or its commit (a transient error, an

@@ -232,11 +232,13 @@ impl Plan {
         .with_stop(self.stop.clone())
         .with_max_events(self.inputs.max_events)
         .with_outbox_options(self.outbox)
+        .with_split_events(config.split_large_events)
         .with_lease(lease.clone());
         let ran = runtime.run(policy, session, &self.settings(), &self.limits);
         // The next run need not wait for the lease to expire. A run that cannot release it
         // (its deadline passed, the server is gone) leaves it to expire.
-        if let Err(error) = store.release(&name, &lease.owner, bson::DateTime::now()) {
+        // The epoch, not this machine's time: a next run whose clock is behind finds it free.
+        if let Err(error) = store.release(&name, &lease.owner, bson::DateTime::from_millis(0)) {
             tracing::debug!(%error, "the lease could not be released; it expires by itself");
         }
         let summary = ran?;

@@ -391,6 +391,9 @@ impl Session {
         };
         let result = self.store.commit(&step);
         self.committed.transaction_retries = self.store.transaction_retries();
+        if result.is_ok() {
+            self.lease_renewed = std::time::Instant::now();
+        }
         let applied = match result {
             Ok(applied) => applied,
             Err(error) => return Err(self.fail(match error {
@@ -504,6 +507,9 @@ impl Session {
         };
         let result = self.store.commit(&step);
         self.committed.transaction_retries = self.store.transaction_retries();
+        if result.is_ok() {
+            self.lease_renewed = std::time::Instant::now();
+        }
         if let Err(error) = result {
             return Err(self.fail(match error {
                 CommitError::Conflict | CommitError::Duplicate(_) => {

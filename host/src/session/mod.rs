@@ -138,8 +138,12 @@ pub struct Session {
     start_saved_for_policy: bool,
     bounds: Bounds,
     outbox_options: OutboxOptions,
-    /// The lease this run holds on the checkpoint, renewed by every commit.
+    /// The lease this run holds on the checkpoint, renewed by every commit, and when it was
+    /// last renewed.
     lease: Option<Lease>,
+    lease_renewed: Instant,
+    /// The stream splits large events (`--split-large-events`): only then is `splitEvent` read.
+    split_events: bool,
 }
 
 impl Session {
@@ -176,13 +180,44 @@ impl Session {
             bounds: Bounds::default(),
             outbox_options: OutboxOptions::default(),
             lease: None,
+            lease_renewed: Instant::now(),
+            split_events: false,
         }
+    }
+
+    /// Puts the fragments of split events together (the stream was opened with
+    /// `$changeStreamSplitLargeEvent`). Otherwise a `splitEvent` field is an event's like any.
+    pub fn with_split_events(mut self, split: bool) -> Self {
+        self.split_events = split;
+        self
     }
 
     /// Commits only while `lease` holds the checkpoint, renewing it.
     pub fn with_lease(mut self, lease: Lease) -> Self {
         self.lease = Some(lease);
+        self.lease_renewed = Instant::now();
         self
+    }
+
+    /// Extends the lease once a third of it has passed since it was last renewed (a commit
+    /// renews it too): a run that reads for a while without committing keeps its consumer. A
+    /// renewal that fails is left to the next commit, whose compare-and-set needs the lease.
+    fn keep_lease(&mut self) {
+        let Some(lease) = &self.lease else {
+            return;
+        };
+        if self.lease_renewed.elapsed() < lease.duration / 3 {
+            return;
+        }
+        let until = lease.until(bson::DateTime::now());
+        match self
+            .store
+            .renew(&self.consumer.consumer, &lease.owner, until)
+        {
+            Ok(()) => tracing::debug!("lease renewed"),
+            Err(error) => tracing::debug!(%error, "the lease could not be renewed"),
+        }
+        self.lease_renewed = Instant::now();
     }
 
     /// Replaces the default byte and count bounds.

@@ -142,6 +142,7 @@ impl Session {
         {
             return Err(self.reject(format!("the run already read max_events = {max} events")));
         }
+        self.keep_lease();
         let event = match self.source.next() {
             Ok(Some(event)) => event,
             Ok(None) => return Ok(None),
@@ -199,6 +200,9 @@ impl Session {
     /// `n - 1` fragments, read now: the server sends them one after the other, and the event is
     /// delivered, committed and resumed from as one. A fragment out of its place ends the run.
     fn rest_of_split(&mut self, event: &Document) -> Result<Vec<Document>, Refusal> {
+        if !self.split_events {
+            return Ok(Vec::new());
+        }
         let split =
             split_of(event).map_err(|why| self.fail(HandoffError::StreamFatal(why.into())))?;
         let Some((fragment, of)) = split else {

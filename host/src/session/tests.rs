@@ -333,7 +333,8 @@ fn a_split_event_is_delivered_committed_and_resumed_from_as_one() {
         store.clone(),
         None,
         Mode::ResumeAfter,
-    );
+    )
+    .with_split_events(true);
     s.open_stream(Start::Now).unwrap();
     let tokens = deliver(&mut s, 2);
     // The policy sees the event once, by its first fragment's token, and reads fields across
@@ -378,7 +379,8 @@ fn a_split_event_is_delivered_committed_and_resumed_from_as_one() {
         store.clone(),
         Some(token(4)),
         Mode::ResumeAfter,
-    );
+    )
+    .with_split_events(true);
     resumed
         .open_stream(Start::ResumeAfter(canonical_text(&token(4))))
         .unwrap();
@@ -393,7 +395,8 @@ fn a_split_event_quarantined_keeps_a_record_per_fragment() {
         store.clone(),
         None,
         Mode::ResumeAfter,
-    );
+    )
+    .with_split_events(true);
     s.open_stream(Start::Now).unwrap();
     let tokens = deliver(&mut s, 2);
     s.commit_batch(
@@ -448,7 +451,8 @@ fn a_split_event_out_of_order_ends_the_run() {
         ),
     ] {
         let store = Arc::new(MemoryStore::new());
-        let mut s = session(recording(events), store.clone(), None, Mode::ResumeAfter);
+        let mut s = session(recording(events), store.clone(), None, Mode::ResumeAfter)
+            .with_split_events(true);
         s.open_stream(Start::Now).unwrap();
         let error = s.next_event().unwrap_err();
         assert_eq!(error.kind, RefusalKind::Fatal, "{error:?}");
@@ -470,7 +474,8 @@ fn a_split_event_whose_last_fragment_never_comes_ends_the_run() {
         store,
         None,
         Mode::ResumeAfter,
-    );
+    )
+    .with_split_events(true);
     s.open_stream(Start::Now).unwrap();
     let error = s.next_event().unwrap_err();
     assert_eq!(error.kind, RefusalKind::Fatal, "{error:?}");
@@ -515,4 +520,37 @@ fn an_invalidation_marker_goes_with_the_invalidations_commit() {
     assert_eq!(s.committed().handed_off, 1);
     assert_eq!(s.committed().invalidate_markers, 1);
     assert_eq!(s.committed().last_event_id, id);
+}
+
+#[test]
+fn without_split_events_a_split_event_field_joins_nothing() {
+    // Documents whose data brings up a `splitEvent` field (a pipeline replacing the event by its
+    // document, say): without --split-large-events each is an event of its own.
+    let forged = vec![
+        doc! {"_id": token(1), "operationType": "insert", "splitEvent": {"fragment": 1, "of": 2}},
+        doc! {"_id": token(2), "operationType": "insert", "splitEvent": {"fragment": 2, "of": 2}},
+        doc! {"_id": token(3), "operationType": "insert", "splitEvent": {"fragment": 2, "of": 2}},
+    ];
+    let store = Arc::new(MemoryStore::new());
+    let mut s = session(recording(forged), store.clone(), None, Mode::ResumeAfter);
+    s.open_stream(Start::Now).unwrap();
+    let tokens = deliver(&mut s, 3);
+    s.commit_batch(
+        None,
+        &tokens[2],
+        Mode::ResumeAfter,
+        (0..3).map(|i| Decision::HandOff(format!("e{i}"))).collect(),
+    )
+    .unwrap();
+    let dump = store.dump("c").unwrap();
+    let ids: Vec<&str> = dump
+        .outbox
+        .iter()
+        .map(|r| r.get_str("_id").unwrap())
+        .collect();
+    assert_eq!(ids, ["c/e0", "c/e1", "c/e2"]);
+    assert_eq!(
+        dump.checkpoint.unwrap().get_document("token").unwrap(),
+        &token(3)
+    );
 }
