@@ -19,6 +19,14 @@ fn set_checkpoint(live: &Live, fields: Document) {
     .expect("update checkpoint");
 }
 
+/// Another run's name.
+const ELSEWHERE: &str = "handoff@elsewhere:7:1";
+
+/// Plants a live lease of another run on the consumer.
+fn held_elsewhere(live: &Live) {
+    set_checkpoint(live, doc! {"owner": ELSEWHERE, "leaseUntil": in_ms(60_000)});
+}
+
 fn in_ms(ms: i64) -> DateTime {
     DateTime::from_millis(DateTime::now().timestamp_millis() + ms)
 }
@@ -61,10 +69,7 @@ fn a_second_run_stops_at_its_start_while_the_lease_holds_and_takes_it_over_once_
     let live = Live::start();
     let start = live.start_consumer();
     live.insert(0..3);
-    set_checkpoint(
-        &live,
-        doc! {"owner": "handoff@elsewhere:7:1", "leaseUntil": in_ms(60_000)},
-    );
+    held_elsewhere(&live);
     let before = live.checkpoint().unwrap();
     let held = live.run(&[]);
     let out = support::fails(
@@ -80,7 +85,7 @@ fn a_second_run_stops_at_its_start_while_the_lease_holds_and_takes_it_over_once_
     let out = support::ok(&live.run(&[]));
     assert_eq!(out["events_handed_off"], 3);
     let after = live.checkpoint().unwrap();
-    assert_ne!(after.get_str("owner").unwrap(), "handoff@elsewhere:7:1");
+    assert_ne!(after.get_str("owner").unwrap(), ELSEWHERE);
     assert_eq!(
         outbox_event_ids(&live.outbox()),
         live.events_after(&start)
@@ -130,10 +135,7 @@ fn a_run_whose_lease_was_taken_over_cannot_commit() {
         source: format!("{}.orders", live.db),
     };
     let mine = Lease::new(Duration::from_secs(60));
-    set_checkpoint(
-        &live,
-        doc! {"owner": "handoff@elsewhere:7:1", "leaseUntil": in_ms(60_000)},
-    );
+    held_elsewhere(&live);
     let next = doc! {"_data": "82FFFFFFFF000000012B0429296E1404"};
     let record = doc! {"_id": format!("{CONSUMER}/x"), "consumer": CONSUMER, "source": &consumer.source, "event": {"_id": next.clone()}};
     let commit = Commit {
@@ -159,9 +161,7 @@ fn a_run_whose_lease_was_taken_over_cannot_commit() {
     assert_eq!(after.get_document("token").unwrap(), &next);
     assert!(*after.get_datetime("leaseUntil").unwrap() > in_ms(50_000));
     // A release by another name changes nothing; by the owner, it ends the lease now.
-    store
-        .release(CONSUMER, "handoff@elsewhere:7:1", DateTime::now())
-        .unwrap();
+    store.release(CONSUMER, ELSEWHERE, DateTime::now()).unwrap();
     assert_eq!(live.checkpoint().unwrap(), after);
     store
         .release(CONSUMER, &mine.owner, DateTime::from_millis(0))

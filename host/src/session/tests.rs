@@ -313,6 +313,13 @@ fn recording(events: Vec<Document>) -> Arc<Fixture> {
     Arc::new(Fixture::parse(&text).expect("fixture"))
 }
 
+/// A session over `events` that joins split events, its stream open from now.
+fn split_session(events: Vec<Document>, store: Arc<dyn CheckpointStore>) -> Session {
+    let mut s = session(recording(events), store, None, Mode::ResumeAfter).with_split_events(true);
+    s.open_stream(Start::Now).unwrap();
+    s
+}
+
 /// Event 1 whole, event 2 in three fragments (tokens 2, 3, 4), event 5 whole.
 fn with_split_event() -> Vec<Document> {
     vec![
@@ -328,14 +335,7 @@ fn with_split_event() -> Vec<Document> {
 #[test]
 fn a_split_event_is_delivered_committed_and_resumed_from_as_one() {
     let store = Arc::new(Counting::default());
-    let mut s = session(
-        recording(with_split_event()),
-        store.clone(),
-        None,
-        Mode::ResumeAfter,
-    )
-    .with_split_events(true);
-    s.open_stream(Start::Now).unwrap();
+    let mut s = split_session(with_split_event(), store.clone());
     let tokens = deliver(&mut s, 2);
     // The policy sees the event once, by its first fragment's token, and reads fields across
     // its fragments.
@@ -390,14 +390,7 @@ fn a_split_event_is_delivered_committed_and_resumed_from_as_one() {
 #[test]
 fn a_split_event_quarantined_keeps_a_record_per_fragment() {
     let store = Arc::new(MemoryStore::new());
-    let mut s = session(
-        recording(with_split_event()),
-        store.clone(),
-        None,
-        Mode::ResumeAfter,
-    )
-    .with_split_events(true);
-    s.open_stream(Start::Now).unwrap();
+    let mut s = split_session(with_split_event(), store.clone());
     let tokens = deliver(&mut s, 2);
     s.commit_batch(
         None,
@@ -451,9 +444,7 @@ fn a_split_event_out_of_order_ends_the_run() {
         ),
     ] {
         let store = Arc::new(MemoryStore::new());
-        let mut s = session(recording(events), store.clone(), None, Mode::ResumeAfter)
-            .with_split_events(true);
-        s.open_stream(Start::Now).unwrap();
+        let mut s = split_session(events, store.clone());
         let error = s.next_event().unwrap_err();
         assert_eq!(error.kind, RefusalKind::Fatal, "{error:?}");
         assert!(
@@ -469,14 +460,7 @@ fn a_split_event_out_of_order_ends_the_run() {
 fn a_split_event_whose_last_fragment_never_comes_ends_the_run() {
     let whole = with_split_event();
     let store = Arc::new(MemoryStore::new());
-    let mut s = session(
-        recording(vec![whole[1].clone(), whole[2].clone()]),
-        store,
-        None,
-        Mode::ResumeAfter,
-    )
-    .with_split_events(true);
-    s.open_stream(Start::Now).unwrap();
+    let mut s = split_session(vec![whole[1].clone(), whole[2].clone()], store);
     let error = s.next_event().unwrap_err();
     assert_eq!(error.kind, RefusalKind::Fatal, "{error:?}");
     assert!(
