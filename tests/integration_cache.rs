@@ -343,7 +343,7 @@ fn a_component_refused_by_the_contract_check_is_not_cached() {
     let dir = s.path("cache");
     for (policy, needle) in [
         (
-            handoff_test_policies::NET_CLIENT,
+            handoff_test_policies::FOREIGN_IMPORT,
             "imports what the host does not grant",
         ),
         (

@@ -229,6 +229,20 @@ fn policy_check_tells_what_a_file_is_and_refuses_what_the_host_would() {
     );
     assert_eq!(out["events_handed_off"], 1);
 
+    // Sockets are linked and denied, and the check says so for each import.
+    let output = policy(&["check", handoff_test_policies::NET_CLIENT]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let shown = stdout(&output);
+    assert!(
+        shown.lines().any(
+            |l| l.starts_with("import:    wasi:sockets/tcp@") && l.contains("every use denied")
+        ),
+        "{shown}"
+    );
+    assert!(
+        shown.lines().any(|l| l.starts_with("import:    wasi:cli/environment@") && l.contains("no variable")),
+        "{shown}"
+    );
     for (file, needle) in [
         (
             handoff_test_policies::FUTURE_MINOR,
@@ -239,8 +253,8 @@ fn policy_check_tells_what_a_file_is_and_refuses_what_the_host_would() {
             "a different major version is incompatible",
         ),
         (
-            handoff_test_policies::NET_CLIENT,
-            "imports what the host does not grant: wasi:sockets",
+            handoff_test_policies::FOREIGN_IMPORT,
+            "imports what the host does not grant: handoff:policy/backdoor",
         ),
     ] {
         let output = policy(&["check", file]);

@@ -126,12 +126,23 @@ fn a_report_that_disagrees_with_the_commits_fails_the_run_but_keeps_the_commit()
 }
 
 #[test]
-fn a_component_importing_sockets_is_refused_at_load() {
+fn a_component_using_sockets_runs_with_every_use_denied() {
     let (s, output) = policy_run(handoff_test_policies::NET_CLIENT, &[]);
     fails(
         &output,
         9,
-        "imports what the host does not grant: wasi:sockets/",
+        "connected: false, bound: false, resolved: false",
+    );
+    nothing_committed(&s);
+}
+
+#[test]
+fn a_component_importing_what_the_contract_lacks_is_refused_at_load() {
+    let (s, output) = policy_run(handoff_test_policies::FOREIGN_IMPORT, &[]);
+    fails(
+        &output,
+        9,
+        "imports what the host does not grant: handoff:policy/backdoor",
     );
     assert!(
         !s.state().exists(),

@@ -6,7 +6,8 @@ use clap::Subcommand;
 
 use handoff::error::{HandoffError, Result};
 use handoff::kit::cases::Case;
-use handoff::kit::{check, scaffold};
+use handoff::kit::lang::Lang;
+use handoff::kit::{build, check, scaffold};
 use handoff::runtime::cache::{ArtifactCache, Lookup};
 use handoff::runtime::{PolicySource, Runtime};
 
@@ -15,15 +16,29 @@ pub const TEST_WATCHDOG_GRACE_SECONDS: u64 = 30;
 
 #[derive(Subcommand)]
 pub enum PolicyCommand {
-    /// Creates a policy crate NAME (Rust, wit-bindgen, wasm32-wasip2) that builds and passes its
-    /// own tests and cases as generated.
-    #[command(after_help = concat!("Example:\n  handoff policy new shop-policy && cd shop-policy && cargo test\n\n", exit_codes!()))]
+    /// Creates a policy project NAME in Rust, Python or JavaScript that builds and passes its own
+    /// tests and cases as generated.
+    #[command(after_help = concat!("Example:\n  handoff policy new shop-policy --lang python && cd shop-policy && handoff policy build\n\n", exit_codes!()))]
     New {
-        /// The crate's name (lowercase letters, digits, '-' or '_').
+        /// The project's name (lowercase letters, digits, '-' or '_').
         name: String,
         /// Where to create it.
         #[arg(long, default_value = ".")]
         dir: PathBuf,
+        /// The policy's language: rust, python or javascript.
+        #[arg(long, default_value = "rust")]
+        lang: Lang,
+    },
+    /// Builds the policy project in DIR with its language's toolchain (cargo, componentize-py,
+    /// componentize-js), then checks the component like `policy check`.
+    #[command(after_help = concat!("Example:\n  handoff policy build --watch\n\n", exit_codes!()))]
+    Build {
+        /// The project directory.
+        #[arg(default_value = ".")]
+        dir: PathBuf,
+        /// Build again whenever a source file changes (until interrupted).
+        #[arg(long)]
+        watch: bool,
     },
     /// Inspects a policy file: component or not, contract version, imports, size, SHA-256.
     /// Exits 9 when this host would refuse it.
@@ -63,8 +78,8 @@ pub enum PolicyCommand {
 
 pub fn run(command: PolicyCommand) -> Result<()> {
     match command {
-        PolicyCommand::New { name, dir } => {
-            let root = scaffold::scaffold(&dir, &name)?;
+        PolicyCommand::New { name, dir, lang } => {
+            let root = scaffold::scaffold(&dir, &name, lang)?;
             // The sample case's expectations come from the embedded default, which the template
             // reproduces.
             let case_dir = root.join("cases/sample");
@@ -81,20 +96,20 @@ pub fn run(command: PolicyCommand) -> Result<()> {
             println!("created {}", root.display());
             Ok(())
         }
-        PolicyCommand::Check { file } => {
-            let source = PolicySource::from_file(&file)?;
-            let report = check::check(&source)?;
-            for line in &report.lines {
-                println!("{line}");
+        PolicyCommand::Check { file } => check_file(&file),
+        PolicyCommand::Build { dir, watch } => {
+            let once = || build::build(&dir).and_then(|wasm| check_file(&wasm));
+            if !watch {
+                return once();
             }
-            match report.refusal {
-                None => {
-                    println!("verdict:   this host runs it");
-                    Ok(())
+            loop {
+                let seen = build::sources(&dir);
+                if let Err(e) = once() {
+                    eprintln!("error: {e}");
                 }
-                Some(refusal) => {
-                    println!("verdict:   refused");
-                    Err(refusal)
+                println!("watching {} for changes (Ctrl-C to stop)", dir.display());
+                while build::sources(&dir) == seen {
+                    std::thread::sleep(build::WATCH_EVERY);
                 }
             }
         }
@@ -187,6 +202,25 @@ pub fn run(command: PolicyCommand) -> Result<()> {
             })?;
             println!("{}  {}", source.sha256, file.display());
             Ok(())
+        }
+    }
+}
+
+/// Prints what `policy check` finds in `file`; the refusal, if any, is the error.
+fn check_file(file: &std::path::Path) -> Result<()> {
+    let source = PolicySource::from_file(file)?;
+    let report = check::check(&source)?;
+    for line in &report.lines {
+        println!("{line}");
+    }
+    match report.refusal {
+        None => {
+            println!("verdict:   this host runs it");
+            Ok(())
+        }
+        Some(refusal) => {
+            println!("verdict:   refused");
+            Err(refusal)
         }
     }
 }

@@ -3,9 +3,7 @@
 use wasmtime::component::Component;
 
 use crate::error::{HandoffError, Result};
-use crate::runtime::policy::{
-    CONTRACT, EXPORT_PREFIX, GRANTED_IMPORTS, PolicySource, check_contract,
-};
+use crate::runtime::policy::{CONTRACT, EXPORT_PREFIX, PolicySource, check_contract, granted};
 
 /// What a check found.
 pub struct Report {
@@ -53,11 +51,10 @@ pub fn check(source: &PolicySource) -> Result<Report> {
         lines.push(format!("export:    {name}{note}"));
     }
     for (name, _) in ty.imports(&engine) {
-        let granted = GRANTED_IMPORTS.iter().any(|g| name.starts_with(g));
-        lines.push(format!(
-            "import:    {name}  ({})",
-            if granted { "granted" } else { "NOT granted" }
-        ));
+        lines.push(match granted(name) {
+            Some(what) => format!("import:    {name}  (granted: {what})"),
+            None => format!("import:    {name}  (NOT granted: the host refuses the policy)"),
+        });
     }
     let refusal = match check_contract(&engine, &component, &source.origin) {
         Ok(version) => {

@@ -1,7 +1,10 @@
 //! The policy authors' kit: fixture-driven policy tests (`cases`), compatibility checks (`check`),
-//! a policy crate scaffold (`scaffold`) and live-stream recording (`record`).
+//! project scaffolds per language (`scaffold`, `lang`), builds (`build`) and live-stream recording
+//! (`record`).
 
+pub mod build;
 pub mod cases;
 pub mod check;
+pub mod lang;
 pub mod record;
 pub mod scaffold;

@@ -17,16 +17,56 @@ pub const CONTRACT: Version = Version {
 };
 /// The package and interface a policy exports.
 pub const EXPORT_PREFIX: &str = "handoff:policy/policy@";
-/// Interfaces a policy may import: the contract and the WASI interfaces whose capabilities are
-/// all withheld (no preopens, environment, arguments or network are granted).
-pub const GRANTED_IMPORTS: &[&str] = &[
-    "handoff:policy/",
-    "wasi:cli/",
-    "wasi:io/",
-    "wasi:clocks/",
-    "wasi:random/",
-    "wasi:filesystem/",
+/// Interfaces a policy may import, by name prefix, and what each lets the policy do: the contract
+/// and the WASI interfaces whose capabilities are all withheld (no preopens, environment,
+/// arguments or network are granted). The runtimes of interpreted languages import most of these
+/// whether or not a policy uses them. The longest matching prefix describes an import.
+pub const GRANTED_IMPORTS: &[(&str, &str)] = &[
+    (
+        "handoff:policy/host@",
+        "the contract: the stream, commits and the checkpoint, each call checked by the host",
+    ),
+    ("handoff:policy/types@", "the contract's types"),
+    (
+        "wasi:cli/environment",
+        "empty: no variable, no argument, no working directory",
+    ),
+    ("wasi:cli/stdin", "a closed stream: nothing to read"),
+    ("wasi:cli/stdout", "a sink: what is written is discarded"),
+    ("wasi:cli/stderr", "a sink: what is written is discarded"),
+    ("wasi:cli/exit", "ends the run as a policy failure"),
+    ("wasi:cli/terminal-", "no terminal"),
+    ("wasi:cli/", "no arguments, environment, terminal or input"),
+    (
+        "wasi:io/",
+        "streams and waits on what is granted; every wait bounded by the compute slice and the run deadline",
+    ),
+    (
+        "wasi:clocks/",
+        "the time (virtual under a replay); waits bounded like wasi:io",
+    ),
+    (
+        "wasi:random/",
+        "random bytes (seeded from the run under a replay)",
+    ),
+    (
+        "wasi:filesystem/",
+        "no preopened directory: no file can be opened",
+    ),
+    (
+        "wasi:sockets/",
+        "every use denied: no TCP, no UDP, no name lookup, no address",
+    ),
 ];
+
+/// What a granted import lets a policy do, or `None` when the host does not grant it.
+pub fn granted(import: &str) -> Option<&'static str> {
+    GRANTED_IMPORTS
+        .iter()
+        .filter(|(prefix, _)| import.starts_with(prefix))
+        .max_by_key(|(prefix, _)| prefix.len())
+        .map(|(_, what)| *what)
+}
 
 static DEFAULT_POLICY: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/default-policy.wasm"));
 static DEFAULT_POLICY_SHA256: &str =
@@ -162,11 +202,7 @@ pub fn check_contract(
     let refused: Vec<String> = ty
         .imports(engine)
         .map(|(name, _)| name.to_string())
-        .filter(|name| {
-            !GRANTED_IMPORTS
-                .iter()
-                .any(|granted| name.starts_with(granted))
-        })
+        .filter(|name| granted(name).is_none())
         .collect();
     if !refused.is_empty() {
         return Err(HandoffError::Policy(format!(

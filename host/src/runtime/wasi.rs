@@ -34,8 +34,16 @@ pub const CHECK_EVERY: Duration = Duration::from_millis(10);
 
 /// The WASI context of a run: nothing granted (no preopens, environment, arguments, network or
 /// stdio); clocks and random sources real, or virtual under a replay.
+///
+/// `wasi:sockets` is linked, because the runtimes of interpreted languages import it, but every
+/// use is denied: no TCP, no UDP, no name lookup, and no address passes the check.
 pub(crate) fn wasi_ctx(virtual_time: Option<&VirtualTime>, policy_sha256: &str) -> WasiCtx {
     let mut builder = WasiCtxBuilder::new();
+    builder
+        .allow_tcp(false)
+        .allow_udp(false)
+        .allow_ip_name_lookup(false)
+        .socket_addr_check(|_, _| Box::pin(async { false }));
     if let Some(time) = virtual_time {
         clock::make_deterministic(&mut builder, time, policy_sha256);
     }

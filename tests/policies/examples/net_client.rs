@@ -1,4 +1,4 @@
-//! Test policy: tries to open a network connection.
+//! Test policy: tries to open a network connection and to resolve a name.
 #![cfg_attr(not(target_arch = "wasm32"), allow(dead_code))]
 
 #[cfg(target_arch = "wasm32")]
@@ -14,7 +14,11 @@ mod policy {
         fn run(_: types::Settings) -> Result<types::Report, String> {
             let _ = host::load_checkpoint();
             let connected = std::net::TcpStream::connect("127.0.0.1:9").is_ok();
-            Err(format!("connected: {connected}"))
+            let bound = std::net::UdpSocket::bind("127.0.0.1:0").is_ok();
+            let resolved = std::net::ToSocketAddrs::to_socket_addrs("localhost:9").is_ok();
+            Err(format!(
+                "connected: {connected}, bound: {bound}, resolved: {resolved}"
+            ))
         }
     }
 

@@ -7,6 +7,8 @@
 //!   withholds;
 //! - `SLEEP_FOREVER`, `POLL_FOREVER`: policies waiting in WASI for days, which the host must bound;
 //! - `CLOCKS_AND_RANDOM`: outbox IDs made of WASI clock and random readings (replay determinism);
-//! - `NET_CLIENT`: a component importing sockets, which the host must refuse to load.
+//! - `NET_CLIENT`: a component using sockets (TCP, UDP, name lookup), which the host links and denies;
+//! - `FOREIGN_IMPORT`: a component importing an interface the contract lacks, under the contract's
+//!   package name, which the host must refuse to load.
 
 include!(concat!(env!("OUT_DIR"), "/paths.rs"));
