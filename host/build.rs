@@ -1,5 +1,6 @@
-//! Builds the default policy component (`guest/default`) for wasm32-wasip2 and embeds it with its
-//! digest.
+//! Builds the shipped policy components (`guest/default`, `guest/batching`, `guest/quarantine`)
+//! for wasm32-wasip2 and embeds them with their digests: the default runs when no policy is
+//! given, and `handoff policy export NAME` writes any of them.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -11,23 +12,34 @@ fn main() {
     version_facts(&workspace);
     handoff_guest_build::rerun_if_changed(
         &workspace,
-        &["guest/default", "guest/sdk", "wit", "Cargo.lock"],
+        &[
+            "guest/default",
+            "guest/batching",
+            "guest/quarantine",
+            "guest/sdk",
+            "wit",
+            "Cargo.lock",
+        ],
     );
     let target_dir = handoff_guest_build::target_dir(&workspace);
-    let release = handoff_guest_build::build(
-        &workspace,
-        &target_dir,
-        &["-p", "handoff-default-policy", "--lib"],
-    );
-    let wasm = release.join("handoff_default_policy.wasm");
-    let bytes = std::fs::read(&wasm).unwrap_or_else(|e| panic!("reading {}: {e}", wasm.display()));
     let out_dir = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR"));
-    std::fs::write(out_dir.join("default-policy.wasm"), &bytes).expect("write policy");
-    std::fs::write(
-        out_dir.join("default-policy.sha256"),
-        hex::encode(Sha256::digest(&bytes)),
-    )
-    .expect("write digest");
+    // One build each: the policies share the SDK, and separate builds keep their exports apart.
+    for name in ["default", "batching", "quarantine"] {
+        let release = handoff_guest_build::build(
+            &workspace,
+            &target_dir,
+            &["-p", &format!("handoff-{name}-policy"), "--lib"],
+        );
+        let wasm = release.join(format!("handoff_{name}_policy.wasm"));
+        let bytes =
+            std::fs::read(&wasm).unwrap_or_else(|e| panic!("reading {}: {e}", wasm.display()));
+        std::fs::write(out_dir.join(format!("{name}-policy.wasm")), &bytes).expect("write policy");
+        std::fs::write(
+            out_dir.join(format!("{name}-policy.sha256")),
+            hex::encode(Sha256::digest(&bytes)),
+        )
+        .expect("write digest");
+    }
 }
 
 /// What `handoff --version` states besides the package version: the contract (from the WIT

@@ -469,3 +469,55 @@ fn record_captures_live_traffic_that_replays_to_the_same_outbox() {
     );
     assert!(stdout(&policy(&["test", cases.to_str().unwrap()])).contains("1 passed, 0 failed"));
 }
+
+#[test]
+fn every_shipped_policy_is_exported_and_passes_its_own_cases() {
+    let s = Scratch::new();
+    let listed = policy(&["export", "--list"]);
+    assert!(listed.status.success(), "{}", stderr(&listed));
+    for name in ["default", "batching", "quarantine"] {
+        assert!(
+            stdout(&listed).lines().any(|l| l.starts_with(name)),
+            "{}",
+            stdout(&listed)
+        );
+        let file = s.path(&format!("exported/{name}.wasm"));
+        let output = policy(&["export", name, file.to_str().unwrap()]);
+        assert!(output.status.success(), "{}", stderr(&output));
+        let cases = workspace().join("guest").join(name).join("cases");
+        let output = policy(&[
+            "test",
+            "--policy",
+            file.to_str().unwrap(),
+            cases.to_str().unwrap(),
+        ]);
+        assert!(
+            output.status.success(),
+            "{name}: {}{}",
+            stdout(&output),
+            stderr(&output)
+        );
+        assert!(stdout(&output).contains(" passed, 0 failed"));
+    }
+    // The default is the same bytes under both commands.
+    let old = s.path("exported/old.wasm");
+    assert!(
+        policy(&["export-default", old.to_str().unwrap()])
+            .status
+            .success()
+    );
+    assert_eq!(
+        std::fs::read(&old).unwrap(),
+        std::fs::read(s.path("exported/default.wasm")).unwrap()
+    );
+    // An unknown name is bad input and writes nothing.
+    let missing = s.path("exported/nope.wasm");
+    let output = policy(&["export", "nope", missing.to_str().unwrap()]);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(
+        stderr(&output).contains("default, batching, quarantine"),
+        "{}",
+        stderr(&output)
+    );
+    assert!(!missing.exists());
+}

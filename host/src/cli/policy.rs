@@ -9,6 +9,7 @@ use handoff::kit::cases::Case;
 use handoff::kit::lang::Lang;
 use handoff::kit::{build, check, scaffold};
 use handoff::runtime::cache::{ArtifactCache, Lookup};
+use handoff::runtime::policy::SHIPPED;
 use handoff::runtime::{PolicySource, Runtime};
 
 /// The watchdog's grace period past each case run's deadline under `policy test`.
@@ -68,7 +69,21 @@ pub enum PolicyCommand {
         /// The `.wasm` file (default: the embedded default policy).
         file: Option<PathBuf>,
     },
-    /// Writes the embedded default policy component to FILE (e.g. to upload as a namespace file).
+    /// Writes a shipped policy component to FILE (e.g. to upload as a namespace file): default,
+    /// batching or quarantine; `--list` shows what each does.
+    #[command(after_help = concat!("Example:\n  handoff policy export batching handoff/policy.wasm\n\n", exit_codes!()))]
+    Export {
+        /// The shipped policy: default, batching or quarantine.
+        #[arg(required_unless_present = "list")]
+        name: Option<String>,
+        /// Where to write the `.wasm` file.
+        #[arg(required_unless_present = "list")]
+        file: Option<PathBuf>,
+        /// List the shipped policies with their digests.
+        #[arg(long, conflicts_with_all = ["name", "file"])]
+        list: bool,
+    },
+    /// Writes the embedded default policy component to FILE (`policy export default FILE`).
     #[command(after_help = concat!("Example:\n  handoff policy export-default handoff/policy.wasm\n\n", exit_codes!()))]
     ExportDefault {
         /// Where to write the `.wasm` file.
@@ -190,20 +205,38 @@ pub fn run(command: PolicyCommand) -> Result<()> {
                 ))),
             }
         }
-        PolicyCommand::ExportDefault { file } => {
-            let source = PolicySource::embedded_default();
-            if let Some(dir) = file.parent().filter(|d| !d.as_os_str().is_empty()) {
-                std::fs::create_dir_all(dir).map_err(|e| {
-                    HandoffError::BadInput(format!("cannot create {}: {e}", dir.display()))
-                })?;
+        PolicyCommand::Export { list: true, .. } => {
+            for shipped in SHIPPED {
+                let source = PolicySource::shipped(shipped.name)?;
+                println!(
+                    "{:<11} {}  {}",
+                    shipped.name, source.sha256, shipped.summary
+                );
             }
-            std::fs::write(&file, &source.bytes).map_err(|e| {
-                HandoffError::BadInput(format!("cannot write {}: {e}", file.display()))
-            })?;
-            println!("{}  {}", source.sha256, file.display());
             Ok(())
         }
+        PolicyCommand::Export {
+            name: Some(name),
+            file: Some(file),
+            ..
+        } => export(&PolicySource::shipped(&name)?, &file),
+        PolicyCommand::Export { .. } => Err(HandoffError::BadInput(
+            "policy export needs NAME and FILE, or --list".into(),
+        )),
+        PolicyCommand::ExportDefault { file } => export(&PolicySource::embedded_default(), &file),
     }
+}
+
+/// Writes a shipped policy's bytes to `file`, creating its folder.
+fn export(source: &PolicySource, file: &std::path::Path) -> Result<()> {
+    if let Some(dir) = file.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| HandoffError::BadInput(format!("cannot create {}: {e}", dir.display())))?;
+    }
+    std::fs::write(file, &source.bytes)
+        .map_err(|e| HandoffError::BadInput(format!("cannot write {}: {e}", file.display())))?;
+    println!("{}  {}", source.sha256, file.display());
+    Ok(())
 }
 
 /// Prints what `policy check` finds in `file`; the refusal, if any, is the error.

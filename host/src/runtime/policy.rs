@@ -68,9 +68,41 @@ pub fn granted(import: &str) -> Option<&'static str> {
         .map(|(_, what)| *what)
 }
 
-static DEFAULT_POLICY: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/default-policy.wasm"));
-static DEFAULT_POLICY_SHA256: &str =
-    include_str!(concat!(env!("OUT_DIR"), "/default-policy.sha256"));
+/// A policy shipped inside the binary.
+pub struct Shipped {
+    pub name: &'static str,
+    /// What it does, in one line.
+    pub summary: &'static str,
+    bytes: &'static [u8],
+    sha256: &'static str,
+}
+
+macro_rules! shipped {
+    ($name:literal, $summary:literal) => {
+        Shipped {
+            name: $name,
+            summary: $summary,
+            bytes: include_bytes!(concat!(env!("OUT_DIR"), "/", $name, "-policy.wasm")),
+            sha256: include_str!(concat!(env!("OUT_DIR"), "/", $name, "-policy.sha256")),
+        }
+    };
+}
+
+/// The shipped policies; the first is the default.
+pub const SHIPPED: &[Shipped] = &[
+    shipped!(
+        "default",
+        "the baseline task: one transaction per event, the baseline's event IDs"
+    ),
+    shipped!(
+        "batching",
+        "up to batch_size events per transaction (policy parameter, default 10)"
+    ),
+    shipped!(
+        "quarantine",
+        "events whose fullDocument.schemaVersion is not supported go to the quarantine"
+    ),
+];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Version {
@@ -109,11 +141,31 @@ pub struct PolicySource {
 
 impl PolicySource {
     pub fn embedded_default() -> PolicySource {
+        let default = &SHIPPED[0];
         PolicySource {
-            bytes: std::borrow::Cow::Borrowed(DEFAULT_POLICY),
-            sha256: DEFAULT_POLICY_SHA256.trim().to_string(),
+            bytes: std::borrow::Cow::Borrowed(default.bytes),
+            sha256: default.sha256.trim().to_string(),
             origin: "embedded default".into(),
         }
+    }
+
+    /// A shipped policy by name; the error lists the names.
+    pub fn shipped(name: &str) -> Result<PolicySource> {
+        let Some(policy) = SHIPPED.iter().find(|p| p.name == name) else {
+            return Err(HandoffError::BadInput(format!(
+                "no shipped policy is called {name:?}: {}",
+                SHIPPED
+                    .iter()
+                    .map(|p| p.name)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        };
+        Ok(PolicySource {
+            bytes: std::borrow::Cow::Borrowed(policy.bytes),
+            sha256: policy.sha256.trim().to_string(),
+            origin: format!("shipped {}", policy.name),
+        })
     }
 
     pub fn from_file(path: &Path) -> Result<PolicySource> {
@@ -239,10 +291,27 @@ mod tests {
     }
 
     #[test]
-    fn the_embedded_default_is_a_component_with_its_digest() {
-        let source = PolicySource::embedded_default();
-        source.check_format().unwrap();
-        assert_eq!(source.sha256, hex::encode(Sha256::digest(&source.bytes)));
+    fn the_shipped_policies_are_components_with_their_digests() {
+        let default = PolicySource::embedded_default();
+        assert_eq!(
+            default.sha256,
+            PolicySource::shipped("default").unwrap().sha256
+        );
+        let mut digests = Vec::new();
+        for shipped in SHIPPED {
+            let source = PolicySource::shipped(shipped.name).unwrap();
+            source.check_format().unwrap();
+            assert_eq!(source.sha256, hex::encode(Sha256::digest(&source.bytes)));
+            digests.push(source.sha256);
+        }
+        digests.dedup();
+        assert_eq!(
+            digests.len(),
+            SHIPPED.len(),
+            "each shipped policy is its own"
+        );
+        let error = PolicySource::shipped("nope").err().unwrap().to_string();
+        assert!(error.contains("default, batching, quarantine"), "{error}");
     }
 
     #[test]
