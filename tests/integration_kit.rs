@@ -89,7 +89,14 @@ fn a_mismatch_prints_a_diff_and_fails_and_update_accepts_it() {
     );
     assert!(text.contains("0 passed, 1 failed"));
 
+    // Without a terminal to ask, --update refuses unless told --yes, and writes nothing.
+    let before = std::fs::read(case.join("case.json")).unwrap();
     let output = policy(&["test", "--update", cases.to_str().unwrap()]);
+    assert_eq!(output.status.code(), Some(2), "{}", stdout(&output));
+    assert!(stderr(&output).contains("add --yes"), "{}", stderr(&output));
+    assert_eq!(std::fs::read(case.join("case.json")).unwrap(), before);
+
+    let output = policy(&["test", "--update", "--yes", cases.to_str().unwrap()]);
     assert_eq!(output.status.code(), Some(0), "{}", stdout(&output));
     let output = policy(&["test", cases.to_str().unwrap()]);
     assert!(
@@ -463,7 +470,7 @@ fn record_captures_live_traffic_that_replays_to_the_same_outbox() {
     std::fs::write(s.path("recorded/case.json"), "{\"runs\": 1}").unwrap();
     let cases = s.path("recorded");
     assert!(
-        policy(&["test", "--update", cases.to_str().unwrap()])
+        policy(&["test", "--update", "--yes", cases.to_str().unwrap()])
             .status
             .success()
     );
@@ -520,4 +527,133 @@ fn every_shipped_policy_is_exported_and_passes_its_own_cases() {
         stderr(&output)
     );
     assert!(!missing.exists());
+}
+
+#[test]
+fn policy_test_filters_cases_and_reports_as_json_or_junit() {
+    let s = Scratch::new();
+    let cases = s.path("cases");
+    for name in [
+        "every-operation",
+        "max-events",
+        "invalidate-then-start-after",
+    ] {
+        let from = workspace().join("guest/default/cases").join(name);
+        let to = cases.join(name);
+        std::fs::create_dir_all(&to).unwrap();
+        for file in ["case.json", "stream.jsonl"] {
+            std::fs::copy(from.join(file), to.join(file)).unwrap();
+        }
+    }
+    let dir = cases.to_str().unwrap();
+
+    // A filter by text, then by glob; JSON says which ran.
+    let output = policy(&["test", "--filter", "max", "--format", "json", dir]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let report: Value = serde_json::from_str(&stdout(&output)).unwrap();
+    assert_eq!(report["passed"], 1);
+    assert_eq!(report["failed"], 0);
+    assert_eq!(report["cases"][0]["name"], "max-events");
+    assert_eq!(report["cases"][0]["verdict"], "passed");
+    assert_eq!(report["policy"], "embedded default");
+    let output = policy(&["test", "--filter", "*-after", "--format", "json", dir]);
+    let report: Value = serde_json::from_str(&stdout(&output)).unwrap();
+    assert_eq!(report["cases"].as_array().unwrap().len(), 1);
+    assert_eq!(report["cases"][0]["name"], "invalidate-then-start-after");
+    // A filter that selects nothing is an error, not a pass.
+    let output = policy(&["test", "--filter", "nothing-like-this", dir]);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(
+        stderr(&output).contains("no case in"),
+        "{}",
+        stderr(&output)
+    );
+
+    // JUnit: every case, and the failing one carries its diff.
+    let spec_path = cases.join("max-events/case.json");
+    let mut spec: Value =
+        serde_json::from_str(&std::fs::read_to_string(&spec_path).unwrap()).unwrap();
+    spec["expect"][0]["outbox"][0] = Value::String("<not&the-id>".into());
+    std::fs::write(&spec_path, spec.to_string()).unwrap();
+    let output = policy(&["test", "--format", "junit", dir]);
+    assert_eq!(output.status.code(), Some(9));
+    let xml = stdout(&output);
+    assert!(xml.starts_with("<?xml"), "{xml}");
+    assert!(
+        xml.contains(r#"<testsuites tests="3" failures="1""#),
+        "{xml}"
+    );
+    for name in [
+        "every-operation",
+        "max-events",
+        "invalidate-then-start-after",
+    ] {
+        assert!(
+            xml.contains(&format!(r#"<testcase name="{name}""#)),
+            "{xml}"
+        );
+    }
+    assert_eq!(xml.matches("<failure ").count(), 1, "{xml}");
+    assert!(xml.contains("&lt;not&amp;the-id&gt;"), "{xml}");
+}
+
+/// `policy test --update` on a terminal (util-linux `script` gives it one), answering `answer`.
+fn update_on_a_terminal(cases: &Path, answer: &str) -> Output {
+    use std::io::Write;
+    let command = format!(
+        "{} policy test --update {}",
+        env!("CARGO_BIN_EXE_handoff"),
+        cases.display()
+    );
+    let mut child = Command::new("script")
+        .args(["-qec", &command, "/dev/null"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("util-linux `script` runs the command on a terminal");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(answer.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn update_asks_on_a_terminal_and_a_no_writes_nothing() {
+    let s = Scratch::new();
+    let case = s.path("cases/max-events");
+    std::fs::create_dir_all(&case).unwrap();
+    let source = workspace().join("guest/default/cases/max-events");
+    std::fs::copy(source.join("stream.jsonl"), case.join("stream.jsonl")).unwrap();
+    let mut spec: Value =
+        serde_json::from_str(&std::fs::read_to_string(source.join("case.json")).unwrap()).unwrap();
+    spec["expect"][0]["outbox"][0] = Value::String("stale".into());
+    std::fs::write(case.join("case.json"), spec.to_string()).unwrap();
+    let before = std::fs::read(case.join("case.json")).unwrap();
+
+    let output = update_on_a_terminal(&s.path("cases"), "n\n");
+    let text = stdout(&output);
+    assert!(
+        text.contains("write these results as the expectations of max-events? [y/N]"),
+        "{text}"
+    );
+    assert!(
+        text.contains("\"stale\""),
+        "the diff is shown before the question: {text}"
+    );
+    assert!(text.contains("update declined: nothing written"), "{text}");
+    assert_eq!(output.status.code(), Some(9), "{text}");
+    assert_eq!(std::fs::read(case.join("case.json")).unwrap(), before);
+
+    let output = update_on_a_terminal(&s.path("cases"), "y\n");
+    assert_eq!(output.status.code(), Some(0), "{}", stdout(&output));
+    assert!(stdout(&output).contains("updated  max-events"));
+    assert!(
+        policy(&["test", s.path("cases").to_str().unwrap()])
+            .status
+            .success()
+    );
 }

@@ -478,7 +478,7 @@ fn a_policy_test_case_reading_clocks_and_random_is_reproducible() {
             ])
             .arg(s.path("cases"));
         if update {
-            command.arg("--update");
+            command.args(["--update", "--yes"]);
         }
         command.output().expect("policy test")
     };

@@ -5,8 +5,9 @@ use std::path::PathBuf;
 use clap::Subcommand;
 
 use handoff::error::{HandoffError, Result};
-use handoff::kit::cases::Case;
+use handoff::kit::cases::{Case, Filter};
 use handoff::kit::lang::Lang;
+use handoff::kit::report::{CaseResult, Summary, Verdict};
 use handoff::kit::{build, check, scaffold};
 use handoff::runtime::cache::{ArtifactCache, Lookup};
 use handoff::runtime::policy::SHIPPED;
@@ -57,9 +58,20 @@ pub enum PolicyCommand {
         policy: Option<PathBuf>,
         /// A directory of cases (or one case directory).
         cases: PathBuf,
-        /// Write the results as the cases' expectations.
+        /// Only the cases whose name contains PATTERN, or matches it as a glob when it has `*`,
+        /// `?` or `[`.
+        #[arg(long, value_name = "PATTERN")]
+        filter: Option<String>,
+        /// human (diffs), json (one document) or junit (XML for CI systems), on stdout.
+        #[arg(long, default_value = "human")]
+        format: TestFormat,
+        /// For each case whose results differ, show the diff and ask whether to write the results
+        /// as its expectations.
         #[arg(long)]
         update: bool,
+        /// With --update: write every differing case without asking (needed without a terminal).
+        #[arg(long, requires = "update")]
+        yes: bool,
     },
     /// Compiles a policy (default: the embedded default policy) into the artifact cache
     /// (`HANDOFF_CACHE_DIR`), so that runs load it instead of compiling it: e.g. once when an image
@@ -131,47 +143,11 @@ pub fn run(command: PolicyCommand) -> Result<()> {
         PolicyCommand::Test {
             policy,
             cases,
+            filter,
+            format,
             update,
-        } => {
-            let source = match &policy {
-                Some(path) => PolicySource::from_file(path)?,
-                None => PolicySource::embedded_default(),
-            };
-            let runtime = Runtime::new(ArtifactCache::default_dir())?;
-            let policy = runtime.load(&source)?;
-            println!("policy {} ({})", source.origin, &source.sha256[..16]);
-            let (mut passed, mut failed) = (0, 0);
-            for mut case in Case::discover(&cases)? {
-                let outcome = case.run(&runtime, &policy)?;
-                match (&outcome.diff, update) {
-                    (None, _) => {
-                        passed += 1;
-                        println!("ok       {}", outcome.name);
-                    }
-                    (Some(_), true) => {
-                        case.update(&outcome.actual)?;
-                        passed += 1;
-                        println!("updated  {}", outcome.name);
-                    }
-                    (Some(diff), false) => {
-                        failed += 1;
-                        let why = if outcome.had_expectations {
-                            ""
-                        } else {
-                            " (no expectations yet: run with --update)"
-                        };
-                        println!("FAILED   {}{why}\n{diff}", outcome.name);
-                    }
-                }
-            }
-            println!("{passed} passed, {failed} failed");
-            if failed > 0 {
-                return Err(HandoffError::Policy(format!(
-                    "{failed} case(s) did not match their expectations"
-                )));
-            }
-            Ok(())
-        }
+            yes,
+        } => test(policy, &cases, filter.as_deref(), format, update, yes),
         PolicyCommand::Precompile { file } => {
             let source = match &file {
                 Some(path) => PolicySource::from_file(path)?,
@@ -256,4 +232,132 @@ fn check_file(file: &std::path::Path) -> Result<()> {
             Err(refusal)
         }
     }
+}
+
+/// How `policy test` reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum TestFormat {
+    Human,
+    Json,
+    Junit,
+}
+
+/// Asks on the terminal whether to accept a case's new results.
+fn confirm(case: &str) -> Result<bool> {
+    use std::io::Write;
+    eprint!("write these results as the expectations of {case}? [y/N] ");
+    std::io::stderr().flush().ok();
+    let mut answer = String::new();
+    std::io::stdin()
+        .read_line(&mut answer)
+        .map_err(|e| HandoffError::BadInput(format!("cannot read the answer: {e}")))?;
+    Ok(matches!(answer.trim(), "y" | "Y" | "yes" | "Yes"))
+}
+
+fn test(
+    policy: Option<PathBuf>,
+    cases: &std::path::Path,
+    filter: Option<&str>,
+    format: TestFormat,
+    update: bool,
+    yes: bool,
+) -> Result<()> {
+    use std::io::IsTerminal;
+    if update && !yes && !std::io::stdin().is_terminal() {
+        return Err(HandoffError::BadInput(
+            "--update shows each difference and asks before writing; without a terminal to ask, add --yes"
+                .into(),
+        ));
+    }
+    let selected = Filter::parse(filter)?;
+    let found = Case::discover(cases)?;
+    let total = found.len();
+    let chosen: Vec<Case> = found
+        .into_iter()
+        .filter(|c| selected.matches(&c.name))
+        .collect();
+    if chosen.is_empty() {
+        return Err(HandoffError::BadInput(format!(
+            "no case in {} matches --filter {:?} (of {total})",
+            cases.display(),
+            filter.unwrap_or_default()
+        )));
+    }
+    let source = match &policy {
+        Some(path) => PolicySource::from_file(path)?,
+        None => PolicySource::embedded_default(),
+    };
+    let runtime = Runtime::new(ArtifactCache::default_dir())?;
+    let loaded = runtime.load(&source)?;
+    let human = format == TestFormat::Human;
+    if human {
+        println!("policy {} ({})", source.origin, &source.sha256[..16]);
+    }
+    let mut summary = Summary {
+        policy: source.origin.clone(),
+        policy_sha256: source.sha256.clone(),
+        cases: Vec::new(),
+    };
+    for mut case in chosen {
+        let started = std::time::Instant::now();
+        let outcome = case.run(&runtime, &loaded)?;
+        let seconds = started.elapsed().as_secs_f64();
+        let verdict = match outcome.diff {
+            None => Verdict::Passed,
+            Some(diff) if update => {
+                // The diff is shown before the question, whatever the format.
+                eprintln!("{} differs:\n{diff}", outcome.name);
+                if yes || confirm(&outcome.name)? {
+                    case.update(&outcome.actual)?;
+                    Verdict::Updated { diff }
+                } else {
+                    Verdict::Declined { diff }
+                }
+            }
+            Some(diff) => Verdict::Failed {
+                diff,
+                had_expectations: outcome.had_expectations,
+            },
+        };
+        if human {
+            match &verdict {
+                Verdict::Passed => println!("ok       {}", outcome.name),
+                Verdict::Updated { .. } => println!("updated  {}", outcome.name),
+                Verdict::Declined { .. } => {
+                    println!(
+                        "FAILED   {} (update declined: nothing written)",
+                        outcome.name
+                    )
+                }
+                Verdict::Failed {
+                    diff,
+                    had_expectations,
+                } => {
+                    let why = if *had_expectations {
+                        ""
+                    } else {
+                        " (no expectations yet: run with --update)"
+                    };
+                    println!("FAILED   {}{why}\n{diff}", outcome.name);
+                }
+            }
+        }
+        summary.cases.push(CaseResult {
+            name: outcome.name,
+            verdict,
+            seconds,
+        });
+    }
+    match format {
+        TestFormat::Human => println!("{} passed, {} failed", summary.passed(), summary.failed()),
+        TestFormat::Json => println!("{}", summary.json()),
+        TestFormat::Junit => print!("{}", summary.junit()?),
+    }
+    let failed = summary.failed();
+    if failed > 0 {
+        return Err(HandoffError::Policy(format!(
+            "{failed} case(s) did not match their expectations"
+        )));
+    }
+    Ok(())
 }

@@ -32,6 +32,36 @@ use crate::run::{Plan, RawInputs, StreamOptions, begin};
 use crate::runtime::{Limits, Policy, Runtime};
 use crate::session::OutboxOptions;
 
+/// Which cases `policy test --filter` runs.
+pub enum Filter {
+    All,
+    /// Names containing the text.
+    Contains(String),
+    /// Names matching a glob (`*`, `?`, `[...]`).
+    Glob(glob::Pattern),
+}
+
+impl Filter {
+    /// A pattern with `*`, `?` or `[` is a glob; other text selects names that contain it.
+    pub fn parse(pattern: Option<&str>) -> Result<Filter> {
+        match pattern {
+            None => Ok(Filter::All),
+            Some(text) if text.contains(['*', '?', '[']) => glob::Pattern::new(text)
+                .map(Filter::Glob)
+                .map_err(|e| HandoffError::BadInput(format!("--filter {text:?}: {e}"))),
+            Some(text) => Ok(Filter::Contains(text.to_string())),
+        }
+    }
+
+    pub fn matches(&self, name: &str) -> bool {
+        match self {
+            Filter::All => true,
+            Filter::Contains(text) => name.contains(text.as_str()),
+            Filter::Glob(glob) => glob.matches(name),
+        }
+    }
+}
+
 /// One case as read from disk.
 pub struct Case {
     pub name: String,
@@ -321,4 +351,22 @@ fn unified_diff(expected: &Value, actual: &Value) -> String {
         .context_radius(3)
         .header("expected", "actual")
         .to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Filter;
+
+    #[test]
+    fn filters_select_by_text_or_glob() {
+        let all = Filter::parse(None).unwrap();
+        assert!(all.matches("anything"));
+        let text = Filter::parse(Some("invalid")).unwrap();
+        assert!(text.matches("invalidate-then-start-after"));
+        assert!(!text.matches("max-events"));
+        let glob = Filter::parse(Some("*-after")).unwrap();
+        assert!(glob.matches("invalidate-then-start-after"));
+        assert!(!glob.matches("after-all"));
+        assert!(Filter::parse(Some("[unclosed")).is_err());
+    }
 }

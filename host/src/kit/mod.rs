@@ -7,4 +7,5 @@ pub mod cases;
 pub mod check;
 pub mod lang;
 pub mod record;
+pub mod report;
 pub mod scaffold;
