@@ -22,7 +22,7 @@
 //! an uncheckpointed gap, and report.
 //!
 //! The loop is plain Rust over the [`Host`] trait, so a whole run unit-tests natively against
-//! [`fake::FakeHost`]. Built for `wasm32`, [`export_policy!`] exports a policy as the component's
+//! [`fake::FakeHost`]. Built for `wasm32`, `export_policy!` exports a policy as the component's
 //! `handoff:policy/policy.run`, on the contract's bindings generated here from `wit/policy.wit`.
 //!
 //! # Example
@@ -489,7 +489,7 @@ impl Batch {
 }
 
 /// One bounded run of an already built policy: the baseline's loop with the policy's decisions.
-pub fn run_policy<P: Policy + ?Sized>(
+pub fn run_policy<P: Policy>(
     policy: &mut P,
     host: &mut dyn Host,
     settings: &Settings,
