@@ -430,7 +430,30 @@ impl std::ops::Deref for Delivered<'_> {
 
 /// How a policy is built from the run's settings. Every `Default` type has it (parameters are
 /// then ignored); a policy with parameters implements it instead of `Default`, returning a clear
-/// message for a bad parameter (the run fails with it before the stream opens).
+/// message for a bad parameter (the run fails with it before the stream opens). (A type cannot
+/// have both: implementing it for a `Default` type conflicts with this blanket implementation.)
+///
+/// ```
+/// use handoff_policy_sdk::{FromSettings, Settings};
+///
+/// struct Prefixed {
+///     prefix: String,
+/// }
+///
+/// impl FromSettings for Prefixed {
+///     fn from_settings(settings: &Settings) -> Result<Prefixed, String> {
+///         match settings.param("prefix") {
+///             Some(p) if !p.is_empty() && p.len() <= 20 => Ok(Prefixed { prefix: p.into() }),
+///             Some(p) => Err(format!("prefix must be 1-20 characters, not {p:?}")),
+///             None => Err("the prefix parameter is required".into()),
+///         }
+///     }
+/// }
+///
+/// assert!(Prefixed::from_settings(&Settings::default()).is_err());
+/// let settings = Settings::default().param_set("prefix", "shop");
+/// assert_eq!(Prefixed::from_settings(&settings).unwrap().prefix, "shop");
+/// ```
 pub trait FromSettings: Sized {
     fn from_settings(settings: &Settings) -> Result<Self, String>;
 }
