@@ -297,7 +297,9 @@ fn policy_new_builds_tests_checks_and_passes_its_cases_as_generated() {
     for file in [
         "Cargo.toml",
         "rust-toolchain.toml",
-        "wit/policy.wit",
+        "handoff-policy-sdk/Cargo.toml",
+        "handoff-policy-sdk/src/lib.rs",
+        "handoff-policy-sdk/wit/policy.wit",
         "src/lib.rs",
         "README.md",
         "cases/sample/case.json",
@@ -305,7 +307,7 @@ fn policy_new_builds_tests_checks_and_passes_its_cases_as_generated() {
         assert!(root.join(file).exists(), "{file}");
     }
     assert_eq!(
-        std::fs::read_to_string(root.join("wit/policy.wit")).unwrap(),
+        std::fs::read_to_string(root.join("handoff-policy-sdk/wit/policy.wit")).unwrap(),
         std::fs::read_to_string(workspace().join("wit/policy.wit")).unwrap()
     );
     // Refuses to overwrite, and refuses a bad name.

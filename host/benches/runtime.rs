@@ -57,28 +57,65 @@ fn session(fixture: &Arc<Fixture>, store: Arc<dyn CheckpointStore>) -> Session {
 /// The guest's decision logic driven natively over the same session.
 struct NativeHost<'a>(&'a mut Session);
 
+fn stream_error(e: session::Refusal) -> native::StreamError {
+    native::StreamError::Rejected(format!("{e:?}"))
+}
+
+fn commit_error(e: session::Refusal) -> native::CommitError {
+    native::CommitError::Rejected(format!("{e:?}"))
+}
+
+fn mode_to_host(mode: native::Mode) -> Mode {
+    match mode {
+        native::Mode::ResumeAfter => Mode::ResumeAfter,
+        native::Mode::StartAfter => Mode::StartAfter,
+    }
+}
+
 impl native::Host for NativeHost<'_> {
-    fn open(&mut self, start: native::Start) -> Result<(), String> {
+    fn deployment(&mut self) -> native::Deployment {
+        native::Deployment {
+            consumer: self.0.consumer().consumer.clone(),
+            source: self.0.consumer().source.clone(),
+            replica_set_id: self.0.deployment().replica_set_id.clone(),
+        }
+    }
+    fn load_checkpoint(&mut self) -> native::Checkpoint {
+        let (token, mode) = self.0.checkpoint();
+        native::Checkpoint {
+            token,
+            mode: match mode {
+                Mode::ResumeAfter => native::Mode::ResumeAfter,
+                Mode::StartAfter => native::Mode::StartAfter,
+            },
+        }
+    }
+    fn open(&mut self, start: native::Start) -> Result<(), native::StreamError> {
         let start = match start {
             native::Start::Now => Start::Now,
             native::Start::ResumeAfter(t) => Start::ResumeAfter(t),
             native::Start::StartAfter(t) => Start::StartAfter(t),
         };
-        self.0.open_stream(start).map_err(|e| format!("{e:?}"))
+        self.0.open_stream(start).map_err(stream_error)
     }
-    fn next(&mut self) -> Result<Option<native::Event>, String> {
+    fn next(&mut self) -> Result<Option<native::Event>, native::StreamError> {
         self.0
             .next_event()
             .map(|e| {
                 e.map(|e| native::Event {
                     token: e.token,
                     operation_type: e.operation_type,
+                    namespace: e.namespace,
+                    cluster_time: e.cluster_time,
                 })
             })
-            .map_err(|e| format!("{e:?}"))
+            .map_err(stream_error)
     }
     fn watermark(&mut self) -> Option<String> {
         self.0.watermark()
+    }
+    fn field(&mut self, token: &str, path: &str) -> Option<String> {
+        self.0.field(token, path)
     }
     fn commit(
         &mut self,
@@ -86,14 +123,10 @@ impl native::Host for NativeHost<'_> {
         next: &str,
         mode: native::Mode,
         id: Option<&str>,
-    ) -> Result<(), String> {
-        let mode = match mode {
-            native::Mode::ResumeAfter => Mode::ResumeAfter,
-            native::Mode::StartAfter => Mode::StartAfter,
-        };
+    ) -> Result<(), native::CommitError> {
         self.0
-            .commit(expected, next, mode, id)
-            .map_err(|e| format!("{e:?}"))
+            .commit(expected, next, mode_to_host(mode), id)
+            .map_err(commit_error)
     }
     fn commit_batch(
         &mut self,
@@ -101,11 +134,7 @@ impl native::Host for NativeHost<'_> {
         next: &str,
         mode: native::Mode,
         decisions: Vec<native::Decision>,
-    ) -> Result<(), String> {
-        let mode = match mode {
-            native::Mode::ResumeAfter => Mode::ResumeAfter,
-            native::Mode::StartAfter => Mode::StartAfter,
-        };
+    ) -> Result<(), native::CommitError> {
         let decisions = decisions
             .into_iter()
             .map(|d| match d {
@@ -127,20 +156,22 @@ impl native::Host for NativeHost<'_> {
             })
             .collect();
         self.0
-            .commit_batch(expected, next, mode, decisions)
-            .map_err(|e| format!("{e:?}"))
+            .commit_batch(expected, next, mode_to_host(mode), decisions)
+            .map_err(commit_error)
     }
-    fn field(&mut self, token: &str, path: &str) -> Option<String> {
-        self.0.field(token, path)
-    }
-    fn advance_watermark(&mut self, expected: Option<&str>, next: &str) -> Result<(), String> {
+    fn advance_watermark(
+        &mut self,
+        expected: Option<&str>,
+        next: &str,
+    ) -> Result<(), native::CommitError> {
         self.0
             .advance_watermark(expected, next)
-            .map_err(|e| format!("{e:?}"))
+            .map_err(commit_error)
     }
     fn now_ms(&mut self) -> u64 {
         self.0.now_ms()
     }
+    fn log(&mut self, _level: native::Level, _message: &str, _fields: &[(&str, &str)]) {}
 }
 
 fn per_event(elapsed: Duration, events: u32) -> f64 {
@@ -260,10 +291,6 @@ fn main() {
         let t = Instant::now();
         let report = native::run(
             &mut NativeHost(&mut s),
-            native::Checkpoint {
-                token: None,
-                mode: native::Mode::ResumeAfter,
-            },
             &native::Settings {
                 max_events: EVENTS,
                 max_wait_ms: 1000,

@@ -17,7 +17,7 @@
 //! `orders` → `Order`), `version-field` (default `version`), `schema-version` (default `1`).
 //! Event IDs, resume modes and the idle watermark are the default policy's.
 
-use handoff_policy_sdk::{Checkpoint, Decision, Host, Record, Report, Settings, run_each};
+use handoff_policy_sdk::{Decision, Delivered, FromSettings, Policy, Record, Settings};
 use serde_json::{Map, Value};
 
 /// The largest payload the host accepts, in bytes of Extended JSON text.
@@ -35,8 +35,8 @@ pub struct Shape {
     pub schema_version: u32,
 }
 
-impl Shape {
-    pub fn from_settings(settings: &Settings) -> Result<Shape, String> {
+impl FromSettings for Shape {
+    fn from_settings(settings: &Settings) -> Result<Shape, String> {
         let entity = match settings.param("entity") {
             None => None,
             Some(e) if valid_entity(e) => Some(e.to_string()),
@@ -254,24 +254,20 @@ pub fn shape(
     }))
 }
 
-pub fn run<H: Host>(
-    host: &mut H,
-    checkpoint: Checkpoint,
-    settings: &Settings,
-) -> Result<Report, String> {
-    let params = Shape::from_settings(settings)?;
-    run_each(host, checkpoint, settings, |host, event, id| {
-        let mut read = |path: &str| host.field(&event.token, path);
-        match shape(&params, &id, &event.operation_type, &mut read) {
+impl Policy for Shape {
+    fn decide(&mut self, event: &mut Delivered<'_>, id: String) -> Decision {
+        let operation = event.operation_type.clone();
+        let mut read = |path: &str| event.field(path);
+        match shape(self, &id, &operation, &mut read) {
             Ok(Some(record)) => Decision::Record(Box::new(record)),
-            Ok(None) => Decision::Skip(format!("{} is not a domain event", event.operation_type)),
+            Ok(None) => Decision::Skip(format!("{operation} is not a domain event")),
             Err(reason) => Decision::Quarantine { id, reason },
         }
-    })
+    }
 }
 
 #[cfg(target_arch = "wasm32")]
-handoff_policy_sdk::export_policy!(run);
+handoff_policy_sdk::export_policy!(Shape);
 
 #[cfg(test)]
 mod tests {

@@ -3,20 +3,30 @@
 //! quarantine with their token and a reason instead of the outbox, and the stream keeps going: a
 //! poison event never blocks it. An event with a `fullDocument` but no `schemaVersion` is
 //! quarantined too; events without a document (deletes, drops) are handed off. IDs, resume mode,
-//! invalidation and the idle watermark are the default policy's.
+//! invalidation and the idle watermark are the default policy's: the SDK's run loop.
 
-use handoff_policy_sdk::{Checkpoint, Decision, Host, Report, Settings, run_each};
+use handoff_policy_sdk::{Decision, Delivered, FromSettings, Policy, Settings};
 
-/// The supported schema versions from the `supported` parameter.
-pub fn supported(settings: &Settings) -> Result<Vec<i64>, String> {
-    let text = settings.param("supported").unwrap_or("1");
-    text.split(',')
-        .map(|v| {
-            v.trim()
-                .parse::<i64>()
-                .map_err(|_| format!("supported must list integers, not {text:?}"))
-        })
-        .collect()
+/// Quarantines the events of unsupported schema versions.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Quarantine {
+    pub supported: Vec<i64>,
+}
+
+impl FromSettings for Quarantine {
+    /// The supported schema versions from the `supported` parameter.
+    fn from_settings(settings: &Settings) -> Result<Quarantine, String> {
+        let text = settings.param("supported").unwrap_or("1");
+        let supported = text
+            .split(',')
+            .map(|v| {
+                v.trim()
+                    .parse::<i64>()
+                    .map_err(|_| format!("supported must list integers, not {text:?}"))
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Quarantine { supported })
+    }
 }
 
 /// Why an event is refused, if it is.
@@ -40,38 +50,30 @@ pub fn refusal(document: Option<&str>, version: Option<&str>, supported: &[i64])
     }
 }
 
-pub fn run<H: Host>(
-    host: &mut H,
-    checkpoint: Checkpoint,
-    settings: &Settings,
-) -> Result<Report, String> {
-    let supported = supported(settings)?;
-    run_each(host, checkpoint, settings, |host, event, id| {
-        let document = host
-            .field(&event.token, "fullDocument")
-            .filter(|d| d != "null");
-        let version = host.field(&event.token, "fullDocument.schemaVersion");
-        match refusal(document.as_deref(), version.as_deref(), &supported) {
+impl Policy for Quarantine {
+    fn decide(&mut self, event: &mut Delivered<'_>, id: String) -> Decision {
+        let document = event.field("fullDocument").filter(|d| d != "null");
+        let version = event.field("fullDocument.schemaVersion");
+        match refusal(document.as_deref(), version.as_deref(), &self.supported) {
             Some(reason) => Decision::Quarantine { id, reason },
             None => Decision::HandOff(id),
         }
-    })
+    }
 }
 
 #[cfg(target_arch = "wasm32")]
-handoff_policy_sdk::export_policy!(run);
+handoff_policy_sdk::export_policy!(Quarantine);
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use handoff_policy_sdk::fake::FakeHost;
+    use handoff_policy_sdk::{event_id, run};
 
     #[test]
     fn supported_versions_and_refusals() {
-        let s = Settings {
-            params: vec![("supported".into(), "1, 2".into())],
-            ..Settings::default()
-        };
-        let versions = supported(&s).unwrap();
+        let s = Settings::default().param_set("supported", "1, 2");
+        let versions = Quarantine::from_settings(&s).unwrap().supported;
         assert_eq!(versions, vec![1, 2]);
         assert_eq!(refusal(Some("{}"), Some("2"), &versions), None);
         assert!(
@@ -86,10 +88,33 @@ mod tests {
                 .contains("no schemaVersion")
         );
         assert_eq!(refusal(None, None, &versions), None);
-        let bad = Settings {
-            params: vec![("supported".into(), "one".into())],
-            ..Settings::default()
-        };
-        assert!(supported(&bad).is_err());
+        let bad = Settings::default().param_set("supported", "one");
+        assert!(Quarantine::from_settings(&bad).is_err());
+    }
+
+    #[test]
+    fn a_poison_event_is_quarantined_and_the_stream_goes_on() {
+        let mut host = FakeHost::new()
+            .event("A", "insert")
+            .field("A", "fullDocument", "{\"schemaVersion\": 1}")
+            .field("A", "fullDocument.schemaVersion", "1")
+            .event("B", "insert")
+            .field("B", "fullDocument", "{\"schemaVersion\": 9}")
+            .field("B", "fullDocument.schemaVersion", "9")
+            .event("C", "delete")
+            .field("C", "fullDocument", "null")
+            .watermark("W");
+        let report = run::<Quarantine>(&mut host, &Settings::new(50, 3000)).unwrap();
+        assert_eq!(report.events_handed_off, 2);
+        assert_eq!(host.handed_off(), vec![event_id("A"), event_id("C")]);
+        let quarantined = host.quarantined();
+        assert_eq!(quarantined.len(), 1);
+        assert_eq!(quarantined[0].0, event_id("B"));
+        assert!(
+            quarantined[0]
+                .1
+                .contains("schemaVersion 9 is not supported")
+        );
+        assert_eq!(host.token(), Some("W"));
     }
 }

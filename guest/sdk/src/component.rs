@@ -1,12 +1,14 @@
 //! The thin shell binding policies to the WIT contract (wasm32 only).
 //!
-//! `bindings` is generated once here, with a public `export!` macro, so that other policies reuse
-//! it; [`WitHost`] adapts the imports to the native [`Host`](crate::Host) trait.
+//! `bindings` is generated once here from the crate's copy of the contract (`wit/policy.wit`),
+//! with a public `export!` macro; [`WitHost`] adapts the imports to the native
+//! [`Host`](crate::Host) trait, and [`export_policy!`](crate::export_policy) exports a
+//! [`Policy`](crate::Policy) over them.
 
 /// The contract's generated bindings.
 pub mod bindings {
     wit_bindgen::generate!({
-        path: "../../wit",
+        path: "wit",
         world: "handoff-policy",
         pub_export_macro: true,
         default_bindings_module: "handoff_policy_sdk::component::bindings",
@@ -30,33 +32,28 @@ fn mode_to_wit(mode: crate::Mode) -> types::ResumeMode {
     }
 }
 
-fn stream_error(error: types::StreamError) -> String {
+fn stream_error(error: types::StreamError) -> crate::StreamError {
     match error {
-        types::StreamError::HistoryLost(m)
-        | types::StreamError::InvalidToken(m)
-        | types::StreamError::Fatal(m)
-        | types::StreamError::Unavailable(m)
-        | types::StreamError::Rejected(m) => m,
+        types::StreamError::HistoryLost(m) => crate::StreamError::HistoryLost(m),
+        types::StreamError::InvalidToken(m) => crate::StreamError::InvalidToken(m),
+        types::StreamError::Fatal(m) => crate::StreamError::Fatal(m),
+        types::StreamError::Unavailable(m) => crate::StreamError::Unavailable(m),
+        types::StreamError::Rejected(m) => crate::StreamError::Rejected(m),
     }
 }
 
-fn commit_error(error: types::CommitError) -> String {
+fn commit_error(error: types::CommitError) -> crate::CommitError {
     match error {
-        types::CommitError::Conflict(m)
-        | types::CommitError::Rejected(m)
-        | types::CommitError::Unavailable(m) => m,
+        types::CommitError::Conflict(m) => crate::CommitError::Conflict(m),
+        types::CommitError::Rejected(m) => crate::CommitError::Rejected(m),
+        types::CommitError::Unavailable(m) => crate::CommitError::Unavailable(m),
     }
 }
 
-/// The checkpoint as the host loaded it.
-pub fn load_checkpoint() -> crate::Checkpoint {
-    let saved = host::load_checkpoint();
-    crate::Checkpoint {
-        token: saved.token,
-        mode: match saved.mode {
-            types::ResumeMode::ResumeAfter => crate::Mode::ResumeAfter,
-            types::ResumeMode::StartAfter => crate::Mode::StartAfter,
-        },
+fn mode_from_wit(mode: types::ResumeMode) -> crate::Mode {
+    match mode {
+        types::ResumeMode::ResumeAfter => crate::Mode::ResumeAfter,
+        types::ResumeMode::StartAfter => crate::Mode::StartAfter,
     }
 }
 
@@ -82,9 +79,11 @@ pub fn report(report: crate::Report) -> types::Report {
     }
 }
 
-/// Writes a log line through the host.
-pub fn log(message: &str) {
-    host::log(types::LogLevel::Info, message, &[]);
+/// The component's `run`: one run of the policy `P` over the imports (what
+/// [`export_policy!`](crate::export_policy) exports).
+pub fn run<P: crate::Policy>(settings: types::Settings) -> Result<types::Report, String> {
+    let report = crate::run::<P>(&mut WitHost::default(), &self::settings(settings))?;
+    Ok(self::report(report))
 }
 
 /// A batched commit (`commit-records`, contract 1.2: its decisions cover `commit-batch`'s and
@@ -94,7 +93,7 @@ fn commit_records(
     next: &str,
     mode: crate::Mode,
     decisions: Vec<crate::Decision>,
-) -> Result<(), String> {
+) -> Result<(), crate::CommitError> {
     let decisions = decisions
         .into_iter()
         .map(|d| match d {
@@ -133,7 +132,24 @@ fn commit_records(
 }
 
 impl crate::Host for WitHost {
-    fn open(&mut self, start: crate::Start) -> Result<(), String> {
+    fn deployment(&mut self) -> crate::Deployment {
+        let identity = host::deployment_identity();
+        crate::Deployment {
+            consumer: identity.consumer,
+            source: identity.source,
+            replica_set_id: identity.replica_set_id,
+        }
+    }
+
+    fn load_checkpoint(&mut self) -> crate::Checkpoint {
+        let saved = host::load_checkpoint();
+        crate::Checkpoint {
+            token: saved.token,
+            mode: mode_from_wit(saved.mode),
+        }
+    }
+
+    fn open(&mut self, start: crate::Start) -> Result<(), crate::StreamError> {
         let start = match start {
             crate::Start::Now => types::StreamStart::Now,
             crate::Start::ResumeAfter(t) => types::StreamStart::ResumeAfter(t),
@@ -143,19 +159,28 @@ impl crate::Host for WitHost {
         Ok(())
     }
 
-    fn next(&mut self) -> Result<Option<crate::Event>, String> {
-        let stream = self.stream.as_ref().ok_or("stream not open")?;
+    fn next(&mut self) -> Result<Option<crate::Event>, crate::StreamError> {
+        let stream = self
+            .stream
+            .as_ref()
+            .ok_or_else(|| crate::StreamError::Rejected("the stream is not open".into()))?;
         Ok(stream
             .next()
             .map_err(stream_error)?
             .map(|event| crate::Event {
                 token: event.token,
                 operation_type: event.operation_type,
+                namespace: event.namespace,
+                cluster_time: event.cluster_time,
             }))
     }
 
     fn watermark(&mut self) -> Option<String> {
         self.stream.as_ref().and_then(|s| s.watermark())
+    }
+
+    fn field(&mut self, token: &str, path: &str) -> Option<String> {
+        self.stream.as_ref().and_then(|s| s.field(token, path))
     }
 
     fn commit(
@@ -164,7 +189,7 @@ impl crate::Host for WitHost {
         next: &str,
         mode: crate::Mode,
         outbox_id: Option<&str>,
-    ) -> Result<(), String> {
+    ) -> Result<(), crate::CommitError> {
         host::commit(&types::CommitRequest {
             expected: expected.map(str::to_string),
             next: next.to_string(),
@@ -180,45 +205,56 @@ impl crate::Host for WitHost {
         next: &str,
         mode: crate::Mode,
         decisions: Vec<crate::Decision>,
-    ) -> Result<(), String> {
+    ) -> Result<(), crate::CommitError> {
         commit_records(expected, next, mode, decisions)
     }
 
-    fn field(&mut self, token: &str, path: &str) -> Option<String> {
-        self.stream.as_ref().and_then(|s| s.field(token, path))
-    }
-
-    fn advance_watermark(&mut self, expected: Option<&str>, next: &str) -> Result<(), String> {
+    fn advance_watermark(
+        &mut self,
+        expected: Option<&str>,
+        next: &str,
+    ) -> Result<(), crate::CommitError> {
         host::advance_watermark(expected, next).map_err(commit_error)
     }
 
     fn now_ms(&mut self) -> u64 {
         host::monotonic_ms()
     }
+
+    fn log(&mut self, level: crate::Level, message: &str, fields: &[(&str, &str)]) {
+        let level = match level {
+            crate::Level::Trace => types::LogLevel::Trace,
+            crate::Level::Debug => types::LogLevel::Debug,
+            crate::Level::Info => types::LogLevel::Info,
+            crate::Level::Warn => types::LogLevel::Warn,
+            crate::Level::Error => types::LogLevel::Error,
+        };
+        let fields: Vec<(String, String)> = fields
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        host::log(level, message, &fields);
+    }
 }
 
-/// Exports a policy's `run` (any `fn(&mut impl Host, Checkpoint, &Settings) -> Result<Report,
-/// String>`) as the component's `handoff:policy/policy.run`.
+/// Exports a policy type (any [`Policy`](crate::Policy)) as the component's
+/// `handoff:policy/policy.run`: `handoff_policy_sdk::export_policy!(MyPolicy);`, on wasm32 only
+/// (put it under `#[cfg(target_arch = "wasm32")]` in a crate that also builds natively).
 #[macro_export]
 macro_rules! export_policy {
-    ($run:path) => {
+    ($policy:ty) => {
         const _: () = {
             use $crate::component::bindings::handoff::policy::types as wit;
 
-            struct Policy;
+            struct Component;
 
-            impl $crate::component::Guest for Policy {
+            impl $crate::component::Guest for Component {
                 fn run(settings: wit::Settings) -> Result<wit::Report, String> {
-                    let report = $run(
-                        &mut $crate::component::WitHost::default(),
-                        $crate::component::load_checkpoint(),
-                        &$crate::component::settings(settings),
-                    )?;
-                    Ok($crate::component::report(report))
+                    $crate::component::run::<$policy>(settings)
                 }
             }
 
-    $crate::component::bindings::export!(Policy with_types_in $crate::component::bindings);
+            $crate::component::bindings::export!(Component with_types_in $crate::component::bindings);
         };
     };
 }

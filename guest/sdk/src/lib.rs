@@ -1,63 +1,185 @@
-//! What every handoff policy in this repository builds on.
+//! Write a `handoff` policy as decisions only.
 //!
-//! Decision logic is plain Rust over the [`Host`] trait, so it unit-tests and runs natively; the
-//! baseline's helpers live here (event ID, resume mode, idle watermark, status). On wasm32,
-//! `component` holds the contract's generated bindings (with a public `export!` macro) and
-//! [`component::WitHost`], the adapter from the imports to [`Host`]: a policy crate only
-//! implements `Guest::run` and calls `export!`.
+//! A handoff policy is a WebAssembly component that the `handoff` host runs to move MongoDB
+//! change events into a durable outbox. The host owns the stream, every transaction and the
+//! checkpoint; the policy drives the run through the host's imports. This crate owns that run
+//! loop, exactly as the default policy (the baseline task) runs it, so a policy supplies only what
+//! is its own:
+//!
+//! - [`Policy::decide`]: what becomes of each delivered event — hand it off under an ID
+//!   ([`Decision::HandOff`]), as a shaped domain event ([`Decision::Record`]), skip it
+//!   ([`Decision::Skip`]) or quarantine it ([`Decision::Quarantine`]) — given the event (token,
+//!   operation type, namespace, cluster time, and any field through [`Delivered::field`]) and
+//!   its baseline ID;
+//! - optionally [`Policy::batch_size`] (events per transaction, default 1), construction from the
+//!   run's [`Settings`] ([`FromSettings`], for parameters) and [`Policy::finish`] (end of run).
+//!
+//! [`run`] drives one bounded run: resume from the checkpoint (`resumeAfter`, or `startAfter`
+//! after an invalidation, or now when there is none), commit events in delivery order (a batch is
+//! committed when full, when the stream is caught up, at an invalidation and at the end of the
+//! run), skip every invalidation and end the run there (saved with `startAfter`), stop after
+//! `max_events` or `max_wait_ms` without an event, save the idle watermark without ever leaving
+//! an uncheckpointed gap, and report.
+//!
+//! The loop is plain Rust over the [`Host`] trait, so a whole run unit-tests natively against
+//! [`fake::FakeHost`]. Built for `wasm32`, `export_policy!` exports a policy as the component's
+//! `handoff:policy/policy.run`, on the contract's bindings generated here from `wit/policy.wit`.
+//!
+//! # Example
+//!
+//! A policy that hands off everything but deletes, tested over a whole run:
+//!
+//! ```
+//! use handoff_policy_sdk::fake::FakeHost;
+//! use handoff_policy_sdk::{Decision, Delivered, Policy, Settings, Status, event_id};
+//!
+//! #[derive(Default)]
+//! pub struct NoDeletes;
+//!
+//! impl Policy for NoDeletes {
+//!     fn decide(&mut self, event: &mut Delivered<'_>, id: String) -> Decision {
+//!         if event.operation_type == "delete" {
+//!             Decision::Skip("deletes are not published".into())
+//!         } else {
+//!             Decision::HandOff(id)
+//!         }
+//!     }
+//! }
+//!
+//! // In the component: handoff_policy_sdk::export_policy!(NoDeletes);
+//!
+//! let mut host = FakeHost::new()
+//!     .event("A", "insert")
+//!     .event("B", "delete")
+//!     .event("C", "update")
+//!     .watermark("W");
+//! let report = handoff_policy_sdk::run::<NoDeletes>(&mut host, &Settings::new(50, 3000)).unwrap();
+//! assert_eq!(report.status, Status::HandedOff);
+//! assert_eq!(report.events_handed_off, 2);
+//! assert_eq!(host.handed_off(), vec![event_id("A"), event_id("C")]);
+//! assert_eq!(host.token(), Some("W")); // the idle watermark was saved
+//! ```
 
 #[cfg(target_arch = "wasm32")]
 pub mod component;
+pub mod fake;
+
+use std::fmt;
 
 use sha2::{Digest, Sha256};
+
+/// The most events one commit may cover.
+pub const MAX_BATCH: usize = 500;
 
 /// How a stream resumes from a saved token.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
+    /// After the token's event (`resumeAfter`).
     ResumeAfter,
+    /// After the token (`startAfter`): the only way past an invalidation.
     StartAfter,
 }
 
 /// The checkpoint as the host loaded it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Checkpoint {
+    /// The last committed token; `None` for a consumer that has never committed.
     pub token: Option<String>,
+    /// How the next stream must resume from `token`.
     pub mode: Mode,
+}
+
+/// What the run is pinned to.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Deployment {
+    /// The stable consumer identity.
+    pub consumer: String,
+    /// The watched namespace, `database.collection`.
+    pub source: String,
+    /// The replica set's ID, as a hex ObjectId.
+    pub replica_set_id: String,
 }
 
 /// Where the stream opens.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Start {
+    /// At the deployment's current time (no saved token).
     Now,
+    /// `resumeAfter` the checkpoint's token.
     ResumeAfter(String),
+    /// `startAfter` the checkpoint's token.
     StartAfter(String),
 }
 
-/// What the policy needs of a delivered event.
+/// One change event as the stream delivered it; further fields are read through the host.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Event {
+    /// The event's `_id`, its resume token, in canonical text form (opaque but for hashing).
     pub token: String,
+    /// `operationType`: insert, update, replace, delete, drop, rename, dropDatabase,
+    /// invalidate, or any type a newer server sends.
     pub operation_type: String,
+    /// `ns` as `database.collection`, when the event has one.
+    pub namespace: Option<String>,
+    /// `clusterTime` as seconds since the epoch and increment, when present.
+    pub cluster_time: Option<(u32, u32)>,
 }
 
-/// The run's outcome as reported to the engine.
+impl Event {
+    /// An event with a token and an operation type, without namespace or cluster time.
+    pub fn new(token: impl Into<String>, operation_type: impl Into<String>) -> Event {
+        Event {
+            token: token.into(),
+            operation_type: operation_type.into(),
+            namespace: None,
+            cluster_time: None,
+        }
+    }
+
+    /// Whether this event invalidates the stream (it is then skipped and ends the run).
+    pub fn is_invalidate(&self) -> bool {
+        self.operation_type == "invalidate"
+    }
+}
+
+/// The run's outcome as reported to the host.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Status {
+    /// Caught up without handing off an event.
     Idle,
+    /// At least one event was handed off and the stream was not invalidated.
     HandedOff,
+    /// The stream was invalidated; its token is saved with `startAfter`.
     Invalidated,
 }
 
-/// The limits of one run.
+/// The limits and parameters of one run, validated by the host.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Settings {
+    /// Stop after this many events (1-500).
     pub max_events: u32,
+    /// Stop after this long without an event, in milliseconds; restarts after each event.
     pub max_wait_ms: u64,
-    /// Policy parameters, `key=value` pairs given to the host.
+    /// Policy parameters, `key=value` pairs given to the host (`--policy-param`).
     pub params: Vec<(String, String)>,
 }
 
 impl Settings {
+    /// Settings without parameters.
+    pub fn new(max_events: u32, max_wait_ms: u64) -> Settings {
+        Settings {
+            max_events,
+            max_wait_ms,
+            params: Vec::new(),
+        }
+    }
+
+    /// The same settings with one more parameter.
+    pub fn param_set(mut self, key: impl Into<String>, value: impl Into<String>) -> Settings {
+        self.params.push((key.into(), value.into()));
+        self
+    }
+
     /// A policy parameter by key.
     pub fn param(&self, key: &str) -> Option<&str> {
         self.params
@@ -69,7 +191,7 @@ impl Settings {
 
 /// An outbox record shaped by the policy (contract 1.2): a domain event with a stable business
 /// schema. `aggregate_id`, `aggregate_version` and `payload` are Extended JSON text (what
-/// [`Host::field`] returns reads back as is).
+/// [`Delivered::field`] returns reads back as is).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Record {
     /// The event ID.
@@ -85,156 +207,386 @@ pub struct Record {
     pub payload: String,
 }
 
-/// What a batched commit does with one delivered event (contract 1.1; `Record` 1.2).
+/// What becomes of one delivered event.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Decision {
-    /// An outbox record with this event ID.
+    /// An outbox record (the change event as delivered) with this event ID: 1 to 200
+    /// characters from `[A-Za-z0-9._:-]`.
     HandOff(String),
-    /// This policy-shaped outbox record.
+    /// This policy-shaped outbox record (contract 1.2).
     Record(Box<Record>),
-    /// No record; the checkpoint moves past the event.
+    /// No record; the checkpoint moves past the event and the host logs the reason.
     Skip(String),
-    /// A quarantine record with this ID and reason.
+    /// A quarantine record (the event as delivered, its token and the reason) with this ID,
+    /// instead of an outbox record: a poison event never blocks the stream.
     Quarantine { id: String, reason: String },
+}
+
+impl Decision {
+    /// The outbox ID of a hand-off, `None` for a skip or a quarantine.
+    pub fn handed_off(&self) -> Option<&str> {
+        match self {
+            Decision::HandOff(id) => Some(id),
+            Decision::Record(record) => Some(&record.id),
+            Decision::Skip(_) | Decision::Quarantine { .. } => None,
+        }
+    }
 }
 
 /// The report of a successful run.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Report {
     pub status: Status,
+    /// Outbox records committed by this run.
     pub events_handed_off: u32,
+    /// The last committed outbox ID (the invalidate event's baseline ID when invalidated),
+    /// empty when none.
     pub last_event_id: String,
 }
 
-/// The host primitives the policy drives. Errors are the host's messages; the host keeps the
-/// classification of every failure it reported, so the policy only adds context.
+/// The level of a log line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Level {
+    Trace,
+    Debug,
+    Info,
+    Warn,
+    Error,
+}
+
+/// Why the stream failed, as the host classified the server's error. Displays as the host's
+/// message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StreamError {
+    /// The token fell off the retained history: events may be missing.
+    HistoryLost(String),
+    /// The token cannot be used with this mode.
+    InvalidToken(String),
+    /// The server refused to continue the stream.
+    Fatal(String),
+    /// The backend is unavailable after the host's retries.
+    Unavailable(String),
+    /// The request broke the contract.
+    Rejected(String),
+}
+
+impl StreamError {
+    /// The host's message.
+    pub fn message(&self) -> &str {
+        match self {
+            StreamError::HistoryLost(m)
+            | StreamError::InvalidToken(m)
+            | StreamError::Fatal(m)
+            | StreamError::Unavailable(m)
+            | StreamError::Rejected(m) => m,
+        }
+    }
+}
+
+/// Why a commit or a watermark advance was not applied; nothing was written. Displays as the
+/// host's message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CommitError {
+    /// The checkpoint is not at `expected` any more: another run moved it.
+    Conflict(String),
+    /// The host refused the decision.
+    Rejected(String),
+    /// The backend failed after its retries.
+    Unavailable(String),
+}
+
+impl CommitError {
+    /// The host's message.
+    pub fn message(&self) -> &str {
+        match self {
+            CommitError::Conflict(m) | CommitError::Rejected(m) | CommitError::Unavailable(m) => m,
+        }
+    }
+}
+
+impl fmt::Display for StreamError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.message())
+    }
+}
+
+impl fmt::Display for CommitError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.message())
+    }
+}
+
+impl std::error::Error for StreamError {}
+impl std::error::Error for CommitError {}
+
+/// A run's error is the host's message: the host keeps the classification of every failure it
+/// reported.
+impl From<StreamError> for String {
+    fn from(error: StreamError) -> String {
+        error.to_string()
+    }
+}
+
+impl From<CommitError> for String {
+    fn from(error: CommitError) -> String {
+        error.to_string()
+    }
+}
+
+/// Everything the host grants a policy (the `host` interface of `wit/policy.wit`). On wasm32,
+/// `component::WitHost` implements it over the imports; [`fake::FakeHost`] implements it
+/// natively for tests.
 pub trait Host {
-    fn open(&mut self, start: Start) -> Result<(), String>;
-    fn next(&mut self) -> Result<Option<Event>, String>;
+    /// The deployment this run is pinned to.
+    fn deployment(&mut self) -> Deployment;
+    /// The checkpoint as loaded before the run started.
+    fn load_checkpoint(&mut self) -> Checkpoint;
+    /// Opens the change stream (at most one per run). A token in `start` must be the
+    /// checkpoint's.
+    fn open(&mut self, start: Start) -> Result<(), StreamError>;
+    /// The next event, waiting at most the stream's await bound; `None` when caught up for now.
+    fn next(&mut self) -> Result<Option<Event>, StreamError>;
+    /// The stream's current resume position, `None` before the server reported one.
     fn watermark(&mut self) -> Option<String>;
+    /// A field of a delivered event by dotted path, as relaxed Extended JSON text.
+    fn field(&mut self, token: &str, path: &str) -> Option<String>;
+    /// Commits the next delivered event (contract 1.0): an outbox record under `outbox_id`, or
+    /// none for an invalidation.
     fn commit(
         &mut self,
         expected: Option<&str>,
         next: &str,
         mode: Mode,
         outbox_id: Option<&str>,
-    ) -> Result<(), String>;
-    /// Commits the next delivered events, one decision each, in one transaction (contract 1.1;
-    /// with [`Decision::Record`], 1.2). A record the outbox already holds for the same event (a
-    /// checkpoint moved back) is not written twice: the host counts it as a suppressed duplicate.
+    ) -> Result<(), CommitError>;
+    /// Commits the next delivered events, one decision each in delivery order ending with the
+    /// event whose token is `next`, in one transaction (contract 1.1; with [`Decision::Record`],
+    /// 1.2). A record the outbox already holds for the same event (a checkpoint moved back) is
+    /// not written twice: the host counts it as a suppressed duplicate.
     fn commit_batch(
         &mut self,
         expected: Option<&str>,
         next: &str,
         mode: Mode,
         decisions: Vec<Decision>,
-    ) -> Result<(), String>;
-    /// A field of a delivered event by dotted path, as relaxed Extended JSON text.
-    fn field(&mut self, token: &str, path: &str) -> Option<String>;
-    fn advance_watermark(&mut self, expected: Option<&str>, next: &str) -> Result<(), String>;
+    ) -> Result<(), CommitError>;
+    /// Saves the stream's watermark as the checkpoint (`resumeAfter`), once every delivered
+    /// event is committed.
+    fn advance_watermark(&mut self, expected: Option<&str>, next: &str) -> Result<(), CommitError>;
+    /// Milliseconds on a monotonic clock (virtual against a replay backend).
     fn now_ms(&mut self) -> u64;
+    /// A structured log line through the host's logger (messages are cut at 1 KiB).
+    fn log(&mut self, level: Level, message: &str, fields: &[(&str, &str)]);
+}
+
+/// A delivered event while the policy decides about it: the [`Event`] (it dereferences to it)
+/// and what the policy may ask of the host meanwhile. The run loop keeps the stream and the
+/// commits to itself.
+pub struct Delivered<'a> {
+    event: &'a Event,
+    host: &'a mut dyn Host,
+}
+
+impl<'a> Delivered<'a> {
+    /// The event as delivered by `host` (for tests of [`Policy::decide`] alone).
+    pub fn new(event: &'a Event, host: &'a mut dyn Host) -> Delivered<'a> {
+        Delivered { event, host }
+    }
+
+    /// The event.
+    pub fn event(&self) -> &Event {
+        self.event
+    }
+
+    /// A field of the event by dotted path (e.g. `fullDocument.status`), as relaxed Extended
+    /// JSON text; `None` when absent.
+    pub fn field(&mut self, path: &str) -> Option<String> {
+        self.host.field(&self.event.token, path)
+    }
+
+    /// A structured log line through the host's logger.
+    pub fn log(&mut self, level: Level, message: &str, fields: &[(&str, &str)]) {
+        self.host.log(level, message, fields);
+    }
+
+    /// The deployment this run is pinned to.
+    pub fn deployment(&mut self) -> Deployment {
+        self.host.deployment()
+    }
+
+    /// Milliseconds on the host's monotonic clock.
+    pub fn now_ms(&mut self) -> u64 {
+        self.host.now_ms()
+    }
+}
+
+impl std::ops::Deref for Delivered<'_> {
+    type Target = Event;
+
+    fn deref(&self) -> &Event {
+        self.event
+    }
+}
+
+/// How a policy is built from the run's settings. Every `Default` type has it (parameters are
+/// then ignored); a policy with parameters implements it instead of `Default`, returning a clear
+/// message for a bad parameter (the run fails with it before the stream opens). (A type cannot
+/// have both: implementing it for a `Default` type conflicts with this blanket implementation.)
+///
+/// ```
+/// use handoff_policy_sdk::{FromSettings, Settings};
+///
+/// struct Prefixed {
+///     prefix: String,
+/// }
+///
+/// impl FromSettings for Prefixed {
+///     fn from_settings(settings: &Settings) -> Result<Prefixed, String> {
+///         match settings.param("prefix") {
+///             Some(p) if !p.is_empty() && p.len() <= 20 => Ok(Prefixed { prefix: p.into() }),
+///             Some(p) => Err(format!("prefix must be 1-20 characters, not {p:?}")),
+///             None => Err("the prefix parameter is required".into()),
+///         }
+///     }
+/// }
+///
+/// assert!(Prefixed::from_settings(&Settings::default()).is_err());
+/// let settings = Settings::default().param_set("prefix", "shop");
+/// assert_eq!(Prefixed::from_settings(&settings).unwrap().prefix, "shop");
+/// ```
+pub trait FromSettings: Sized {
+    fn from_settings(settings: &Settings) -> Result<Self, String>;
+}
+
+impl<T: Default> FromSettings for T {
+    fn from_settings(_settings: &Settings) -> Result<T, String> {
+        Ok(T::default())
+    }
+}
+
+/// A policy's decisions; [`run`] drives everything else.
+pub trait Policy: FromSettings {
+    /// What becomes of one delivered event, given its baseline ID ([`event_id`] of its token).
+    /// Never called for an invalidation: the run skips it and ends there.
+    fn decide(&mut self, event: &mut Delivered<'_>, id: String) -> Decision;
+
+    /// How many events one transaction commits, 1 to [`MAX_BATCH`] (default 1). A batch is
+    /// also committed when the stream is caught up, at an invalidation and at the end of the
+    /// run, so events are never held back.
+    fn batch_size(&self) -> usize {
+        1
+    }
+
+    /// Called once after a successful run, every commit and the idle watermark done, with the
+    /// report the run returns. An error fails the run (what was committed stays).
+    fn finish(&mut self, host: &mut dyn Host, report: &Report) -> Result<(), String> {
+        let _ = (host, report);
+        Ok(())
+    }
+}
+
+/// One bounded run of the policy `P`, built from `settings` ([`FromSettings`]).
+pub fn run<P: Policy>(host: &mut dyn Host, settings: &Settings) -> Result<Report, String> {
+    let mut policy = P::from_settings(settings)?;
+    run_policy(&mut policy, host, settings)
+}
+
+/// Delivered events not yet committed, with their decisions.
+#[derive(Default)]
+struct Batch {
+    /// The token of the last one and the mode saved with it.
+    last: Option<(String, Mode)>,
+    decisions: Vec<Decision>,
+}
+
+impl Batch {
+    /// Commits the pending decisions, if any, moving `token` to the last one.
+    fn flush(&mut self, host: &mut dyn Host, token: &mut Option<String>) -> Result<(), String> {
+        if let Some((next, mode)) = self.last.take() {
+            let decisions = std::mem::take(&mut self.decisions);
+            host.commit_batch(token.as_deref(), &next, mode, decisions)?;
+            *token = Some(next);
+        }
+        Ok(())
+    }
+}
+
+/// One bounded run of an already built policy: the baseline's loop with the policy's decisions.
+pub fn run_policy<P: Policy>(
+    policy: &mut P,
+    host: &mut dyn Host,
+    settings: &Settings,
+) -> Result<Report, String> {
+    let size = policy.batch_size();
+    if !(1..=MAX_BATCH).contains(&size) {
+        return Err(format!(
+            "the batch size must be from 1 to {MAX_BATCH}, not {size}"
+        ));
+    }
+    let checkpoint = host.load_checkpoint();
+    let mut token = checkpoint.token.clone();
+    let (mut events, mut handed_off) = (0u32, 0u32);
+    let mut last_event_id = String::new();
+    let mut invalidated = false;
+    let mut batch = Batch::default();
+
+    host.open(stream_start(&checkpoint))?;
+    let mut deadline = host.now_ms().saturating_add(settings.max_wait_ms);
+    while events < settings.max_events && host.now_ms() < deadline {
+        let Some(event) = host.next()? else {
+            // Caught up for now: do not hold delivered events back.
+            batch.flush(host, &mut token)?;
+            continue;
+        };
+        events += 1;
+        if event.is_invalidate() {
+            // Never handed off; saved with `startAfter`, it ends the batch and the run, which
+            // reports the invalidate event's own ID, as the baseline does.
+            batch.decisions.push(Decision::Skip("invalidate".into()));
+            last_event_id = event_id(&event.token);
+            batch.last = Some((event.token, Mode::StartAfter));
+            invalidated = true;
+            break;
+        }
+        let id = event_id(&event.token);
+        let decision = policy.decide(&mut Delivered::new(&event, host), id);
+        if let Some(id) = decision.handed_off() {
+            handed_off += 1;
+            last_event_id = id.to_string();
+        }
+        batch.decisions.push(decision);
+        batch.last = Some((event.token, Mode::ResumeAfter));
+        if batch.decisions.len() >= size {
+            batch.flush(host, &mut token)?;
+        }
+        deadline = host.now_ms().saturating_add(settings.max_wait_ms);
+    }
+    batch.flush(host, &mut token)?;
+    if events < settings.max_events && !invalidated {
+        save_idle_watermark(host, token.as_deref())?;
+    }
+    let report = Report {
+        status: status(handed_off, invalidated),
+        events_handed_off: handed_off,
+        last_event_id,
+    };
+    policy.finish(host, &report)?;
+    Ok(report)
 }
 
 /// Saves the idle watermark after a run that neither hit `max_events` nor was invalidated, as the
 /// baseline does: nothing to save when it equals the token, an error when there is no token at all.
-pub fn save_idle_watermark<H: Host>(host: &mut H, token: Option<&str>) -> Result<(), String> {
+pub fn save_idle_watermark(host: &mut dyn Host, token: Option<&str>) -> Result<(), String> {
     match (host.watermark(), token) {
         (None, None) => Err(
             "MongoDB did not provide an idle resume token; refusing to leave an uncheckpointed gap"
                 .to_string(),
         ),
         (Some(mark), current) if current != Some(mark.as_str()) => {
-            host.advance_watermark(current, &mark)
+            Ok(host.advance_watermark(current, &mark)?)
         }
         _ => Ok(()),
     }
-}
-
-/// What a run has taken so far; [`Tally::finish`] ends it as the baseline does.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Tally {
-    /// The checkpoint token the run holds.
-    pub token: Option<String>,
-    /// Events taken from the stream (handed off, skipped or quarantined).
-    pub events: u32,
-    pub handed_off: u32,
-    pub last_event_id: String,
-    pub invalidated: bool,
-}
-
-impl Tally {
-    pub fn new(checkpoint: &Checkpoint) -> Tally {
-        Tally {
-            token: checkpoint.token.clone(),
-            ..Tally::default()
-        }
-    }
-
-    /// Records the invalidation that ends the run; like the baseline, the run then reports the
-    /// invalidate event's own ID as its last event ID.
-    pub fn invalidate(&mut self, canonical_token: &str) {
-        self.invalidated = true;
-        self.last_event_id = event_id(canonical_token);
-    }
-
-    /// Records an event handed off under `id`.
-    pub fn hand_off(&mut self, id: String) {
-        self.handed_off += 1;
-        self.last_event_id = id;
-    }
-
-    /// Saves the idle watermark unless the run hit `max_events` or was invalidated, then reports.
-    pub fn finish<H: Host>(self, host: &mut H, settings: &Settings) -> Result<Report, String> {
-        if self.events < settings.max_events && !self.invalidated {
-            save_idle_watermark(host, self.token.as_deref())?;
-        }
-        Ok(Report {
-            status: status(self.handed_off, self.invalidated),
-            events_handed_off: self.handed_off,
-            last_event_id: self.last_event_id,
-        })
-    }
-}
-
-/// The baseline's run with one commit per event, each event becoming what `decide` says (given
-/// the event and its baseline ID). An invalidate is always skipped and ends the run, saved with
-/// `startAfter`; the idle watermark and the report are the baseline's.
-pub fn run_each<H: Host>(
-    host: &mut H,
-    checkpoint: Checkpoint,
-    settings: &Settings,
-    mut decide: impl FnMut(&mut H, &Event, String) -> Decision,
-) -> Result<Report, String> {
-    let mut tally = Tally::new(&checkpoint);
-    host.open(stream_start(&checkpoint))?;
-    let mut deadline = host.now_ms().saturating_add(settings.max_wait_ms);
-    while tally.events < settings.max_events && host.now_ms() < deadline {
-        let Some(event) = host.next()? else { continue };
-        let mode = mode_after(&event);
-        let decision = if mode == Mode::StartAfter {
-            Decision::Skip("invalidate".into())
-        } else {
-            decide(host, &event, event_id(&event.token))
-        };
-        let handed_off = match &decision {
-            Decision::HandOff(id) => Some(id.clone()),
-            Decision::Record(record) => Some(record.id.clone()),
-            Decision::Skip(_) | Decision::Quarantine { .. } => None,
-        };
-        host.commit_batch(tally.token.as_deref(), &event.token, mode, vec![decision])?;
-        tally.events += 1;
-        if mode == Mode::StartAfter {
-            tally.invalidate(&event.token);
-            tally.token = Some(event.token);
-            break;
-        }
-        tally.token = Some(event.token);
-        if let Some(id) = handed_off {
-            tally.hand_off(id);
-        }
-        deadline = host.now_ms().saturating_add(settings.max_wait_ms);
-    }
-    tally.finish(host, settings)
 }
 
 /// The status a run reports, from what it committed.
@@ -264,9 +616,12 @@ pub fn stream_start(checkpoint: &Checkpoint) -> Start {
 
 /// The mode saved with an event's token: only an invalidation needs `startAfter`.
 pub fn mode_after(event: &Event) -> Mode {
-    if event.operation_type == "invalidate" {
+    if event.is_invalidate() {
         Mode::StartAfter
     } else {
         Mode::ResumeAfter
     }
 }
+
+#[cfg(test)]
+mod tests;
