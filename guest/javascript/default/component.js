@@ -1,0 +1,6 @@
+// The component's entry: binds the contract's imports to the SDK and exports the policy.
+import * as host from 'handoff:policy/host@1.2.0';
+import * as decisions from './policy.js';
+import { exportPolicy } from '../sdk/handoff.js';
+
+export const policy = exportPolicy(host, decisions);

@@ -1,0 +1,129 @@
+"""JavaScript policies end to end: the default policy on the JavaScript SDK (guest/javascript)
+passes the default's cases, and a project from `handoff policy new --lang javascript` builds,
+checks, passes its sample case and changes its results when its decisions change.
+
+Needs Node.js and npm, and guest/javascript/node_modules (tests/run installs it with `npm ci`).
+The compiled components are kept in one artifact cache for the module (HANDOFF_CACHE_DIR), so
+each is compiled once."""
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from handoff_cli import HANDOFF_BIN, WORKSPACE
+
+GUEST = WORKSPACE / "guest" / "javascript"
+DEFAULT_CASES = WORKSPACE / "guest" / "default" / "cases"
+# Compiling a JavaScript component (its engine is several MiB of code) under a debug host is slow.
+TIMEOUT = 1800
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    environment = dict(os.environ)
+    environment["HANDOFF_CACHE_DIR"] = str(tmp_path_factory.mktemp("artifacts"))
+    # npm install of a generated project takes what the npm cache holds before the registry.
+    environment.setdefault("npm_config_prefer_offline", "true")
+    return environment
+
+
+def run(command, env, cwd=None):
+    proc = subprocess.run(
+        [str(c) for c in command], cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT
+    )
+    return proc
+
+
+def handoff(env, *args, cwd=None):
+    return run([HANDOFF_BIN, *args], env, cwd=cwd)
+
+
+def ok(proc):
+    assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    return proc.stdout
+
+
+def policy_test(env, wasm, cases):
+    """`policy test`, after compiling the component into the module's cache (outside the
+    watchdog that bounds each case's run)."""
+    ok(handoff(env, "policy", "precompile", wasm))
+    return handoff(env, "policy", "test", "--policy", wasm, cases)
+
+
+def test_the_sdk_and_the_default_pass_their_unit_tests(env):
+    assert (GUEST / "node_modules").is_dir(), "run `npm ci` in guest/javascript first (tests/run does)"
+    out = ok(run(["npm", "test"], env, cwd=GUEST))
+    assert "# fail 0" in out, out
+
+
+def test_the_default_policy_in_javascript_passes_the_default_cases(env):
+    assert (GUEST / "node_modules").is_dir(), "run `npm ci` in guest/javascript first (tests/run does)"
+    wasm = GUEST / "build" / "default.wasm"
+    if wasm.exists():
+        wasm.unlink()
+    ok(run(["npm", "run", "build"], env, cwd=GUEST))
+    out = ok(policy_test(env, wasm, DEFAULT_CASES))
+    cases = sorted(p.name for p in DEFAULT_CASES.iterdir() if (p / "case.json").is_file())
+    assert len(cases) >= 5
+    for case in cases:
+        assert f"ok       {case}" in out, out
+
+
+@pytest.fixture(scope="module")
+def project(env, tmp_path_factory):
+    """`policy new x --lang javascript` then `policy build` (npm install, componentize-js, check)."""
+    root = tmp_path_factory.mktemp("js-project")
+    out = ok(handoff(env, "policy", "new", "x", "--lang", "javascript", "--dir", root))
+    assert "created" in out
+    project = root / "x"
+    for name in ["package.json", "policy.js", "policy.test.js", "handoff.js", "component.js", "wit/policy.wit", "README.md"]:
+        assert (project / name).is_file(), name
+    assert (project / "cases" / "sample" / "expected.json").is_file() or any(
+        (project / "cases" / "sample").glob("expected*")
+    ), sorted(p.name for p in (project / "cases" / "sample").iterdir())
+    build = handoff(env, "policy", "build", project)
+    return project, build
+
+
+def test_a_new_project_builds_checks_and_passes_its_sample(env, project):
+    project, build = project
+    out = ok(build)
+    assert "verdict:   this host runs it" in out, out
+    assert "NOT granted" not in out, out
+    wasm = project / "build" / "policy.wasm"
+    assert wasm.is_file()
+    assert "# fail 0" in ok(run(["npm", "test"], env, cwd=project))
+    ok(policy_test(env, wasm, project / "cases"))
+    # As generated it is the default policy.
+    ok(handoff(env, "policy", "test", "--policy", wasm, DEFAULT_CASES))
+
+
+def test_an_edited_decide_changes_the_results(env, project, tmp_path):
+    project, build = project
+    ok(build)
+    # A copy of the project sharing its installed toolchain.
+    edited = tmp_path / "edited"
+    shutil.copytree(project, edited, ignore=shutil.ignore_patterns("node_modules", "build"))
+    (edited / "node_modules").symlink_to(project / "node_modules")
+    policy = edited / "policy.js"
+    source = policy.read_text()
+    source = source.replace("import { handOff } from './handoff.js';", "import { handOff, skip } from './handoff.js';")
+    source = source.replace(
+        "  return handOff(event.id);",
+        "  if (event.operationType === 'delete') return skip('deletes stay in the source');\n  return handOff(event.id);",
+    )
+    assert "skip('deletes" in source
+    policy.write_text(source)
+    ok(handoff(env, "policy", "build", edited))
+    wasm = edited / "build" / "policy.wasm"
+    failed = policy_test(env, wasm, edited / "cases")
+    assert failed.returncode != 0, failed.stdout
+    assert "sample" in failed.stdout and "events_skipped" in failed.stdout, failed.stdout
+    # Accepting the new results records the skip.
+    ok(handoff(env, "policy", "test", "--policy", wasm, edited / "cases", "--update"))
+    expected = "".join(p.read_text() for p in (edited / "cases" / "sample").glob("expected*"))
+    assert '"events_skipped": 1' in expected, expected
+    ok(handoff(env, "policy", "test", "--policy", wasm, edited / "cases"))
