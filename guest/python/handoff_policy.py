@@ -1,0 +1,726 @@
+"""The handoff policy SDK for Python.
+
+A policy project is this module, the contract (``wit/policy.wit``) and the author's decisions
+module, ``policy.py``, built into a WebAssembly component with componentize-py::
+
+    componentize-py -d wit -w handoff-policy componentize handoff_policy -o build/policy.wasm
+
+The SDK owns the run loop, exactly as the default policy runs it: the stream opens where the
+checkpoint says, every delivered event is committed on its own (``commit-batch`` with one
+decision) with the resume token, an invalidation is skipped, saved with ``startAfter`` and ends the
+run, the idle watermark never leaves an uncheckpointed gap, and the report is the baseline's. The
+author writes only what is decided about each event::
+
+    import handoff_policy as handoff
+
+    def init(settings):                 # optional: read settings.params, raise to refuse them
+        ...
+
+    def decide(event):                  # every event but an invalidation
+        if event.operation_type == "delete":
+            return handoff.skip("deletes are not published")
+        return handoff.hand_off(event.id)
+
+``decide`` returns :func:`hand_off` (an outbox record under an ID; ``event.id``, the baseline's
+ID, when none is given), :func:`skip`, :func:`quarantine` or :func:`record` (an outbox record
+shaped by the policy). An exception in ``init`` or ``decide`` fails the run with its message;
+what was committed before stays.
+
+Everything runs natively too: :func:`run` drives a run over any object with the :class:`Host`
+methods, and :class:`FakeHost` is one in memory, for unit tests with plain CPython.
+"""
+
+import hashlib
+import json
+
+__all__ = [
+    "Checkpoint",
+    "Deployment",
+    "Event",
+    "FakeHost",
+    "HandOff",
+    "Host",
+    "HostError",
+    "Quarantine",
+    "Record",
+    "Report",
+    "Settings",
+    "Skip",
+    "checkpoint",
+    "deployment",
+    "event_id",
+    "hand_off",
+    "log",
+    "monotonic_ms",
+    "quarantine",
+    "record",
+    "run",
+    "skip",
+]
+
+RESUME_AFTER = "resume-after"
+START_AFTER = "start-after"
+
+IDLE = "idle"
+HANDED_OFF = "handed-off"
+INVALIDATED = "invalidated"
+
+NO_IDLE_TOKEN = "MongoDB did not provide an idle resume token; refusing to leave an uncheckpointed gap"
+
+
+def event_id(token):
+    """The baseline's event ID: lowercase hex SHA-256 of the canonical token text."""
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+# Decisions ------------------------------------------------------------------------------------
+
+
+class _Value:
+    """Equality, hashing and a readable repr over the slots."""
+
+    __slots__ = ()
+
+    def _fields(self):
+        return tuple(getattr(self, name) for name in self.__slots__)
+
+    def __eq__(self, other):
+        return type(self) is type(other) and self._fields() == other._fields()
+
+    def __hash__(self):
+        return hash((type(self).__name__,) + self._fields())
+
+    def __repr__(self):
+        values = ", ".join("%s=%r" % (name, getattr(self, name)) for name in self.__slots__)
+        return "%s(%s)" % (type(self).__name__, values)
+
+
+class HandOff(_Value):
+    """Insert the event's outbox record under ``id`` (``None``: the event's baseline ID)."""
+
+    __slots__ = ("id",)
+
+    def __init__(self, id=None):
+        self.id = id
+
+
+class Skip(_Value):
+    """Move the checkpoint past the event without any record; the host logs the reason."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason):
+        self.reason = reason
+
+
+class Quarantine(_Value):
+    """Write a quarantine record (the event, its token and the reason) under ``id``."""
+
+    __slots__ = ("id", "reason")
+
+    def __init__(self, id, reason):
+        self.id = id
+        self.reason = reason
+
+
+class Record(_Value):
+    """An outbox record shaped by the policy (contract 1.2): a domain event.
+
+    ``aggregate_id`` and ``aggregate_version`` are one Extended JSON value each (what
+    ``event.field("documentKey._id")`` returns reads back as is); ``payload`` one document as
+    Extended JSON text, or a ``dict`` that is serialized as JSON.
+    """
+
+    __slots__ = ("id", "event_type", "schema_version", "aggregate_id", "aggregate_version", "payload")
+
+    def __init__(self, id, event_type, schema_version, aggregate_id, payload, aggregate_version=None):
+        self.id = id
+        self.event_type = event_type
+        self.schema_version = schema_version
+        self.aggregate_id = aggregate_id
+        self.aggregate_version = aggregate_version
+        self.payload = payload
+
+
+def hand_off(id=None):
+    """Hand the event off to the outbox under ``id``; without one, under the baseline's ID
+    (``event.id``)."""
+    return HandOff(id)
+
+
+def skip(reason):
+    """Move past the event without a record, for ``reason``."""
+    return Skip(reason)
+
+
+def quarantine(id, reason):
+    """Write the event to the quarantine under ``id``, for ``reason``."""
+    return Quarantine(id, reason)
+
+
+def record(id, event_type, schema_version, aggregate_id, payload, aggregate_version=None):
+    """Hand the event off as a policy-shaped outbox record (see :class:`Record`)."""
+    return Record(id, event_type, schema_version, aggregate_id, payload, aggregate_version)
+
+
+# What a policy sees ---------------------------------------------------------------------------
+
+
+class Settings(_Value):
+    """The run's limits and the policy's parameters (``--policy-param key=value``).
+
+    ``params`` is a dict (the first value of a repeated key, as the Rust SDK reads it);
+    ``pairs`` keeps every pair in the order given.
+    """
+
+    __slots__ = ("max_events", "max_wait_ms", "params", "pairs")
+
+    def __init__(self, max_events=50, max_wait_ms=10000, params=()):
+        self.max_events = max_events
+        self.max_wait_ms = max_wait_ms
+        if isinstance(params, dict):
+            params = list(params.items())
+        self.pairs = [(str(k), str(v)) for k, v in params]
+        self.params = {}
+        for key, value in self.pairs:
+            self.params.setdefault(key, value)
+
+    def param(self, key, default=None):
+        """A parameter by key, or ``default``."""
+        return self.params.get(key, default)
+
+
+class Event:
+    """One delivered change event: its resume token, ``operation_type``, ``namespace``
+    (``database.collection`` or ``None``), ``cluster_time`` (``(seconds, increment)`` or
+    ``None``), its baseline ID ``id``, and any field through the host (:meth:`field`)."""
+
+    __slots__ = ("token", "operation_type", "namespace", "cluster_time", "_id", "_host")
+
+    def __init__(self, token, operation_type, namespace=None, cluster_time=None, host=None):
+        self.token = token
+        self.operation_type = operation_type
+        self.namespace = namespace
+        self.cluster_time = None if cluster_time is None else tuple(cluster_time)
+        self._id = None
+        self._host = host
+
+    @property
+    def id(self):
+        """The baseline's event ID: SHA-256 of the token text, in lowercase hex."""
+        if self._id is None:
+            self._id = event_id(self.token)
+        return self._id
+
+    def field(self, path):
+        """A field by dotted path (e.g. ``fullDocument.status``) as relaxed Extended JSON text,
+        or ``None`` when the event has no such field."""
+        if self._host is None:
+            return None
+        return self._host.field(self.token, path)
+
+    def value(self, path, default=None):
+        """A field parsed from its Extended JSON text (``{"$oid": ...}`` stays a dict), or
+        ``default`` when absent."""
+        text = self.field(path)
+        return default if text is None else json.loads(text)
+
+    def __repr__(self):
+        return "Event(operation_type=%r, token=%r)" % (self.operation_type, self.token)
+
+
+class Checkpoint(_Value):
+    """The checkpoint as loaded before the run: ``token`` (``None`` for a new consumer) and
+    ``mode`` (``"resume-after"`` or ``"start-after"``)."""
+
+    __slots__ = ("token", "mode")
+
+    def __init__(self, token=None, mode=RESUME_AFTER):
+        self.token = token
+        self.mode = mode
+
+
+class Deployment(_Value):
+    """What the run is pinned to: ``consumer``, ``source`` (``database.collection``) and
+    ``replica_set_id``."""
+
+    __slots__ = ("consumer", "source", "replica_set_id")
+
+    def __init__(self, consumer, source, replica_set_id):
+        self.consumer = consumer
+        self.source = source
+        self.replica_set_id = replica_set_id
+
+
+class Report(_Value):
+    """The end of a successful run: ``status`` (``"idle"``, ``"handed-off"`` or
+    ``"invalidated"``), ``events_handed_off`` and ``last_event_id``."""
+
+    __slots__ = ("status", "events_handed_off", "last_event_id")
+
+    def __init__(self, status, events_handed_off, last_event_id):
+        self.status = status
+        self.events_handed_off = events_handed_off
+        self.last_event_id = last_event_id
+
+
+class HostError(Exception):
+    """A host call failed; the message is the host's, which keeps its classification."""
+
+
+class PolicyError(Exception):
+    """The policy ends the run with this message."""
+
+
+# The host ---------------------------------------------------------------------------------------
+
+
+class Host:
+    """What the run loop needs of the host; :class:`FakeHost` and the component's adapter
+    implement it. Starts and modes are strings: ``("now", None)``, ``("resume-after", token)``,
+    ``("start-after", token)``; decisions are :class:`HandOff` (with its ID), :class:`Skip`,
+    :class:`Quarantine` and :class:`Record`. Failures raise :class:`HostError`."""
+
+    def deployment_identity(self):
+        raise NotImplementedError
+
+    def load_checkpoint(self):
+        raise NotImplementedError
+
+    def open_stream(self, kind, token):
+        raise NotImplementedError
+
+    def next(self):
+        """The next :class:`Event` or ``None``."""
+        raise NotImplementedError
+
+    def watermark(self):
+        raise NotImplementedError
+
+    def field(self, token, path):
+        raise NotImplementedError
+
+    def commit_batch(self, expected, next, mode, decisions):
+        raise NotImplementedError
+
+    def commit_records(self, expected, next, mode, decisions):
+        raise NotImplementedError
+
+    def advance_watermark(self, expected, next):
+        raise NotImplementedError
+
+    def monotonic_ms(self):
+        raise NotImplementedError
+
+    def log(self, level, message, fields):
+        raise NotImplementedError
+
+
+_current = {"host": None, "checkpoint": None}
+
+
+def _host():
+    host = _current["host"]
+    if host is None:
+        raise RuntimeError("no run in progress: the host is only reachable during init and decide")
+    return host
+
+
+class _Log:
+    """``log.info("message", key=value, ...)``: a structured line through the host's logger (at
+    most 1 KiB of message). Levels: trace, debug, info, warn (or warning), error."""
+
+    LEVELS = ("trace", "debug", "info", "warn", "error")
+
+    def __call__(self, level, message, **fields):
+        if level == "warning":
+            level = "warn"
+        if level not in self.LEVELS:
+            raise ValueError("unknown log level %r: one of %s" % (level, ", ".join(self.LEVELS)))
+        _host().log(level, str(message), [(str(k), str(v)) for k, v in fields.items()])
+
+    def trace(self, message, **fields):
+        self("trace", message, **fields)
+
+    def debug(self, message, **fields):
+        self("debug", message, **fields)
+
+    def info(self, message, **fields):
+        self("info", message, **fields)
+
+    def warn(self, message, **fields):
+        self("warn", message, **fields)
+
+    warning = warn
+
+    def error(self, message, **fields):
+        self("error", message, **fields)
+
+
+log = _Log()
+
+
+def deployment():
+    """The :class:`Deployment` this run is pinned to."""
+    return _host().deployment_identity()
+
+
+def checkpoint():
+    """The :class:`Checkpoint` as loaded at the start of this run."""
+    _host()
+    return _current["checkpoint"]
+
+
+def monotonic_ms():
+    """Milliseconds on the host's monotonic clock (virtual under a replay)."""
+    return _host().monotonic_ms()
+
+
+# The run --------------------------------------------------------------------------------------
+
+
+def _decision(event, decided):
+    """The decision ``decide`` returned, checked, with a hand-off's default ID filled in."""
+    if isinstance(decided, HandOff):
+        return HandOff(event.id if decided.id is None else decided.id)
+    if isinstance(decided, (Skip, Quarantine, Record)):
+        return decided
+    raise PolicyError(
+        "decide returned %r for event %s, not a decision (hand_off, skip, quarantine or record)"
+        % (decided, event.id)
+    )
+
+
+def run(decisions, settings, host):
+    """Drives one bounded run as the default policy does, each event (but an invalidation)
+    becoming what ``decisions.decide(event)`` says; ``decisions.init(settings)`` first when
+    defined. Returns the :class:`Report`; raises :class:`HostError` or :class:`PolicyError`."""
+    if not isinstance(settings, Settings):
+        raise TypeError("settings must be a handoff_policy.Settings")
+    decide = getattr(decisions, "decide", None)
+    if decide is None:
+        raise PolicyError("the policy module defines no decide(event)")
+    previous = dict(_current)
+    _current["host"] = host
+    try:
+        init = getattr(decisions, "init", None)
+        if init is not None:
+            try:
+                init(settings)
+            except Exception as e:
+                raise PolicyError("init refused the settings: %s" % _describe(e)) from e
+        return _run(decide, settings, host)
+    finally:
+        _current.update(previous)
+
+
+def _describe(error):
+    text = str(error)
+    return "%s: %s" % (type(error).__name__, text) if text else type(error).__name__
+
+
+def _run(decide, settings, host):
+    saved = host.load_checkpoint()
+    _current["checkpoint"] = saved
+    token = saved.token
+    if token is None:
+        host.open_stream("now", None)
+    else:
+        host.open_stream(saved.mode, token)
+    events, handed_off, last_event_id, invalidated = 0, 0, "", False
+    deadline = host.monotonic_ms() + settings.max_wait_ms
+    while events < settings.max_events and host.monotonic_ms() < deadline:
+        event = host.next()
+        if event is None:
+            continue
+        if event.operation_type == "invalidate":
+            mode, decision = START_AFTER, Skip("invalidate")
+        else:
+            try:
+                decided = decide(event)
+            except Exception as e:
+                raise PolicyError(
+                    "decide failed on event %s (%s): %s" % (event.id, event.operation_type, _describe(e))
+                ) from e
+            mode, decision = RESUME_AFTER, _decision(event, decided)
+        if isinstance(decision, Record):
+            host.commit_records(token, event.token, mode, [decision])
+        else:
+            host.commit_batch(token, event.token, mode, [decision])
+        events += 1
+        token = event.token
+        if mode == START_AFTER:
+            # Like the baseline, an invalidated run reports the invalidate event's own ID.
+            invalidated = True
+            last_event_id = event.id
+            break
+        if isinstance(decision, (HandOff, Record)):
+            handed_off += 1
+            last_event_id = decision.id
+        deadline = host.monotonic_ms() + settings.max_wait_ms
+    if events < settings.max_events and not invalidated:
+        mark = host.watermark()
+        if mark is None and token is None:
+            raise PolicyError(NO_IDLE_TOKEN)
+        if mark is not None and mark != token:
+            host.advance_watermark(token, mark)
+    if invalidated:
+        status = INVALIDATED
+    elif handed_off > 0:
+        status = HANDED_OFF
+    else:
+        status = IDLE
+    return Report(status, handed_off, last_event_id)
+
+
+# A host in memory -----------------------------------------------------------------------------
+
+
+class FakeHost(Host):
+    """A host in memory for native tests: ``events`` are delivered in order (each an
+    :class:`Event`, or ``None`` for an empty wait, or an exception instance to raise), then
+    nothing; ``fields`` maps ``(token, path)`` to Extended JSON text; ``watermark`` is what
+    :meth:`watermark` reports once every event was delivered (default: the last event's token).
+
+    It records ``commits`` (``(expected, next, mode, decisions)``), ``advanced`` watermarks and
+    ``logs``, and enforces what the real host checks of the checkpoint's compare-and-set.
+    """
+
+    WAIT_MS = 1000
+
+    def __init__(self, events=(), token=None, mode=RESUME_AFTER, watermark=None, fields=None, deployment=None):
+        self.events = list(events)
+        self.checkpoint = Checkpoint(token, mode)
+        self.mark = watermark
+        self.fields = dict(fields or {})
+        self.identity = deployment or Deployment("orders-to-outbox", "change_demo.orders", "6740a1b2c3d4e5f601234567")
+        self.opened = None
+        self.commits = []
+        self.advanced = []
+        self.logs = []
+        self.clock = 0
+        self._delivered = []
+
+    def deployment_identity(self):
+        return self.identity
+
+    def load_checkpoint(self):
+        return self.checkpoint
+
+    def open_stream(self, kind, token):
+        if self.opened is not None:
+            raise HostError("at most one stream is open per run")
+        if token != self.checkpoint.token:
+            raise HostError("the start token is not the checkpoint's")
+        self.opened = (kind, token)
+
+    def next(self):
+        if self.opened is None:
+            raise HostError("stream not open")
+        if not self.events:
+            self.clock += self.WAIT_MS
+            return None
+        event = self.events.pop(0)
+        if event is None:
+            self.clock += self.WAIT_MS
+            return None
+        if isinstance(event, BaseException):
+            raise event
+        event._host = self
+        self._delivered.append(event)
+        return event
+
+    def watermark(self):
+        if self.mark is not None and not self.events:
+            return self.mark
+        return self._delivered[-1].token if self._delivered else None
+
+    def field(self, token, path):
+        return self.fields.get((token, path))
+
+    def _commit(self, expected, next, mode, decisions):
+        if expected != self.checkpoint.token:
+            raise HostError("conflict: the checkpoint is not at the expected token")
+        if not any(e.token == next for e in self._delivered):
+            raise HostError("rejected: %r was not delivered" % (next,))
+        self.commits.append((expected, next, mode, list(decisions)))
+        self.checkpoint = Checkpoint(next, mode)
+
+    def commit_batch(self, expected, next, mode, decisions):
+        if any(isinstance(d, Record) for d in decisions):
+            raise HostError("rejected: commit-batch carries no shaped record")
+        self._commit(expected, next, mode, decisions)
+
+    def commit_records(self, expected, next, mode, decisions):
+        self._commit(expected, next, mode, decisions)
+
+    def advance_watermark(self, expected, next):
+        if expected != self.checkpoint.token:
+            raise HostError("conflict: the checkpoint is not at the expected token")
+        self.advanced.append((expected, next))
+        self.checkpoint = Checkpoint(next, RESUME_AFTER)
+
+    def monotonic_ms(self):
+        return self.clock
+
+    def log(self, level, message, fields):
+        self.logs.append((level, message, list(fields)))
+
+    def outbox(self):
+        """The IDs handed off so far, in order."""
+        return [d.id for _, _, _, ds in self.commits for d in ds if isinstance(d, (HandOff, Record))]
+
+
+# The component --------------------------------------------------------------------------------
+#
+# Under componentize-py the contract's bindings (`wit_world`) exist: the adapter below turns them
+# into a Host, and `Policy` is the export. Natively they do not, and none of this is defined.
+
+try:
+    from wit_world.exports import Policy as _PolicyExport
+    from wit_world.imports import host as _wit
+    from wit_world.imports import types as _types
+    from componentize_py_types import Err as _Err
+except ImportError:
+    _PolicyExport = None
+
+if _PolicyExport is not None:
+    _MODES = {RESUME_AFTER: _types.ResumeMode.RESUME_AFTER, START_AFTER: _types.ResumeMode.START_AFTER}
+    _LEVELS = {
+        "trace": _types.LogLevel.TRACE,
+        "debug": _types.LogLevel.DEBUG,
+        "info": _types.LogLevel.INFO,
+        "warn": _types.LogLevel.WARN,
+        "error": _types.LogLevel.ERROR,
+    }
+    _STATUS = {
+        IDLE: _types.RunStatus.IDLE,
+        HANDED_OFF: _types.RunStatus.HANDED_OFF,
+        INVALIDATED: _types.RunStatus.INVALIDATED,
+    }
+
+    def _failed(error):
+        # Every stream and commit error carries the host's message.
+        return HostError(error.value.value)
+
+    def _event_decision(d):
+        if isinstance(d, HandOff):
+            return _types.EventDecision_HandOff(d.id)
+        if isinstance(d, Skip):
+            return _types.EventDecision_Skip(d.reason)
+        return _types.EventDecision_Quarantine(_types.QuarantineDecision(d.id, d.reason))
+
+    def _record_decision(d):
+        if isinstance(d, HandOff):
+            return _types.RecordDecision_HandOff(d.id)
+        if isinstance(d, Skip):
+            return _types.RecordDecision_Skip(d.reason)
+        if isinstance(d, Quarantine):
+            return _types.RecordDecision_Quarantine(_types.QuarantineDecision(d.id, d.reason))
+        payload = d.payload
+        if not isinstance(payload, str):
+            payload = json.dumps(payload, separators=(",", ":"), sort_keys=True)
+        return _types.RecordDecision_HandOffRecord(
+            _types.OutboxRecord(
+                d.id, d.event_type, d.schema_version, d.aggregate_id, d.aggregate_version, payload
+            )
+        )
+
+    class WitHost(Host):
+        """The contract's imports as a :class:`Host`."""
+
+        def __init__(self):
+            self.stream = None
+
+        def deployment_identity(self):
+            d = _wit.deployment_identity()
+            return Deployment(d.consumer, d.source, d.replica_set_id)
+
+        def load_checkpoint(self):
+            c = _wit.load_checkpoint()
+            mode = START_AFTER if c.mode == _types.ResumeMode.START_AFTER else RESUME_AFTER
+            return Checkpoint(c.token, mode)
+
+        def open_stream(self, kind, token):
+            if kind == "now":
+                start = _types.StreamStart_Now()
+            elif kind == START_AFTER:
+                start = _types.StreamStart_StartAfter(token)
+            else:
+                start = _types.StreamStart_ResumeAfter(token)
+            try:
+                self.stream = _wit.open_stream(start)
+            except _Err as e:
+                raise _failed(e) from None
+
+        def next(self):
+            if self.stream is None:
+                raise HostError("stream not open")
+            try:
+                e = self.stream.next()
+            except _Err as error:
+                raise _failed(error) from None
+            if e is None:
+                return None
+            return Event(e.token, e.operation_type, e.namespace, e.cluster_time, self)
+
+        def watermark(self):
+            return None if self.stream is None else self.stream.watermark()
+
+        def field(self, token, path):
+            if self.stream is None:
+                return None
+            return self.stream.field(token, path)
+
+        def commit_batch(self, expected, next, mode, decisions):
+            request = _types.BatchRequest(expected, next, _MODES[mode], [_event_decision(d) for d in decisions])
+            try:
+                _wit.commit_batch(request)
+            except _Err as e:
+                raise _failed(e) from None
+
+        def commit_records(self, expected, next, mode, decisions):
+            request = _types.RecordsRequest(expected, next, _MODES[mode], [_record_decision(d) for d in decisions])
+            try:
+                _wit.commit_records(request)
+            except _Err as e:
+                raise _failed(e) from None
+
+        def advance_watermark(self, expected, next):
+            try:
+                _wit.advance_watermark(expected, next)
+            except _Err as e:
+                raise _failed(e) from None
+
+        def monotonic_ms(self):
+            return _wit.monotonic_ms()
+
+        def log(self, level, message, fields):
+            _wit.log(_LEVELS[level], message, fields)
+
+        def close(self):
+            """Gives the stream back to the host."""
+            if self.stream is not None:
+                stream, self.stream = self.stream, None
+                stream.__exit__(None, None, None)
+
+    # The author's decisions: imported now, so that the component is built with them.
+    import policy as _decisions
+
+    class Policy(_PolicyExport):
+        """The component's export: one run over the contract's imports."""
+
+        def run(self, settings):
+            host = WitHost()
+            try:
+                report = run(
+                    _decisions,
+                    Settings(settings.max_events, settings.max_wait_ms, settings.params),
+                    host,
+                )
+                host.close()
+            except (HostError, PolicyError) as e:
+                raise _Err(str(e)) from None
+            except Exception as e:
+                raise _Err("the policy failed: %s" % _describe(e)) from None
+            return _types.Report(_STATUS[report.status], report.events_handed_off, report.last_event_id)

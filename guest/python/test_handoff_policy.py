@@ -1,0 +1,210 @@
+"""The SDK's run loop against a host in memory: the default policy's semantics, natively.
+
+Run with `python -m unittest` (or pytest) from guest/python.
+"""
+
+import hashlib
+import types
+import unittest
+
+import handoff_policy as handoff
+from handoff_policy import Event, FakeHost, HandOff, HostError, PolicyError, Quarantine, Record, Settings, Skip
+
+# A vector computed with PyMongo: sha256(json_util.dumps(token, sort_keys=True)).
+TOKEN = '{"_data": "8263515EAC000000022B0429296E1404"}'
+TOKEN_ID = "90d614360615f9af0e8d46d835dc09302520a8e3fa7366b9216af848e57acb5f"
+
+
+def token(n):
+    return '{"_data": "%02d"}' % n
+
+
+def events(*operations):
+    return [Event(token(i + 1), op, "change_demo.orders", (1793527200, i + 1)) for i, op in enumerate(operations)]
+
+
+def default_policy():
+    return types.SimpleNamespace(decide=lambda event: handoff.hand_off(event.id))
+
+
+def settings(max_events=50, max_wait_ms=10000, params=()):
+    return Settings(max_events, max_wait_ms, params)
+
+
+class EventIds(unittest.TestCase):
+    def test_the_baseline_id_is_the_sha256_of_the_token_text(self):
+        self.assertEqual(handoff.event_id(TOKEN), TOKEN_ID)
+        self.assertEqual(Event(TOKEN, "insert").id, TOKEN_ID)
+
+    def test_non_ascii_is_hashed_as_utf8(self):
+        self.assertEqual(handoff.event_id("\u00e9"), hashlib.sha256(b"\xc3\xa9").hexdigest())
+
+
+class DefaultRun(unittest.TestCase):
+    def test_each_event_is_handed_off_in_its_own_commit_then_the_watermark_is_saved(self):
+        host = FakeHost(events("insert", "update", "delete"), watermark='{"_data": "99"}')
+        report = handoff.run(default_policy(), settings(), host)
+        self.assertEqual(host.opened, ("now", None))
+        self.assertEqual(
+            host.commits,
+            [
+                (None, token(1), "resume-after", [HandOff(handoff.event_id(token(1)))]),
+                (token(1), token(2), "resume-after", [HandOff(handoff.event_id(token(2)))]),
+                (token(2), token(3), "resume-after", [HandOff(handoff.event_id(token(3)))]),
+            ],
+        )
+        self.assertEqual(host.advanced, [(token(3), '{"_data": "99"}')])
+        self.assertEqual(report, handoff.Report("handed-off", 3, handoff.event_id(token(3))))
+
+    def test_a_saved_token_resumes_with_its_mode(self):
+        for mode in ("resume-after", "start-after"):
+            host = FakeHost([], token=TOKEN, mode=mode, watermark=TOKEN)
+            report = handoff.run(default_policy(), settings(), host)
+            self.assertEqual(host.opened, (mode, TOKEN))
+            self.assertEqual(host.advanced, [], "a watermark equal to the token is not saved again")
+            self.assertEqual(report, handoff.Report("idle", 0, ""))
+
+    def test_an_invalidation_is_skipped_saved_with_start_after_and_ends_the_run(self):
+        host = FakeHost(events("insert", "drop", "invalidate", "insert"), watermark='{"_data": "99"}')
+        report = handoff.run(default_policy(), settings(), host)
+        self.assertEqual([c[2] for c in host.commits], ["resume-after", "resume-after", "start-after"])
+        self.assertEqual(host.commits[-1][3], [Skip("invalidate")])
+        self.assertEqual(host.advanced, [], "no watermark after an invalidation")
+        self.assertEqual(report, handoff.Report("invalidated", 2, handoff.event_id(token(3))))
+        self.assertEqual(len(host.events), 1, "the run ends at the invalidation")
+
+    def test_decide_never_sees_an_invalidation(self):
+        seen = []
+        policy = types.SimpleNamespace(decide=lambda e: seen.append(e.operation_type) or handoff.hand_off())
+        handoff.run(policy, settings(), FakeHost(events("insert", "invalidate")))
+        self.assertEqual(seen, ["insert"])
+
+    def test_max_events_stops_the_run_without_a_watermark(self):
+        host = FakeHost(events("insert", "insert", "insert"), watermark='{"_data": "99"}')
+        report = handoff.run(default_policy(), settings(max_events=2), host)
+        self.assertEqual(len(host.commits), 2)
+        self.assertEqual(host.advanced, [])
+        self.assertEqual(report.events_handed_off, 2)
+
+    def test_no_token_and_no_watermark_refuses_to_leave_a_gap(self):
+        host = FakeHost([])
+        with self.assertRaises(PolicyError) as raised:
+            handoff.run(default_policy(), settings(), host)
+        self.assertEqual(str(raised.exception), handoff.NO_IDLE_TOKEN)
+
+    def test_the_wait_restarts_after_each_event(self):
+        # 1 s per empty wait, 2.5 s of patience: two empty waits between events are fine.
+        stream = [None, None, *events("insert"), None, None]
+        stream.append(Event(token(9), "insert"))
+        host = FakeHost(stream)
+        report = handoff.run(default_policy(), settings(max_wait_ms=2500), host)
+        self.assertEqual(report.events_handed_off, 2)
+
+    def test_the_run_ends_after_max_wait_without_events(self):
+        host = FakeHost([None, None, None, *events("insert")], token=TOKEN)
+        report = handoff.run(default_policy(), settings(max_wait_ms=2000), host)
+        self.assertEqual(report.events_handed_off, 0)
+        self.assertEqual(len(host.events), 2, "the run stopped waiting")
+
+    def test_a_host_error_ends_the_run_after_what_was_committed(self):
+        stream = [*events("insert"), HostError("history lost")]
+        host = FakeHost(stream)
+        with self.assertRaises(HostError) as raised:
+            handoff.run(default_policy(), settings(), host)
+        self.assertEqual(str(raised.exception), "history lost")
+        self.assertEqual(len(host.commits), 1)
+
+
+class Decisions(unittest.TestCase):
+    def run_with(self, decide, *operations, init=None, params=()):
+        policy = types.SimpleNamespace(decide=decide)
+        if init is not None:
+            policy.init = init
+        host = FakeHost(events(*operations), watermark='{"_data": "99"}')
+        report = handoff.run(policy, settings(params=params), host)
+        return host, report
+
+    def test_hand_off_without_an_id_uses_the_baseline_id(self):
+        host, _ = self.run_with(lambda e: handoff.hand_off(), "insert")
+        self.assertEqual(host.outbox(), [handoff.event_id(token(1))])
+
+    def test_skips_and_quarantines_are_committed_and_not_counted_as_hand_offs(self):
+        def decide(event):
+            if event.operation_type == "delete":
+                return handoff.skip("deletes are not published")
+            if event.operation_type == "update":
+                return handoff.quarantine("q-" + event.id[:8], "poison")
+            return handoff.hand_off("custom-" + event.id[:8])
+
+        host, report = self.run_with(decide, "insert", "update", "delete")
+        decisions = [c[3][0] for c in host.commits]
+        self.assertEqual(decisions[1], Quarantine("q-" + handoff.event_id(token(2))[:8], "poison"))
+        self.assertEqual(decisions[2], Skip("deletes are not published"))
+        self.assertEqual(report, handoff.Report("handed-off", 1, "custom-" + handoff.event_id(token(1))[:8]))
+
+    def test_only_skips_report_idle(self):
+        _, report = self.run_with(lambda e: handoff.skip("no"), "insert")
+        self.assertEqual(report, handoff.Report("idle", 0, ""))
+
+    def test_a_shaped_record_goes_through_commit_records(self):
+        def decide(event):
+            return handoff.record(event.id, "OrderCreated", 1, '"o-1"', {"sku": "A"})
+
+        host, report = self.run_with(decide, "insert")
+        self.assertIsInstance(host.commits[0][3][0], Record)
+        self.assertEqual(report.last_event_id, handoff.event_id(token(1)))
+
+    def test_a_value_that_is_not_a_decision_fails_the_run(self):
+        with self.assertRaises(PolicyError) as raised:
+            self.run_with(lambda e: "yes", "insert")
+        self.assertIn("not a decision", str(raised.exception))
+
+    def test_an_exception_in_decide_fails_the_run_naming_the_event(self):
+        def decide(event):
+            raise KeyError("sku")
+
+        with self.assertRaises(PolicyError) as raised:
+            self.run_with(decide, "insert")
+        self.assertIn(handoff.event_id(token(1)), str(raised.exception))
+        self.assertIn("KeyError", str(raised.exception))
+
+    def test_init_reads_the_params_and_may_refuse_them(self):
+        seen = {}
+
+        def init(s):
+            seen.update(s.params)
+            if s.param("mode") not in ("a", "b"):
+                raise ValueError("mode must be a or b")
+
+        self.run_with(lambda e: handoff.hand_off(), "insert", init=init, params=[("mode", "a"), ("mode", "z")])
+        self.assertEqual(seen, {"mode": "a"}, "the first value of a repeated key")
+        with self.assertRaises(PolicyError) as raised:
+            self.run_with(lambda e: handoff.hand_off(), "insert", init=init, params=[("mode", "c")])
+        self.assertEqual(str(raised.exception), "init refused the settings: ValueError: mode must be a or b")
+
+    def test_fields_logs_and_identity_reach_the_host(self):
+        def decide(event):
+            handoff.log.info("deciding", op=event.operation_type)
+            handoff.log.warning("careful")
+            status = event.value("fullDocument.status")
+            who = handoff.deployment().consumer
+            assert handoff.checkpoint().token is None
+            assert handoff.monotonic_ms() >= 0
+            return handoff.hand_off("%s-%s" % (who, status))
+
+        policy = types.SimpleNamespace(decide=decide)
+        host = FakeHost(events("insert"), fields={(token(1), "fullDocument.status"): '"paid"'})
+        handoff.run(policy, settings(), host)
+        self.assertEqual(host.outbox(), ["orders-to-outbox-paid"])
+        self.assertEqual(host.logs, [("info", "deciding", [("op", "insert")]), ("warn", "careful", [])])
+        self.assertIsNone(Event(TOKEN, "insert").field("x"), "an event without a host has no fields")
+
+    def test_the_host_is_unreachable_outside_a_run(self):
+        with self.assertRaises(RuntimeError):
+            handoff.deployment()
+        with self.assertRaises(ValueError):
+            handoff._Log()("loud", "x")
+
+
+if __name__ == "__main__":
+    unittest.main()
