@@ -408,17 +408,21 @@ fn idle_fixture(s: &Scratch) -> std::path::PathBuf {
 /// Replays an idle stream with `policy` under a memory cap of `mib` MiB, compiling it afresh.
 fn under_cap(policy: &std::path::Path, mib: &str) -> std::process::Output {
     let s = Scratch::new();
-    replay(
-        &idle_fixture(&s),
-        &s.state(),
-        &[
+    handoff()
+        .arg("replay")
+        .arg(idle_fixture(&s))
+        .arg("--state")
+        .arg(s.state())
+        .args([
             "--policy",
             policy.to_str().unwrap(),
             "--no-cache",
             "--policy-memory-mib",
             mib,
-        ],
-    )
+        ])
+        .env("HANDOFF_LOG", "handoff::policy=info")
+        .output()
+        .unwrap()
 }
 
 /// Three memories of 30 MiB each: each under the 64 MiB cap, together over it. The cap holds
@@ -432,9 +436,28 @@ fn the_memory_cap_counts_every_memory_of_a_policy() {
         9,
         "the policy exceeded its memory cap",
     );
-    // With room for all three, the same component runs to its IDLE report.
-    let out = ok(&under_cap(&policy, "128"));
+    // With room for all three, the same component runs to its IDLE report, and the log says
+    // what it grew to (what an operator sizes the cap by).
+    let output = under_cap(&policy, "128");
+    let out = ok(&output);
     assert_eq!(out["status"], "IDLE");
+    let used = policy_memory(&output);
+    assert!((90 << 20..=128 << 20).contains(&used), "{used}");
+}
+
+/// The `memory_bytes` a run logs for its policy (`handoff::policy`, info).
+fn policy_memory(output: &std::process::Output) -> u64 {
+    let err = stderr(output);
+    let line = err
+        .lines()
+        .find(|l| l.contains("policy memory"))
+        .unwrap_or_else(|| panic!("no policy memory line in: {err}"));
+    let at = line.find("memory_bytes=").expect("memory_bytes") + "memory_bytes=".len();
+    line[at..]
+        .split(|c: char| !c.is_ascii_digit())
+        .next()
+        .and_then(|n| n.parse().ok())
+        .expect("a number")
 }
 
 /// Tables count against the same cap: 30 tables of 90,000 references (about 21 MiB) with a

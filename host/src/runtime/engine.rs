@@ -177,6 +177,14 @@ impl Runtime {
                     .map_err(|trap| classify_trap(store.data(), trap))
             });
         let mut state = store.into_data();
+        // What the policy grew to (memories and tables never shrink within a run): what an
+        // operator sizes `--policy-memory-mib` by.
+        tracing::info!(
+            target: "handoff::policy",
+            memory_bytes = state.limiter.used_bytes() as u64,
+            memory_cap_bytes = limits.memory_bytes as u64,
+            "policy memory"
+        );
         let finished = match outcome {
             Ok(result) => state.session.finish(result.map(report_from)),
             // Stopped while computing: nothing was in flight, the commits stand.
