@@ -121,3 +121,31 @@ fn toolchain_cli(dir: &Path) -> Result<PathBuf> {
     }
     Ok(cli)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_toolchain_is_the_projects_own_componentize_js() {
+        let dir = tempfile::tempdir().unwrap();
+        let error = toolchain_cli(dir.path()).unwrap_err().to_string();
+        assert!(
+            error.contains("no @bytecodealliance/componentize-js in node_modules"),
+            "{error}"
+        );
+        let package = dir.path().join("node_modules").join(COMPONENTIZE_JS);
+        std::fs::create_dir_all(package.join("src")).unwrap();
+        std::fs::write(
+            package.join("package.json"),
+            r#"{"bin": {"componentize-js": "src/cli.js"}}"#,
+        )
+        .unwrap();
+        assert!(toolchain_cli(dir.path()).is_err(), "its script is missing");
+        std::fs::write(package.join("src/cli.js"), "").unwrap();
+        assert_eq!(
+            toolchain_cli(dir.path()).unwrap(),
+            package.join("src/cli.js")
+        );
+    }
+}
