@@ -9,7 +9,7 @@
 //!   2,000 events with the in-memory store (median of 3);
 //! - the memory the policy grew to (what `--policy-memory-mib` must allow).
 //!
-//! The Python and JavaScript components are built by `handoff policy build` with the toolchains
+//! The Python and JavaScript components are built as the suites build them, with the toolchains
 //! the test command installs (the suites' virtual environment for componentize-py, `npm ci` in
 //! `guest/javascript`); the benchmark installs them the same way when they are missing.
 
@@ -70,27 +70,37 @@ fn toolchains() -> String {
     )
 }
 
-/// Builds the policy project in `dir` with `handoff policy build` and returns the component.
-fn build(bin: &str, dir: &Path, path: &str) -> PathBuf {
-    let output = Command::new(bin)
-        .args(["policy", "build"])
-        .arg(dir)
-        .env("PATH", path)
-        .output()
-        .expect("handoff policy build");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "policy build {}: {stdout}{}",
-        dir.display(),
-        String::from_utf8_lossy(&output.stderr)
+/// Builds the Python default as the suite does (guest/python/README.md).
+fn build_python(dir: &Path, path: &str) -> PathBuf {
+    let root = workspace();
+    let out = dir.join("python-default.wasm");
+    run(
+        Command::new("componentize-py")
+            .env("PATH", path)
+            .current_dir(&root)
+            .args([
+                "-d",
+                "wit",
+                "-w",
+                "handoff-policy",
+                "componentize",
+                "handoff_policy",
+            ])
+            .args(["-p", "guest/python/default", "-p", "guest/python", "-o"])
+            .arg(&out),
+        "componentize-py",
     );
-    let file = stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("file:"))
-        .expect("the check report names the file")
-        .trim();
-    PathBuf::from(file)
+    out
+}
+
+/// Builds the JavaScript default as the suite does (`npm run build` in guest/javascript).
+fn build_javascript() -> PathBuf {
+    let dir = workspace().join("guest/javascript");
+    run(
+        Command::new("npm").args(["run", "build"]).current_dir(&dir),
+        "npm run build",
+    );
+    dir.join("build/default.wasm")
 }
 
 fn session(fixture: &Arc<Fixture>, store: Arc<dyn CheckpointStore>) -> Session {
