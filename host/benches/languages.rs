@@ -264,14 +264,8 @@ fn main() {
     std::fs::write(&rust, &PolicySource::embedded_default().bytes).expect("export");
     let policies = [
         ("Rust", rust),
-        (
-            "Python",
-            build(bin, &workspace().join("guest/python/default"), &path),
-        ),
-        (
-            "JavaScript",
-            build(bin, &workspace().join("guest/javascript"), &path),
-        ),
+        ("Python", build_python(dir.path(), &path)),
+        ("JavaScript", build_javascript()),
     ];
     let mut rows = Vec::new();
     for (lang, file) in &policies {

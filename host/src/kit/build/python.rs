@@ -36,7 +36,9 @@ pub(super) fn build(dir: &Path) -> Result<PathBuf> {
     let pyproject = dir.join("pyproject.toml");
     let text = std::fs::read_to_string(&pyproject)
         .map_err(|e| HandoffError::BadInput(format!("cannot read {}: {e}", pyproject.display())))?;
-    let pin = pinned_version(&text);
+    let pin = pinned_version(&text).map_err(|e| {
+        HandoffError::BadInput(format!("{} is not valid TOML: {e}", pyproject.display()))
+    })?;
     let tool = std::env::var_os(TOOL_VARIABLE)
         .filter(|v| !v.is_empty())
         .map(PathBuf::from)
@@ -104,31 +106,18 @@ pub(super) fn build(dir: &Path) -> Result<PathBuf> {
     Ok(out)
 }
 
-/// `[tool.handoff] componentize-py = "X.Y.Z"` from pyproject.toml text.
-fn pinned_version(pyproject: &str) -> Option<String> {
-    let mut table = "";
-    for line in pyproject.lines() {
-        let line = line.split('#').next().unwrap_or("").trim();
-        if line.starts_with('[') {
-            table = line;
-            continue;
-        }
-        if table != "[tool.handoff]" {
-            continue;
-        }
-        let Some((key, value)) = line.split_once('=') else {
-            continue;
-        };
-        if key.trim().trim_matches('"') == "componentize-py" {
-            let value = value.trim();
-            let unquoted = value
-                .strip_prefix('"')
-                .and_then(|v| v.strip_suffix('"'))
-                .or_else(|| value.strip_prefix('\'').and_then(|v| v.strip_suffix('\'')))?;
-            return Some(unquoted.to_string());
-        }
-    }
-    None
+/// `[tool.handoff] componentize-py = "X.Y.Z"` from pyproject.toml text; an error when the text
+/// is not TOML.
+fn pinned_version(pyproject: &str) -> std::result::Result<Option<String>, String> {
+    let document: toml::Table = pyproject
+        .parse()
+        .map_err(|e: toml::de::Error| e.to_string())?;
+    Ok(document
+        .get("tool")
+        .and_then(|tool| tool.get("handoff"))
+        .and_then(|handoff| handoff.get("componentize-py"))
+        .and_then(|pin| pin.as_str())
+        .map(str::to_string))
 }
 
 /// The version in `componentize-py X.Y.Z`.
@@ -147,12 +136,15 @@ mod tests {
     #[test]
     fn the_pin_is_read_from_the_handoff_table_only() {
         let text = "[project]\nname = \"x\"\ncomponentize-py = \"9.9.9\"\n\n[tool.handoff]\n# built with\ncomponentize-py = \"0.25.1\"  # pinned\n";
-        assert_eq!(pinned_version(text).as_deref(), Some("0.25.1"));
-        assert_eq!(pinned_version("[project]\nname = \"x\"\n"), None);
+        assert_eq!(pinned_version(text).unwrap().as_deref(), Some("0.25.1"));
+        assert_eq!(pinned_version("[project]\nname = \"x\"\n").unwrap(), None);
         assert_eq!(
-            pinned_version("[tool.handoff]\n\"componentize-py\" = '0.1.0'\n").as_deref(),
+            pinned_version("[tool.handoff]\n\"componentize-py\" = '0.1.0'\n")
+                .unwrap()
+                .as_deref(),
             Some("0.1.0")
         );
+        assert!(pinned_version("[tool.handoff\ncomponentize-py = 1").is_err());
     }
 
     #[test]
