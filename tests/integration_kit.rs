@@ -659,3 +659,53 @@ fn update_asks_on_a_terminal_and_a_no_writes_nothing() {
             .success()
     );
 }
+
+/// `policy build --watch` builds again when a source file changes, and keeps watching after a
+/// failed build (here cargo refuses a broken manifest at once, so no toolchain work is timed).
+#[test]
+fn policy_build_watch_rebuilds_when_a_source_changes() {
+    let s = Scratch::new();
+    let project = s.path("watched");
+    std::fs::create_dir_all(project.join("src")).unwrap();
+    std::fs::write(project.join("Cargo.toml"), "this is [not a manifest\n").unwrap();
+    let mut child = handoff()
+        .args(["policy", "build", "--watch"])
+        .arg(&project)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (lines, received) = std::sync::mpsc::channel();
+    let stdout = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if lines.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let watching = |what: &str| loop {
+        let line = received
+            .recv_timeout(std::time::Duration::from_secs(120))
+            .unwrap_or_else(|_| panic!("no `watching` line {what}"));
+        if line.starts_with("watching ") {
+            break;
+        }
+    };
+    watching("after the first build");
+    // Nothing changed: no new build within a few polls.
+    assert!(
+        received
+            .recv_timeout(std::time::Duration::from_millis(1500))
+            .is_err()
+    );
+    std::fs::write(project.join("src/lib.rs"), "// changed\n").unwrap();
+    watching("after a source changed");
+    child.kill().unwrap();
+    let output = child.wait_with_output().unwrap();
+    let err = stderr(&output);
+    assert!(
+        err.matches("cargo build failed").count() >= 2,
+        "each build reports its failure: {err}"
+    );
+}

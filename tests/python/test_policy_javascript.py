@@ -6,6 +6,7 @@ Needs Node.js and npm, and guest/javascript/node_modules (tests/run installs it 
 The compiled components are kept in one artifact cache for the module (HANDOFF_CACHE_DIR), so
 each is compiled once."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -125,3 +126,52 @@ def test_an_edited_decide_changes_the_results(env, project, tmp_path):
     expected = (edited / "cases" / "sample" / "case.json").read_text()
     assert '"events_skipped": 1' in expected, expected
     ok(handoff(env, "policy", "test", "--policy", wasm, edited / "cases"))
+
+
+FETCHER = """\
+// Hands every event off like the default; with the parameter fetch=1 it first tries the network.
+import { handOff } from '../sdk/handoff.js';
+
+export function init(settings) {
+  return { fetch: settings.param('fetch', '0') === '1' };
+}
+
+export async function decide(event, context) {
+  if (context.fetch) {
+    await fetch('http://127.0.0.1:9/' + event.id);
+  }
+  return handOff(event.id);
+}
+"""
+
+
+def test_a_component_built_with_componentize_js_defaults_runs_and_cannot_fetch(env, tmp_path):
+    """componentize-js with its default features imports wasi:http (for fetch): the host links it
+    without an implementation, so the policy runs, and a call ends the run with nothing written."""
+    assert (GUEST / "node_modules").is_dir(), "run `npm ci` in guest/javascript first (tests/run does)"
+    (tmp_path / "sdk").mkdir()
+    shutil.copy(GUEST / "sdk" / "handoff.js", tmp_path / "sdk" / "handoff.js")
+    source = tmp_path / "fetcher"
+    source.mkdir()
+    (source / "policy.js").write_text(FETCHER)
+    shutil.copy(GUEST / "default" / "component.js", source / "component.js")
+    wasm = tmp_path / "fetcher.wasm"
+    ok(run([GUEST / "node_modules" / ".bin" / "componentize-js",
+            "--wit", WORKSPACE / "wit" / "policy.wit", "--world-name", "handoff-policy",
+            "--out", wasm, "fetcher/component.js"], env, cwd=tmp_path))
+    check = ok(handoff(env, "policy", "check", wasm))
+    assert "import:    wasi:http/outgoing-handler@" in check, check
+    assert "any call ends the run as a policy failure" in check, check
+    assert "verdict:   this host runs it" in check, check
+    out = ok(policy_test(env, wasm, DEFAULT_CASES))
+    assert " passed, 0 failed" in out, out
+
+    state = tmp_path / "state.redb"
+    fixture = WORKSPACE / "tests" / "fixtures" / "demo.jsonl"
+    proc = handoff(env, "replay", fixture, "--state", state, "--policy", wasm, "--policy-param", "fetch=1")
+    assert proc.returncode == 9, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    assert "wasi:http" in proc.stderr, proc.stderr
+    # Nothing was written: the checkpoint alone, at no token.
+    lines = ok(handoff(env, "inspect", "--state", state)).splitlines()
+    assert len(lines) == 1, lines
+    assert json.loads(lines[0])["token"] is None, lines[0]

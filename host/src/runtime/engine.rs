@@ -12,7 +12,7 @@ use wasmtime::{Config, Engine, Store, UpdateDeadline};
 use super::bindings::{HandoffPolicy, RunState, export, types};
 use super::cache::{ArtifactCache, Lookup};
 use super::limits::{Limiter, Limits};
-use super::policy::{Policy, PolicySource, check_contract};
+use super::policy::{Policy, PolicySource, STUBBED_IMPORTS, check_contract};
 use super::wasi::{Waits, wasi_ctx};
 use crate::error::{HandoffError, Result};
 use crate::session::{Failed, Report, Session, Status, Summary};
@@ -110,6 +110,21 @@ impl Runtime {
         settings: &Settings,
         limits: &Limits,
     ) -> Result<Summary, Failed> {
+        // A policy importing what is linked without an implementation gets functions that trap.
+        let stubbed = policy
+            .component
+            .component_type()
+            .imports(&self.engine)
+            .any(|(name, _)| name.starts_with(STUBBED_IMPORTS));
+        let linker = if stubbed {
+            let mut linker = self.linker.clone();
+            linker
+                .define_unknown_imports_as_traps(&policy.component)
+                .map_err(|e| Failed::before_commits(HandoffError::Internal(e.into())))?;
+            std::borrow::Cow::Owned(linker)
+        } else {
+            std::borrow::Cow::Borrowed(&self.linker)
+        };
         let slice = limits.slice;
         let run_timeout = limits.run_timeout;
         let run_deadline = session.deadline();
@@ -165,7 +180,7 @@ impl Runtime {
             max_wait_ms: settings.max_wait_ms,
             params: settings.params.clone(),
         };
-        let outcome = HandoffPolicy::instantiate(&mut store, &policy.component, &self.linker)
+        let outcome = HandoffPolicy::instantiate(&mut store, &policy.component, &linker)
             .map_err(|e| {
                 HandoffError::Policy(format!("the policy {} cannot start: {e:#}", policy.origin))
             })

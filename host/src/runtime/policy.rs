@@ -57,7 +57,15 @@ pub const GRANTED_IMPORTS: &[(&str, &str)] = &[
         "wasi:sockets/",
         "every use denied: no TCP, no UDP, no name lookup, no address",
     ),
+    (
+        STUBBED_IMPORTS,
+        "no implementation: any call ends the run as a policy failure; no request can be made",
+    ),
 ];
+
+/// Imports linked to functions that end the run when called (JavaScript runtimes import
+/// `wasi:http` for `fetch` whether or not a policy uses it).
+pub const STUBBED_IMPORTS: &str = "wasi:http/";
 
 /// What a granted import lets a policy do, or `None` when the host does not grant it.
 pub fn granted(import: &str) -> Option<&'static str> {
