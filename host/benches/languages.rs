@@ -19,13 +19,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use handoff::backend::memory::MemoryStore;
-use handoff::backend::replay::{Fixture, ReplaySource};
-use handoff::domain::{Checkpoint, CheckpointStore, Consumer, Deployment, Mode};
+use handoff::backend::replay::Fixture;
 use handoff::runtime::{Limits, PolicySource, Runtime, Settings};
-use handoff::session::Session;
 
 mod support;
-use support::{fixture_text, median, startup_us};
+use support::{fixture_text, median, session, startup_us};
 
 const IN_PROCESS_EVENTS: u32 = 2_000;
 const REPLAY_EVENTS: u32 = 500;
@@ -101,33 +99,6 @@ fn build_javascript() -> PathBuf {
         "npm run build",
     );
     dir.join("build/default.wasm")
-}
-
-fn session(fixture: &Arc<Fixture>, store: Arc<dyn CheckpointStore>) -> Session {
-    store
-        .ensure_checkpoint(
-            "bench",
-            handoff::domain::checkpoint::initial(
-                "bench",
-                "change_demo.orders",
-                "6740a1b2c3d4e5f601234567",
-            ),
-        )
-        .expect("checkpoint");
-    Session::new(
-        Consumer {
-            consumer: "bench".into(),
-            source: "change_demo.orders".into(),
-        },
-        Deployment {
-            set_name: "rs0".into(),
-            replica_set_id: "6740a1b2c3d4e5f601234567".into(),
-        },
-        Checkpoint::at(None, Mode::ResumeAfter),
-        Box::new(ReplaySource::new(fixture.clone())),
-        store,
-        Instant::now() + Limits::default().run_timeout,
-    )
 }
 
 struct Figures {

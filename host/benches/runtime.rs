@@ -13,46 +13,15 @@ use std::time::{Duration, Instant};
 use handoff::backend::memory::MemoryStore;
 use handoff::backend::redb_store::RedbStore;
 use handoff::backend::replay::Fixture;
-use handoff::backend::replay::ReplaySource;
-use handoff::domain::{
-    Checkpoint, CheckpointStore, Collections, Consumer, Deployment, Mode, Start,
-};
+use handoff::domain::{CheckpointStore, Collections, Mode, Start};
 use handoff::runtime::{Limits, PolicySource, Runtime, Settings};
 use handoff::session::{self, Session};
 use handoff_default_policy as native;
 
 mod support;
-use support::{fixture_text, median, startup_us};
+use support::{fixture_text, median, session, startup_us};
 
 const EVENTS: u32 = 20_000;
-
-fn session(fixture: &Arc<Fixture>, store: Arc<dyn CheckpointStore>) -> Session {
-    let consumer = Consumer {
-        consumer: "bench".into(),
-        source: "change_demo.orders".into(),
-    };
-    store
-        .ensure_checkpoint(
-            "bench",
-            handoff::domain::checkpoint::initial(
-                "bench",
-                "change_demo.orders",
-                "6740a1b2c3d4e5f601234567",
-            ),
-        )
-        .expect("checkpoint");
-    Session::new(
-        consumer,
-        Deployment {
-            set_name: "rs0".into(),
-            replica_set_id: "6740a1b2c3d4e5f601234567".into(),
-        },
-        Checkpoint::at(None, Mode::ResumeAfter),
-        Box::new(ReplaySource::new(fixture.clone())),
-        store,
-        Instant::now() + Limits::default().run_timeout,
-    )
-}
 
 /// The guest's decision logic driven natively over the same session.
 struct NativeHost<'a>(&'a mut Session);

@@ -3,7 +3,13 @@
 
 use std::path::Path;
 use std::process::Command;
+use std::sync::Arc;
 use std::time::Instant;
+
+use handoff::backend::replay::{Fixture, ReplaySource};
+use handoff::domain::{Checkpoint, CheckpointStore, Consumer, Deployment, Mode};
+use handoff::runtime::Limits;
+use handoff::session::Session;
 
 /// The median of the samples.
 pub fn median(mut samples: Vec<f64>) -> f64 {
@@ -73,4 +79,34 @@ pub fn fixture_text(events: u32) -> String {
         ));
     }
     text
+}
+
+/// A session of consumer `bench` over `fixture`, its checkpoint created in `store`: what the
+/// in-process measurements drive (the live benchmark runs whole processes only).
+#[allow(dead_code)]
+pub fn session(fixture: &Arc<Fixture>, store: Arc<dyn CheckpointStore>) -> Session {
+    store
+        .ensure_checkpoint(
+            "bench",
+            handoff::domain::checkpoint::initial(
+                "bench",
+                "change_demo.orders",
+                "6740a1b2c3d4e5f601234567",
+            ),
+        )
+        .expect("checkpoint");
+    Session::new(
+        Consumer {
+            consumer: "bench".into(),
+            source: "change_demo.orders".into(),
+        },
+        Deployment {
+            set_name: "rs0".into(),
+            replica_set_id: "6740a1b2c3d4e5f601234567".into(),
+        },
+        Checkpoint::at(None, Mode::ResumeAfter),
+        Box::new(ReplaySource::new(fixture.clone())),
+        store,
+        Instant::now() + Limits::default().run_timeout,
+    )
 }
