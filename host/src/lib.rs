@@ -11,6 +11,7 @@
 //! - [`run`]: inputs turned into a run plan, the backends chosen, the run driven;
 //! - [`output`]: what a finished run tells the workflow engine, one file per format;
 //! - [`kit`]: the policy authors' kit (cases, checks, scaffold, recording);
+//! - [`operate`]: the operator's toolkit (status, audited reset, backfill, reconcile, progress);
 //! - [`error`]: the failure classes and their exit codes.
 //!
 //! The `handoff` command line lives in the binary (`src/cli`), on top of this API.
@@ -19,6 +20,7 @@ pub mod backend;
 pub mod domain;
 pub mod error;
 pub mod kit;
+pub mod operate;
 pub mod output;
 pub mod run;
 pub mod runtime;

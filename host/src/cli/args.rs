@@ -350,3 +350,40 @@ impl PolicyArgs {
         Ok((runtime, policy))
     }
 }
+
+/// The consumer an operator command looks at: the deployment, the watched collection and the
+/// consumer's collections, from the same flags and environment variables as `run`.
+#[derive(Args, Clone, Debug)]
+pub struct TargetArgs {
+    /// The replica set's connection string (never printed or logged).
+    #[arg(long, env = "MONGODB_URI", hide_env_values = true)]
+    pub uri: String,
+    /// Database of the watched collection and of the consumer's collections.
+    #[arg(long, env = "SOURCE_DATABASE", default_value = "change_demo")]
+    pub database: String,
+    /// The watched collection.
+    #[arg(long, env = "SOURCE_COLLECTION", default_value = "orders")]
+    pub collection: String,
+    #[command(flatten)]
+    pub consumer: ConsumerArgs,
+}
+
+/// Where acting commands record what they did.
+#[derive(Args, Clone, Debug)]
+pub struct AuditArgs {
+    /// Collection of the audit records (who changed what, from what, to what, why).
+    #[arg(
+        long,
+        env = "AUDIT_COLLECTION",
+        default_value = handoff::operate::audit::DEFAULT_COLLECTION
+    )]
+    pub audit_collection: String,
+}
+
+/// How a reading command prints: a human view, or one JSON document for machines.
+#[derive(Args, Clone, Debug)]
+pub struct ViewArgs {
+    /// Print one JSON document on stdout instead of the human view.
+    #[arg(long)]
+    pub json: bool,
+}

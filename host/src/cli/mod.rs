@@ -36,11 +36,15 @@ macro_rules! exit_codes {
 }
 
 mod args;
+mod backfill;
+mod checkpoint;
 mod inspect;
 mod policy;
+mod reconcile;
 mod record;
 mod replay;
 mod run;
+mod status;
 
 use std::process::ExitCode;
 
@@ -193,6 +197,15 @@ enum Command {
     Policy(policy::PolicyCommand),
     /// Captures a live change stream into a fixture (policy test cases from real traffic).
     Record(record::RecordArgs),
+    /// A consumer's checkpoint, lag and oplog margin, and its outbox (read-only).
+    Status(status::StatusArgs),
+    /// Audited changes to a consumer's checkpoint.
+    #[command(subcommand)]
+    Checkpoint(checkpoint::CheckpointCommand),
+    /// Hands off the watched collection's existing documents beside the live stream (audited).
+    Backfill(backfill::BackfillArgs),
+    /// Compares the watched collection with what the outbox says each document is.
+    Reconcile(reconcile::ReconcileArgs),
     /// Prints a shell completion script (e.g. `handoff completions bash > /etc/bash_completion.d/handoff`).
     #[command(after_help = concat!("Example:\n  source <(handoff completions bash)\n\n", exit_codes!()))]
     Completions {
@@ -294,6 +307,10 @@ pub fn main() -> ExitCode {
         Command::Inspect(args) => inspect::run(args).map(|()| Outcome::Done),
         Command::Policy(command) => policy::run(command).map(|()| Outcome::Done),
         Command::Record(args) => record::run(args).map(|()| Outcome::Done),
+        Command::Status(args) => status::run(args).map(|()| Outcome::Done),
+        Command::Checkpoint(command) => checkpoint::run(command).map(|()| Outcome::Done),
+        Command::Backfill(args) => backfill::run(args).map(|()| Outcome::Done),
+        Command::Reconcile(args) => reconcile::run(args).map(|()| Outcome::Done),
         Command::Completions { shell } => {
             let mut command = <Cli as clap::CommandFactory>::command().bin_name("handoff");
             command.build();

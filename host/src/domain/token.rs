@@ -310,10 +310,51 @@ fn shortest_digits(text: &str) -> (String, i32) {
     )
 }
 
+/// The cluster time a resume token stands at, decoded from its `_data`: hex whose first byte is
+/// the type tag of a timestamp (`0x82`) followed by the timestamp, 8 bytes big-endian (seconds,
+/// then increment). `None` for a token in another format (an old binary `_data`, a foreign
+/// document): callers report "unknown" rather than guess.
+pub fn cluster_time(token: &Document) -> Option<bson::Timestamp> {
+    let data = token.get_str("_data").ok()?;
+    let head = data.get(..18)?;
+    let bytes = hex::decode(head).ok()?;
+    if bytes[0] != 0x82 {
+        return None;
+    }
+    let time = u32::from_be_bytes(bytes[1..5].try_into().ok()?);
+    let increment = u32::from_be_bytes(bytes[5..9].try_into().ok()?);
+    Some(bson::Timestamp { time, increment })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use bson::doc;
+
+    #[test]
+    fn a_tokens_cluster_time_is_read_from_its_data() {
+        // A token MongoDB 7.0 delivered for an insert at Timestamp(1700000000, 3).
+        let token = doc! { "_data": "826553F1000000000301046400000000000000000000001E5A1004" };
+        assert_eq!(
+            cluster_time(&token),
+            Some(bson::Timestamp {
+                time: 1_700_000_000,
+                increment: 3
+            })
+        );
+        let lower = doc! { "_data": "826553f10000000003" };
+        assert_eq!(cluster_time(&lower).map(|t| t.increment), Some(3));
+        for foreign in [
+            doc! {},
+            doc! { "_data": 7 },
+            doc! { "_data": "82" },
+            doc! { "_data": "816553F10000000003" },
+            doc! { "_data": "82zz53F10000000003" },
+            doc! { "_data": "é26553F10000000003" },
+        ] {
+            assert_eq!(cluster_time(&foreign), None, "{foreign}");
+        }
+    }
     use serde_json::Value;
 
     #[test]

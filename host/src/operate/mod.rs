@@ -1,0 +1,25 @@
+//! The operator's toolkit: what someone on call reads and does when a consumer needs attention.
+//!
+//! Every command here is bounded in time, works against a replica set and the test server, and
+//! never prints credentials or raw resume tokens. Reading commands change nothing; the acting ones
+//! (`checkpoint reset`, `backfill`, `reconcile --repair`) write an audit record with what they
+//! changed and why, in the same transaction as the change.
+//!
+//! - `status`: checkpoint, lag, oplog window and margin, outbox figures;
+//! - `reset`: the audited compare-and-set of a consumer's checkpoint;
+//! - `backfill`: the collection's existing documents handed off beside the live stream
+//!   (watermark-based incremental snapshot);
+//! - `reconcile`: the source compared with what the outbox says each document is;
+//! - `outbox_view`: what the outbox says each document should be now;
+//! - `audit`: the audit records;
+//! - `progress`: rate and ETA of long work, on a terminal or as structured lines;
+//! - `report`: the self-contained HTML report.
+
+pub mod audit;
+pub mod backfill;
+pub mod outbox_view;
+pub mod progress;
+pub mod reconcile;
+pub mod report;
+pub mod reset;
+pub mod status;
