@@ -91,7 +91,7 @@ mod tests {
         ] {
             assert!(record.contains_key(key), "{key} missing from {record}");
         }
-        assert_eq!(record.get_str("reason"), Ok("history lost"));
+        assert_eq!(record.get_str("reason").ok(), Some("history lost"));
         assert!(!operator().is_empty());
         assert!(operator().chars().all(|c| !c.is_control()));
     }
