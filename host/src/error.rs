@@ -66,6 +66,10 @@ pub enum HandoffError {
     #[error("{0}")]
     ImageMissing(String),
     /// Anything else: a defect of this tool.
+    /// A check an operator asked for found something to act on (a margin below
+    /// `--min-margin`, differences between the source and the outbox).
+    #[error("{0}")]
+    Attention(String),
     #[error(transparent)]
     Internal(#[from] anyhow::Error),
 }
@@ -96,6 +100,7 @@ impl HandoffError {
             HandoffError::Authentication(_) => 11,
             HandoffError::EventTooLarge(_) => 13,
             HandoffError::ImageMissing(_) => 15,
+            HandoffError::Attention(_) => 16,
         }
     }
 
@@ -115,6 +120,7 @@ impl HandoffError {
             HandoffError::Authentication(_) => "authentication",
             HandoffError::EventTooLarge(_) => "event_too_large",
             HandoffError::ImageMissing(_) => "image_missing",
+            HandoffError::Attention(_) => "attention",
         }
     }
 

@@ -154,7 +154,7 @@ pub fn replay(fixture: &Path, state: &Path, extra: &[&str]) -> Output {
 
 /// The value under `key` of the first `::{…}::` task-protocol line that has it, as Kestra
 /// parses it.
-fn protocol_line(output: &Output, key: &str) -> Value {
+pub fn protocol_line(output: &Output, key: &str) -> Value {
     let stdout = String::from_utf8_lossy(&output.stdout);
     for line in stdout.lines() {
         if let Some(inner) = line.strip_prefix("::").and_then(|l| l.strip_suffix("::")) {

@@ -387,3 +387,47 @@ pub struct ViewArgs {
     #[arg(long)]
     pub json: bool,
 }
+
+impl TargetArgs {
+    /// The names checked as `run` checks them (nothing is read before they pass).
+    pub fn inputs(&self) -> Result<Inputs> {
+        RawInputs {
+            database: self.database.clone(),
+            collection: self.collection.clone(),
+            consumer_id: self.consumer.consumer_id.clone(),
+            checkpoint_collection: self.consumer.checkpoint_collection.clone(),
+            outbox_collection: self.consumer.outbox_collection.clone(),
+            quarantine_collection: self.consumer.quarantine_collection.clone(),
+            max_events: "1".into(),
+            max_wait_seconds: "1".into(),
+        }
+        .validate()
+    }
+}
+
+impl AuditArgs {
+    /// The audit collection's name, checked like the others and distinct from them.
+    pub fn collection(&self, inputs: &Inputs) -> Result<String> {
+        let name = &self.audit_collection;
+        if !handoff::run::inputs::valid_name(name) {
+            return Err(HandoffError::BadInput(
+                "AUDIT_COLLECTION must contain 1-63 letters, digits, underscores or hyphens and start with a letter"
+                    .into(),
+            ));
+        }
+        if [
+            &inputs.collection,
+            &inputs.checkpoint_collection,
+            &inputs.outbox_collection,
+            &inputs.quarantine_collection,
+        ]
+        .contains(&name)
+        {
+            return Err(HandoffError::BadInput(
+                "The audit collection must be distinct from the source, checkpoint, outbox and quarantine collections"
+                    .into(),
+            ));
+        }
+        Ok(name.clone())
+    }
+}

@@ -1,20 +1,97 @@
 //! `handoff status`: a consumer's position, lag and oplog margin.
 
+use std::path::PathBuf;
+use std::time::Duration;
+
 use clap::Args;
 
 use super::args::{TargetArgs, ViewArgs};
+use handoff::backend::mongo::Connection;
 use handoff::error::{HandoffError, Result};
+use handoff::operate::report::{Report, Section};
+use handoff::operate::status::{Status, Target};
 
 #[derive(Args)]
+#[command(after_help = concat!(
+    "Reads, changes nothing. The oplog window needs the right to read the `local` database\n",
+    "(role clusterMonitor); without it the window and margin are shown as unknown.\n\n",
+    "Example (alert a day before the checkpoint falls off the oplog):\n",
+    "  MONGODB_URI=... handoff status --consumer-id orders-to-outbox --min-margin 24h\n\n",
+    exit_codes!(),
+))]
 pub struct StatusArgs {
     #[command(flatten)]
     pub target: TargetArgs,
     #[command(flatten)]
     pub view: ViewArgs,
+    /// Exit with 16 when the oplog margin (how long before the checkpoint falls off the oplog)
+    /// is smaller than this, or unknown (e.g. `30m`, `6h`, `2days`).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub min_margin: Option<Duration>,
+    /// Also write the figures as a self-contained HTML report to this file.
+    #[arg(long, value_name = "FILE")]
+    pub html: Option<PathBuf>,
 }
 
-pub fn run(_args: StatusArgs) -> Result<()> {
-    Err(HandoffError::BadInput(
-        "status is not available in this build".into(),
-    ))
+fn parse_duration(text: &str) -> std::result::Result<Duration, String> {
+    if let Ok(seconds) = text.trim().parse::<u64>() {
+        return Ok(Duration::from_secs(seconds));
+    }
+    humantime::parse_duration(text.trim()).map_err(|e| format!("{e} (e.g. 90s, 30m, 6h, 2days)"))
+}
+
+pub fn run(args: StatusArgs) -> Result<()> {
+    let t = &args.target;
+    t.inputs()?;
+    let connection = Connection::connect(&t.uri)?;
+    let status = Status::read(
+        &connection,
+        &Target {
+            database: &t.database,
+            collection: &t.collection,
+            consumer: &t.consumer.consumer_id,
+            checkpoints: &t.consumer.checkpoint_collection,
+            outbox: &t.consumer.outbox_collection,
+        },
+    );
+    connection.close();
+    let status = status?;
+    if args.view.json {
+        println!("{}", status.to_json());
+    } else {
+        for (label, value) in status.rows() {
+            println!("{label:<16} {value}");
+        }
+    }
+    if let Some(path) = &args.html {
+        Report {
+            title: format!("handoff status: {}", status.consumer),
+            sections: vec![Section {
+                heading: status.source.clone(),
+                rows: status
+                    .rows()
+                    .into_iter()
+                    .map(|(label, value)| (label.to_string(), value))
+                    .collect(),
+            }],
+        }
+        .write(path)?;
+    }
+    if let Some(min) = args.min_margin {
+        let margin = status.position.oplog_margin_seconds();
+        let enough = margin.is_some_and(|m| m >= 0 && m as u64 >= min.as_secs());
+        if !enough {
+            return Err(HandoffError::Attention(match margin {
+                Some(m) => format!(
+                    "the oplog margin is {m} s, under --min-margin {} s: the checkpoint is about to fall \
+                     off the oplog (run the consumer more often, or grow the oplog)",
+                    min.as_secs()
+                ),
+                None => "the oplog margin is unknown (no checkpoint token, or the oplog cannot be read: \
+                         grant clusterMonitor), so --min-margin cannot be confirmed"
+                    .into(),
+            }));
+        }
+    }
+    Ok(())
 }

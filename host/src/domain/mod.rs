@@ -7,6 +7,7 @@
 //! - `deployment`: the replica set, the consumer and where its state lives;
 //! - `stream`: where a stream starts, server errors and their classes, the change-source trait;
 //! - `lease`: which run holds a consumer, and until when;
+//! - `position`: a consumer against its deployment: lag, checkpoint age, oplog margin;
 //! - `stop`: the flag SIGTERM and SIGINT raise to end a run after its in-flight commit;
 //! - `store`: the atomic commit and the checkpoint-store trait;
 //! - `token`: a resume token's canonical text (the form the policy sees and hashes);
@@ -17,6 +18,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod deployment;
 pub mod lease;
+pub mod position;
 pub mod stop;
 pub mod store;
 pub mod stream;

@@ -1,1 +1,403 @@
-//! (in progress)
+//! `checkpoint reset`: moves a consumer's checkpoint on an operator's decision, as a
+//! compare-and-set from the checkpoint it read, with its audit record in the same transaction.
+//!
+//! The new position is a token the deployment itself gives: the stream's current position
+//! (`now`), the position just before a cluster time (`startAtOperationTime`), or a token the
+//! operator holds (checked as a resume token). A reset never happens under a run that holds the
+//! consumer's lease, and never to a time the oplog no longer holds.
+
+use bson::{Bson, Document, Timestamp, doc};
+use serde_json::{Value, json};
+
+use super::audit::AuditEntry;
+use crate::backend::mongo::{Connection, window};
+use crate::domain::checkpoint::{self, Mode};
+use crate::domain::position::{Position, iso, time_json};
+use crate::error::{HandoffError, Result};
+
+/// Where the checkpoint goes.
+#[derive(Debug, Clone, PartialEq)]
+pub enum To {
+    /// The stream's current position: everything before now is skipped.
+    Now,
+    /// Just before this cluster time: events from it on are handed off.
+    Time(Timestamp),
+    /// A token the operator holds, with the mode to resume with.
+    Token(Document, Mode),
+}
+
+impl To {
+    fn describe(&self) -> String {
+        match self {
+            To::Now => "--to now".into(),
+            To::Time(t) => format!("--to-time {}.{}", t.time, t.increment),
+            To::Token(_, mode) => format!("--to-token <token> --mode {}", mode.as_str()),
+        }
+    }
+}
+
+/// The consumer whose checkpoint moves.
+pub struct Target<'a> {
+    pub database: &'a str,
+    pub collection: &'a str,
+    pub consumer: &'a str,
+    pub checkpoints: &'a str,
+    pub audit: &'a str,
+}
+
+/// What a reset would do, read before doing it (all a dry run shows).
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub consumer: String,
+    pub source: String,
+    /// The checkpoint as read (none: the consumer never ran; the reset creates it).
+    pub current: Option<Document>,
+    pub to_token: Document,
+    pub to_mode: Mode,
+    /// The current position's figures against the deployment.
+    pub before: Position,
+    /// The new position's cluster time.
+    pub to_time: Option<Timestamp>,
+    pub to: To,
+}
+
+impl Plan {
+    /// Seconds of history the reset skips (positive) or hands off again (negative), when both
+    /// times are known.
+    pub fn gap_seconds(&self) -> Option<i64> {
+        Some(i64::from(self.to_time?.time) - i64::from(self.before.checkpoint?.time))
+    }
+
+    fn previous_json(&self) -> Value {
+        match &self.current {
+            None => json!(null),
+            Some(c) => json!({
+                "mode": c.get_str("mode").unwrap_or("resumeAfter"),
+                "has_token": matches!(c.get("token"), Some(Bson::Document(_))),
+                "cluster_time": self.before.checkpoint.map(time_json),
+                "revision": revision(c),
+            }),
+        }
+    }
+
+    pub fn to_json(&self) -> Value {
+        json!({
+            "consumer": self.consumer,
+            "source": self.source,
+            "from": self.previous_json(),
+            "to": {
+                "mode": self.to_mode.as_str(),
+                "cluster_time": self.to_time.map(time_json),
+            },
+            "gap_seconds": self.gap_seconds(),
+            "before": self.before.to_json(),
+        })
+    }
+
+    /// The human view.
+    pub fn rows(&self) -> Vec<(&'static str, String)> {
+        let time = |t: Option<Timestamp>| {
+            t.map_or("unknown".into(), |t| {
+                format!("{} ({}.{})", iso(t), t.time, t.increment)
+            })
+        };
+        let from = match &self.current {
+            None => "no checkpoint (it will be created)".to_string(),
+            Some(c) => format!(
+                "{} at {}",
+                c.get_str("mode").unwrap_or("resumeAfter"),
+                time(self.before.checkpoint)
+            ),
+        };
+        let gap = match self.gap_seconds() {
+            Some(g) if g > 0 => format!(
+                "{g} s of history skipped: changes in it are never handed off; reconcile --repair after the reset"
+            ),
+            Some(g) if g < 0 => format!(
+                "{} s of history handed off again (records already stored are not written twice)",
+                -g
+            ),
+            Some(_) => "none".into(),
+            None => "unknown".into(),
+        };
+        vec![
+            ("consumer", format!("{} on {}", self.consumer, self.source)),
+            ("from", from),
+            (
+                "to",
+                format!("{} at {}", self.to_mode.as_str(), time(self.to_time)),
+            ),
+            ("gap", gap),
+        ]
+    }
+}
+
+fn revision(stored: &Document) -> Option<i64> {
+    match stored.get("revision") {
+        Some(Bson::Int64(n)) => Some(*n),
+        Some(Bson::Int32(n)) => Some(i64::from(*n)),
+        _ => None,
+    }
+}
+
+fn unavailable(what: &str, error: &mongodb::error::Error, connection: &Connection) -> HandoffError {
+    if let mongodb::error::ErrorKind::Command(command) = error.kind.as_ref() {
+        match command.code {
+            286 => {
+                return HandoffError::HistoryLost(
+                    "that cluster time is no longer in the oplog: the position cannot be reached; \
+                     reset to a later time or to now"
+                        .into(),
+                );
+            }
+            13 | 18 => return HandoffError::unauthorized(&connection.redact(&error.to_string())),
+            _ => {}
+        }
+    }
+    HandoffError::Unavailable(format!("{what}: {}", connection.redact(&error.to_string())))
+}
+
+/// The position a change stream of the source reports before its first event: now, or just
+/// before `at`.
+async fn stream_position(
+    connection: &Connection,
+    target: &Target<'_>,
+    at: Option<Timestamp>,
+) -> Result<Document> {
+    let stage = match at {
+        None => doc! {},
+        Some(t) => doc! { "startAtOperationTime": t },
+    };
+    let db = connection.database(target.database);
+    let reply = db
+        .run_command(doc! {
+            "aggregate": target.collection,
+            "pipeline": [{ "$changeStream": stage }],
+            "cursor": { "batchSize": 0 },
+        })
+        .await
+        .map_err(|e| unavailable("the stream's position could not be read", &e, connection))?;
+    let cursor = reply.get_document("cursor").ok();
+    if let Some(id) = cursor
+        .and_then(|c| c.get_i64("id").ok())
+        .filter(|id| *id != 0)
+    {
+        let _ = db
+            .run_command(doc! { "killCursors": target.collection, "cursors": [id] })
+            .await;
+    }
+    cursor
+        .and_then(|c| c.get_document("postBatchResumeToken").ok())
+        .filter(|t| checkpoint::is_resume_token(t))
+        .cloned()
+        .ok_or_else(|| {
+            HandoffError::Unavailable(
+                "the deployment gave no resume token for that position (MongoDB 4.0.7 or later is required)"
+                    .into(),
+            )
+        })
+}
+
+/// Reads the checkpoint and the new position: what the reset would do.
+pub fn plan(connection: &Connection, target: &Target<'_>, to: To) -> Result<Plan> {
+    let source = format!("{}.{}", target.database, target.collection);
+    connection.block_on(async {
+        let current = connection
+            .database(target.database)
+            .collection::<Document>(target.checkpoints)
+            .find_one(doc! { "_id": target.consumer })
+            .await
+            .map_err(|e| unavailable("the checkpoint could not be read", &e, connection))?;
+        if let Some(stored) = &current {
+            if stored.get_str("source").ok() != Some(source.as_str()) {
+                return Err(HandoffError::Mismatch(format!(
+                    "the checkpoint of {} belongs to another source; reset it with its own --database and --collection",
+                    target.consumer
+                )));
+            }
+            if stored.get_str("replicaSetId").ok()
+                != Some(connection.deployment().replica_set_id.as_str())
+            {
+                return Err(HandoffError::Mismatch(
+                    "the checkpoint belongs to another replica set: a token of this one cannot continue it; \
+                     use a new consumer id"
+                        .into(),
+                ));
+            }
+        }
+        let (to_token, to_mode) = match &to {
+            To::Now => (stream_position(connection, target, None).await?, Mode::ResumeAfter),
+            To::Time(t) => (stream_position(connection, target, Some(*t)).await?, Mode::ResumeAfter),
+            To::Token(token, mode) => {
+                if !checkpoint::is_resume_token(token) {
+                    return Err(HandoffError::BadInput(
+                        "--to-token must be a resume token: {\"_data\": \"<hex>\"} (and optionally _typeBits)".into(),
+                    ));
+                }
+                (token.clone(), *mode)
+            }
+        };
+        let token = current.as_ref().and_then(|c| c.get_document("token").ok());
+        let before = window::position(connection, token).await;
+        let to_time = crate::domain::token::cluster_time(&to_token);
+        if let (To::Token(..), Some(window), Some(t)) = (&to, before.window, to_time)
+            && (t.time, t.increment) < (window.oldest.time, window.oldest.increment)
+        {
+            return Err(HandoffError::HistoryLost(
+                "--to-token stands before the oldest entry of the oplog: the stream cannot resume there".into(),
+            ));
+        }
+        Ok(Plan {
+            consumer: target.consumer.to_string(),
+            source,
+            current,
+            to_token,
+            to_mode,
+            before,
+            to_time,
+            to,
+        })
+    })
+}
+
+/// Applies `plan`: the checkpoint moves only if it is still the one the plan read and no run
+/// holds it; the audit record is written in the same transaction.
+pub fn apply(
+    connection: &Connection,
+    target: &Target<'_>,
+    plan: &Plan,
+    reason: &str,
+) -> Result<()> {
+    if reason.trim().is_empty() {
+        return Err(HandoffError::BadInput(
+            "--reason must say why the checkpoint moves".into(),
+        ));
+    }
+    if let Some(current) = &plan.current
+        && let Ok(until) = current.get_datetime("leaseUntil")
+        && *until > bson::DateTime::now()
+    {
+        return Err(HandoffError::Conflict(format!(
+            "a run holds this consumer until {}: let it end (or stop it) before resetting",
+            until.try_to_rfc3339_string().unwrap_or_default()
+        )));
+    }
+    let entry = AuditEntry {
+        consumer: plan.consumer.clone(),
+        source: plan.source.clone(),
+        command: format!(
+            "checkpoint reset --consumer-id {} {}",
+            plan.consumer,
+            plan.to.describe()
+        ),
+        from: Bson::try_from(plan.previous_json()).unwrap_or(Bson::Null),
+        to: Bson::try_from(json!({
+            "mode": plan.to_mode.as_str(),
+            "cluster_time": plan.to_time.map(time_json),
+        }))
+        .unwrap_or(Bson::Null),
+        reason: reason.trim().to_string(),
+        evidence: match Bson::try_from(json!({
+            "gap_seconds": plan.gap_seconds(),
+            "before": plan.before.to_json(),
+        })) {
+            Ok(Bson::Document(d)) => d,
+            _ => Document::new(),
+        },
+    };
+    let db = connection.database(target.database);
+    let checkpoints = db.collection::<Document>(target.checkpoints);
+    let audit = db.collection::<Document>(target.audit);
+    let conflict = || {
+        HandoffError::Conflict(
+            "the checkpoint changed since it was read (a run committed, or another reset): \
+             nothing was written; look again with status and retry"
+                .into(),
+        )
+    };
+    connection.block_on(async {
+        let failed = |e: mongodb::error::Error| unavailable("the reset was not written", &e, connection);
+        let mut session = connection.transaction().await.map_err(failed)?;
+        let written = async {
+            match &plan.current {
+                Some(current) => {
+                    let mut filter = doc! { "_id": target.consumer };
+                    filter.insert("token", current.get("token").cloned().unwrap_or(Bson::Null));
+                    match current.get("mode") {
+                        Some(mode) => filter.insert("mode", mode.clone()),
+                        None => filter.insert("mode", doc! { "$exists": false }),
+                    };
+                    match revision(current) {
+                        Some(r) => filter.insert("revision", r),
+                        None => filter.insert("revision", doc! { "$exists": false }),
+                    };
+                    let updated = checkpoints
+                        .update_one(
+                            filter,
+                            doc! {
+                                "$set": { "token": plan.to_token.clone(), "mode": plan.to_mode.as_str() },
+                                "$inc": { "revision": 1_i64 },
+                            },
+                        )
+                        .session(&mut session)
+                        .await?;
+                    if updated.matched_count != 1 {
+                        return Ok(false);
+                    }
+                }
+                None => {
+                    let mut created = checkpoint::initial(
+                        target.consumer,
+                        &plan.source,
+                        &connection.deployment().replica_set_id,
+                    );
+                    created.insert("token", plan.to_token.clone());
+                    created.insert("mode", plan.to_mode.as_str());
+                    created.insert("revision", 1_i64);
+                    checkpoints.insert_one(created).session(&mut session).await?;
+                }
+            }
+            audit.insert_one(entry.document()).session(&mut session).await?;
+            Ok::<_, mongodb::error::Error>(true)
+        }
+        .await;
+        match written {
+            Ok(true) => {}
+            Ok(false) => {
+                let _ = session.abort_transaction().await;
+                return Err(conflict());
+            }
+            Err(error) => {
+                let _ = session.abort_transaction().await;
+                if is_duplicate_key(&error) || error.contains_label("TransientTransactionError") {
+                    return Err(conflict());
+                }
+                return Err(failed(error));
+            }
+        }
+        session.commit_transaction().await.map_err(|e| {
+            if e.contains_label("TransientTransactionError") {
+                conflict()
+            } else {
+                failed(e)
+            }
+        })
+    })?;
+    tracing::warn!(
+        consumer = %plan.consumer,
+        to_mode = plan.to_mode.as_str(),
+        gap_seconds = plan.gap_seconds(),
+        "checkpoint reset"
+    );
+    Ok(())
+}
+
+fn is_duplicate_key(error: &mongodb::error::Error) -> bool {
+    match error.kind.as_ref() {
+        mongodb::error::ErrorKind::Write(mongodb::error::WriteFailure::WriteError(e)) => {
+            e.code == 11000
+        }
+        mongodb::error::ErrorKind::Command(c) => c.code == 11000,
+        _ => false,
+    }
+}

@@ -1,1 +1,213 @@
-//! (in progress)
+//! `status`: where a consumer stands, read in one pass and changing nothing.
+
+use bson::{Bson, Document, Timestamp, doc};
+use serde_json::{Value, json};
+
+use crate::backend::mongo::{Connection, window};
+use crate::domain::position::{Position, iso, time_json};
+use crate::error::{HandoffError, Result};
+
+/// What `status` reads about one consumer.
+#[derive(Debug, Clone)]
+pub struct Status {
+    pub consumer: String,
+    pub source: String,
+    pub checkpoint: Option<CheckpointView>,
+    pub position: Position,
+    pub outbox_records: u64,
+    /// The cluster time of the outbox record inserted last.
+    pub last_record_time: Option<Timestamp>,
+}
+
+/// The checkpoint as stored, described without its token.
+#[derive(Debug, Clone)]
+pub struct CheckpointView {
+    pub source: Option<String>,
+    pub mode: Option<String>,
+    pub has_token: bool,
+    pub revision: Option<i64>,
+    pub lease_owner: Option<String>,
+    pub lease_until: Option<bson::DateTime>,
+}
+
+/// Where the consumer's state lives.
+pub struct Target<'a> {
+    pub database: &'a str,
+    pub collection: &'a str,
+    pub consumer: &'a str,
+    pub checkpoints: &'a str,
+    pub outbox: &'a str,
+}
+
+impl Status {
+    /// Reads the checkpoint, the deployment's figures and the outbox's.
+    pub fn read(connection: &Connection, target: &Target<'_>) -> Result<Status> {
+        let db = connection.database(target.database);
+        connection.block_on(async {
+            let stored = db
+                .collection::<Document>(target.checkpoints)
+                .find_one(doc! { "_id": target.consumer })
+                .await
+                .map_err(|e| unavailable("the checkpoint", &e, connection))?;
+            let token = stored.as_ref().and_then(|s| s.get_document("token").ok());
+            let position = window::position(connection, token).await;
+            let outbox = db.collection::<Document>(target.outbox);
+            let records = outbox
+                .count_documents(doc! { "consumer": target.consumer })
+                .await
+                .map_err(|e| unavailable("the outbox", &e, connection))?;
+            let last = outbox
+                .find_one(doc! { "consumer": target.consumer })
+                .sort(doc! { "$natural": -1 })
+                .projection(doc! { "event.clusterTime": 1 })
+                .await
+                .map_err(|e| unavailable("the outbox", &e, connection))?;
+            let last_record_time = last
+                .as_ref()
+                .and_then(|r| r.get_document("event").ok())
+                .and_then(|e| e.get_timestamp("clusterTime").ok());
+            Ok(Status {
+                consumer: target.consumer.to_string(),
+                source: format!("{}.{}", target.database, target.collection),
+                checkpoint: stored.as_ref().map(CheckpointView::of),
+                position,
+                outbox_records: records,
+                last_record_time,
+            })
+        })
+    }
+
+    pub fn to_json(&self) -> Value {
+        let checkpoint = self.checkpoint.as_ref().map(|c| {
+            json!({
+                "source": c.source,
+                "mode": c.mode,
+                "has_token": c.has_token,
+                "revision": c.revision,
+                "lease": c.lease_owner.as_ref().map(|owner| json!({
+                    "owner": owner,
+                    "until": c.lease_until.and_then(|u| u.try_to_rfc3339_string().ok()),
+                })),
+            })
+        });
+        let mut value = json!({
+            "consumer": self.consumer,
+            "source": self.source,
+            "checkpoint": checkpoint,
+            "outbox": {
+                "records": self.outbox_records,
+                "last_record_cluster_time": self.last_record_time.map(time_json),
+            },
+        });
+        if let (Value::Object(map), Value::Object(figures)) = (&mut value, self.position.to_json())
+        {
+            map.extend(figures);
+        }
+        value
+    }
+
+    /// The human view: one labelled line per figure.
+    pub fn rows(&self) -> Vec<(&'static str, String)> {
+        let p = &self.position;
+        let time = |t: Option<Timestamp>| {
+            t.map_or("unknown".to_string(), |t| {
+                format!("{} ({}.{})", iso(t), t.time, t.increment)
+            })
+        };
+        let seconds = |s: Option<i64>| {
+            s.map_or("unknown".to_string(), |s| {
+                let sign = if s < 0 { "-" } else { "" };
+                format!(
+                    "{sign}{} ({s} s)",
+                    super::progress::human_duration(s.unsigned_abs() as f64)
+                )
+            })
+        };
+        let checkpoint = match &self.checkpoint {
+            None => "none (the consumer has not run yet)".to_string(),
+            Some(c) => {
+                let mut text = format!(
+                    "{}, {}",
+                    c.mode.as_deref().unwrap_or("resumeAfter"),
+                    if c.has_token {
+                        "token saved"
+                    } else {
+                        "no token yet"
+                    }
+                );
+                if let Some(revision) = c.revision {
+                    text.push_str(&format!(", revision {revision}"));
+                }
+                match (&c.lease_owner, c.lease_until) {
+                    (Some(owner), Some(until)) if until > bson::DateTime::now() => {
+                        text.push_str(&format!(
+                            ", leased by {owner} until {}",
+                            until.try_to_rfc3339_string().unwrap_or_default()
+                        ));
+                    }
+                    _ => text.push_str(", lease free"),
+                }
+                if c.source.as_deref() != Some(self.source.as_str()) {
+                    text.push_str(&format!(
+                        " (belongs to {}!)",
+                        c.source.as_deref().unwrap_or("no source")
+                    ));
+                }
+                text
+            }
+        };
+        let mut rows = vec![
+            ("consumer", format!("{} on {}", self.consumer, self.source)),
+            ("checkpoint", checkpoint),
+            ("checkpoint at", time(p.checkpoint)),
+            ("cluster time", time(p.cluster_now)),
+            ("lag", seconds(p.lag_seconds())),
+            ("checkpoint age", seconds(p.checkpoint_age_seconds())),
+            ("oldest in oplog", time(p.window.map(|w| w.oldest))),
+            ("oplog window", seconds(p.oplog_window_seconds())),
+            ("oplog margin", seconds(p.oplog_margin_seconds())),
+            (
+                "outbox",
+                format!(
+                    "{} records, last at {}",
+                    self.outbox_records,
+                    time(self.last_record_time)
+                ),
+            ),
+        ];
+        if p.fell_off() == Some(true) {
+            rows.push((
+                "WARNING",
+                format!(
+                    "the checkpoint is older than the oplog: about {} s of history are gone",
+                    p.estimated_gap_seconds().unwrap_or(0)
+                ),
+            ));
+        }
+        rows
+    }
+}
+
+impl CheckpointView {
+    fn of(stored: &Document) -> CheckpointView {
+        CheckpointView {
+            source: stored.get_str("source").ok().map(str::to_string),
+            mode: stored.get_str("mode").ok().map(str::to_string),
+            has_token: matches!(stored.get("token"), Some(Bson::Document(_))),
+            revision: match stored.get("revision") {
+                Some(Bson::Int64(n)) => Some(*n),
+                Some(Bson::Int32(n)) => Some(i64::from(*n)),
+                _ => None,
+            },
+            lease_owner: stored.get_str("owner").ok().map(str::to_string),
+            lease_until: stored.get_datetime("leaseUntil").ok().copied(),
+        }
+    }
+}
+
+fn unavailable(what: &str, error: &mongodb::error::Error, connection: &Connection) -> HandoffError {
+    HandoffError::Unavailable(format!(
+        "{what} could not be read: {}",
+        connection.redact(&error.to_string())
+    ))
+}

@@ -51,6 +51,9 @@ fn metrics_line(run: &RunOutputs) -> String {
             let kind = match metric.kind {
                 MetricKind::Counter => "counter",
                 MetricKind::Timer => "timer",
+                // Kestra's script protocol knows counters and timers: a level in seconds is
+                // sent as a timer of one sample.
+                MetricKind::Gauge => "timer",
             };
             json!({ "name": metric.name, "type": kind, "value": metric.value, "tags": tags })
         })
@@ -171,6 +174,7 @@ mod tests {
             },
             policy_sha256: "ff".into(),
             duration: std::time::Duration::from_millis(1500),
+            position: None,
         };
         let lines = Kestra.lines(&RunOutputs::of(&finished));
         assert_eq!(lines.len(), 2);
@@ -245,6 +249,7 @@ mod tests {
             },
             policy_sha256: "ff".into(),
             duration: std::time::Duration::ZERO,
+            position: None,
         };
         let lines = Kestra.lines(&RunOutputs::of(&finished));
         assert_eq!(protocol(&lines[0])["outputs"]["stopped"], json!(true));

@@ -8,11 +8,15 @@
 //! - `file`: the outputs as one JSON object in a file, written atomically, for engines that read
 //!   a file (Argo Workflows, Airflow, GitHub Actions).
 
+mod evidence;
 pub mod file;
 pub mod kestra;
 
+pub use evidence::Evidence;
+
 use serde_json::{Value, json};
 
+use crate::domain::position::Position;
 use crate::domain::text::escape_untrusted;
 use crate::run::{FailedRun, Finished};
 use crate::session::Committed;
@@ -25,6 +29,8 @@ pub const FAILED: &str = "FAILED";
 pub enum MetricKind {
     Counter,
     Timer,
+    /// A level at the end of the run (seconds of lag, of margin), not a sum.
+    Gauge,
 }
 
 /// One metric of a run; timers are in seconds.
@@ -57,6 +63,9 @@ impl RunOutputs {
         if summary.stopped {
             run.outputs.push(("stopped", json!(true)));
         }
+        if let Some(position) = &finished.position {
+            run.add_position(position);
+        }
         run
     }
 
@@ -75,12 +84,46 @@ impl RunOutputs {
         run.outputs.extend([
             ("error_class", json!(error.kind())),
             ("exit_code", json!(error.exit_code())),
-            (
-                "guidance",
-                json!(escape_untrusted(&error.to_string(), 2048)),
-            ),
         ]);
+        let evidence = Evidence::of(
+            error,
+            failed.position.as_deref(),
+            consumer_id,
+            failed.source.as_deref(),
+        );
+        let guidance = match &evidence {
+            Some(evidence) => format!("{error} {}", evidence.summary()),
+            None => error.to_string(),
+        };
+        run.outputs
+            .push(("guidance", json!(escape_untrusted(&guidance, 4096))));
+        if let Some(position) = failed.position.as_deref() {
+            run.add_position(position);
+        }
+        if let Some(evidence) = evidence {
+            run.outputs.push(("evidence", evidence.to_json()));
+        }
         run
+    }
+
+    /// Lag, checkpoint age and oplog margin, as outputs (null when unknown) and as gauges
+    /// (when known).
+    fn add_position(&mut self, position: &Position) {
+        let figures = [
+            ("lag_seconds", position.lag_seconds()),
+            ("checkpoint_age_seconds", position.checkpoint_age_seconds()),
+            ("oplog_margin_seconds", position.oplog_margin_seconds()),
+        ];
+        for (name, value) in figures {
+            self.outputs.push((name, json!(value)));
+            if let Some(value) = value {
+                self.metrics.push(Metric {
+                    name,
+                    kind: MetricKind::Gauge,
+                    value: json!(value),
+                });
+            }
+        }
     }
 
     fn committed(

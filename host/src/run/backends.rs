@@ -6,9 +6,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::inputs::Inputs;
-use crate::backend::mongo::{Connection, MongoSource, MongoStore};
+use crate::backend::mongo::{Connection, MongoSource, MongoStore, window};
 use crate::backend::redb_store::RedbStore;
 use crate::backend::replay::{Fixture, ReplaySource};
+use crate::domain::position::Position;
 use crate::domain::{ChangeSource, CheckpointStore, StreamConfig};
 use crate::error::{HandoffError, Result};
 
@@ -22,6 +23,11 @@ pub trait Backends: Send {
     /// The source and the store, once the policy is known to be usable, for a run that ends at
     /// `deadline`.
     fn open(&mut self, deadline: Instant) -> Result<Opened>;
+    /// Where `consumer` stands now against the deployment (lag, oplog margin), read after the
+    /// run and before [`Backends::close`]; `None` for a backend without a deployment.
+    fn position(&mut self, _consumer: &str) -> Option<Position> {
+        None
+    }
     /// Called once the run ended, whatever its outcome.
     fn close(&mut self) {}
 }
@@ -75,6 +81,30 @@ impl Backends for Mongo {
         let inputs = &self.inputs;
         let store = MongoStore::new(connection, &inputs.database, &inputs.collections());
         Ok((Box::new(source), Arc::new(store)))
+    }
+
+    fn position(&mut self, consumer: &str) -> Option<Position> {
+        let connection = self.connection.clone()?;
+        let inputs = &self.inputs;
+        let read = async {
+            let token = window::checkpoint_token(
+                &connection,
+                &inputs.database,
+                &inputs.checkpoint_collection,
+                consumer,
+            )
+            .await;
+            window::position(&connection, token.as_ref()).await
+        };
+        let position = connection
+            .block_on(async { tokio::time::timeout(window::READ_WAIT, read).await })
+            .ok()?;
+        tracing::debug!(
+            lag_seconds = position.lag_seconds(),
+            oplog_margin_seconds = position.oplog_margin_seconds(),
+            "consumer position"
+        );
+        Some(position)
     }
 
     /// The stream and the store are gone with the run; the connection then ends its sessions on

@@ -8,6 +8,7 @@ use super::backends::Backends;
 use super::inputs::Inputs;
 use crate::domain::checkpoint::{self, Binding};
 use crate::domain::lease::DEFAULT_LEASE;
+use crate::domain::position::Position;
 use crate::domain::{
     ChangeSource, CheckpointStore, CommitError, Consumer, Lease, StopSignal, StreamConfig,
 };
@@ -59,6 +60,8 @@ pub struct Finished {
     pub policy_sha256: String,
     /// From the start of the command to the end of the run.
     pub duration: Duration,
+    /// Where the consumer stands at the end (lag, margin), when the backend can tell.
+    pub position: Option<Position>,
 }
 
 /// A run that failed: its failure, what it committed before (which stands), and the policy
@@ -69,6 +72,10 @@ pub struct FailedRun {
     pub policy_sha256: Option<String>,
     /// From the start of the command to the failure.
     pub duration: Duration,
+    /// Where the consumer stands after the failure (the evidence), when the backend can tell.
+    pub position: Option<Box<Position>>,
+    /// The watched namespace, `db.coll`, once the inputs were valid.
+    pub source: Option<String>,
 }
 
 impl FailedRun {
@@ -80,6 +87,8 @@ impl FailedRun {
             duration: crate::runtime::PROCESS_START
                 .get()
                 .map_or(Duration::ZERO, Instant::elapsed),
+            position: None,
+            source: None,
         }
     }
 }
@@ -123,7 +132,7 @@ impl Plan {
             (load(), preparing.join())
         });
         let mut policy_sha256 = None;
-        let executed = (|| {
+        let executed = (|| -> Result<(Summary, String), Failed> {
             prepared.map_err(|_| {
                 HandoffError::Internal(anyhow::anyhow!("preparing the backends panicked"))
             })??;
@@ -134,6 +143,21 @@ impl Plan {
             let summary = self.execute(&runtime, &policy, source, store, deadline)?;
             Ok((summary, policy.sha256.clone()))
         })();
+        // The figures are read unless the deployment could not be reached or refused us: then
+        // reading them would only wait.
+        let position = match &executed {
+            Err(failed)
+                if matches!(
+                    failed.error,
+                    HandoffError::Unavailable(_)
+                        | HandoffError::Authentication(_)
+                        | HandoffError::BadInput(_)
+                ) =>
+            {
+                None
+            }
+            _ => backends.position(&self.inputs.consumer_id),
+        };
         backends.close();
         // The run's duration includes closing its backends.
         let duration = started.elapsed();
@@ -142,11 +166,17 @@ impl Plan {
                 summary,
                 policy_sha256,
                 duration,
+                position,
             }),
             Err(failed) => Err(FailedRun {
                 failed: Box::new(failed),
                 policy_sha256,
                 duration,
+                position: position.map(Box::new),
+                source: Some(format!(
+                    "{}.{}",
+                    self.inputs.database, self.inputs.collection
+                )),
             }),
         }
     }

@@ -22,13 +22,15 @@
 //! - `redaction`: credentials removed from every text before it is printed or logged;
 //! - `errors`: driver errors as server errors and the run's failure classes;
 //! - `source`: the watched collection's change stream ([`ChangeSource`](crate::domain::ChangeSource));
-//! - `store`: the checkpoint and record transaction ([`CheckpointStore`](crate::domain::CheckpointStore)).
+//! - `store`: the checkpoint and record transaction ([`CheckpointStore`](crate::domain::CheckpointStore));
+//! - `window`: the deployment's cluster time and oplog window (lag and margin figures).
 
 mod connection;
 mod errors;
 mod redaction;
 mod source;
 mod store;
+pub mod window;
 
 use std::time::Duration;
 

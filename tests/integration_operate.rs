@@ -1,0 +1,431 @@
+//! The operator's commands on a live deployment: `status` (lag, oplog margin, outbox), the
+//! figures every run reports, the evidence a failed run carries, and the audited
+//! `checkpoint reset`.
+//!
+//! Each test starts its own test server: the figures are checked against times the test itself
+//! knows (the first write of a fresh server is the oldest entry of its oplog).
+
+mod support;
+
+use std::process::Output;
+use std::time::Duration;
+
+use bson::{Document, Timestamp, doc};
+use futures_util::TryStreamExt;
+use mongo_sim::Config;
+use serde_json::Value;
+use support::live::{CHECKPOINTS, CONSUMER, Live, OUTBOX};
+
+const AUDIT: &str = "kestra_change_audit";
+
+fn sim(history_limit: usize) -> Live {
+    Live::with_config(Config {
+        history_limit,
+        ..Config::default()
+    })
+}
+
+/// A write's cluster time, from the reply to the `insert` command.
+fn insert_at(d: &Live, coll: &str, docs: Vec<Document>) -> Timestamp {
+    let reply = d
+        .wait(
+            d.client
+                .database(&d.db)
+                .run_command(doc! { "insert": coll, "documents": docs }),
+        )
+        .expect("insert");
+    reply.get_timestamp("operationTime").expect("operationTime")
+}
+
+fn operator(d: &Live, args: &[&str]) -> Output {
+    support::handoff()
+        .args(args)
+        .env("MONGODB_URI", d.uri())
+        .env("SOURCE_DATABASE", &d.db)
+        .output()
+        .expect("run handoff")
+}
+
+fn json_of(output: &Output) -> Value {
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "stderr: {}",
+        support::stderr(output)
+    );
+    serde_json::from_slice(&output.stdout).expect("one JSON document on stdout")
+}
+
+fn time_of(value: &Value) -> (u64, u64) {
+    (
+        value["t"].as_u64().expect("seconds"),
+        value["i"].as_u64().expect("increment"),
+    )
+}
+
+fn audit_records(d: &Live) -> Vec<Document> {
+    d.wait(async {
+        d.coll(AUDIT)
+            .find(doc! {})
+            .await
+            .expect("find")
+            .try_collect::<Vec<_>>()
+            .await
+    })
+    .expect("audit records")
+}
+
+fn outbox(d: &Live) -> Vec<Document> {
+    d.wait(async {
+        d.coll(OUTBOX)
+            .find(doc! {})
+            .await
+            .expect("find")
+            .try_collect::<Vec<_>>()
+            .await
+    })
+    .expect("outbox")
+}
+
+#[test]
+fn status_reports_position_lag_margin_and_outbox_against_known_times() {
+    let d = sim(10_000);
+    // The first write of a fresh server: the oldest entry of its oplog.
+    let first = insert_at(&d, "marker", vec![doc! { "_id": 1 }]);
+    support::ok(&d.run(&[]));
+    std::thread::sleep(Duration::from_millis(2_100));
+    let inserted = insert_at(&d, "orders", (0..3).map(|i| doc! { "_id": i }).collect());
+    let run = support::ok(&d.run(&[]));
+    assert_eq!(run["events_handed_off"], 3);
+
+    let status = json_of(&operator(&d, &["status", "--json"]));
+    assert_eq!(status["consumer"], CONSUMER);
+    assert_eq!(status["checkpoint"]["has_token"], true);
+    assert_eq!(status["checkpoint"]["mode"], "resumeAfter");
+    assert!(status["checkpoint"]["lease"].is_null(), "{status}");
+    assert_eq!(
+        time_of(&status["oldest_oplog_time"]),
+        (u64::from(first.time), u64::from(first.increment))
+    );
+    let checkpoint = time_of(&status["checkpoint_cluster_time"]);
+    // The idle watermark stands at or after the events it covers.
+    assert!(checkpoint >= (u64::from(inserted.time), u64::from(inserted.increment)));
+    let cluster = time_of(&status["cluster_time"]);
+    assert!(cluster >= checkpoint);
+    assert_eq!(
+        status["lag_seconds"].as_i64(),
+        Some(cluster.0 as i64 - checkpoint.0 as i64)
+    );
+    let margin = status["oplog_margin_seconds"].as_i64().expect("margin");
+    assert_eq!(margin, checkpoint.0 as i64 - i64::from(first.time));
+    assert!(margin >= 2, "{status}");
+    assert_eq!(status["estimated_gap_seconds"], 0);
+    assert_eq!(status["outbox"]["records"], 3);
+    assert_eq!(
+        time_of(&status["outbox"]["last_record_cluster_time"]),
+        (u64::from(inserted.time), u64::from(inserted.increment))
+    );
+
+    // The human view names every figure and never a token.
+    let human = operator(&d, &["status"]);
+    assert_eq!(human.status.code(), Some(0));
+    let text = String::from_utf8_lossy(&human.stdout);
+    for label in [
+        "checkpoint at",
+        "lag",
+        "oldest in oplog",
+        "oplog margin",
+        "3 records",
+    ] {
+        assert!(text.contains(label), "{label} missing: {text}");
+    }
+    let token = d
+        .checkpoint()
+        .expect("checkpoint")
+        .get_document("token")
+        .expect("token")
+        .get_str("_data")
+        .expect("_data")
+        .to_string();
+    assert!(!text.contains(&token) && !String::from_utf8_lossy(&human.stderr).contains(&token));
+
+    // --min-margin: a margin large enough passes, a larger one asks for attention.
+    assert_eq!(
+        operator(&d, &["status", "--min-margin", "1s"])
+            .status
+            .code(),
+        Some(0)
+    );
+    let short = operator(&d, &["status", "--min-margin", "6h"]);
+    assert_eq!(short.status.code(), Some(16), "{}", support::stderr(&short));
+    assert!(support::stderr(&short).contains("under --min-margin"));
+
+    // The HTML report is written, self-contained.
+    let dir = tempfile::tempdir().expect("temporary folder");
+    let html = dir.path().join("status.html");
+    let written = operator(&d, &["status", "--html", html.to_str().expect("path")]);
+    assert_eq!(written.status.code(), Some(0));
+    let page = std::fs::read_to_string(&html).expect("report");
+    assert!(page.contains("oplog margin") && !page.contains("<script"));
+}
+
+#[test]
+fn status_of_a_consumer_that_never_ran_says_so_and_margin_is_unknown() {
+    let d = sim(1_000);
+    let status = json_of(&operator(&d, &["status", "--json"]));
+    assert!(status["checkpoint"].is_null(), "{status}");
+    assert!(status["lag_seconds"].is_null());
+    assert_eq!(status["outbox"]["records"], 0);
+    let unknown = operator(&d, &["status", "--min-margin", "1s"]);
+    assert_eq!(unknown.status.code(), Some(16));
+    assert!(support::stderr(&unknown).contains("unknown"));
+    // Bad input is refused before anything is read.
+    let bad = operator(&d, &["status", "--consumer-id", "no spaces"]);
+    assert_eq!(bad.status.code(), Some(2));
+    let bad = operator(&d, &["status", "--min-margin", "soon"]);
+    assert_eq!(bad.status.code(), Some(2));
+}
+
+#[test]
+fn every_run_reports_lag_age_and_margin_as_outputs_and_gauges() {
+    let d = sim(10_000);
+    let first = insert_at(&d, "marker", vec![doc! { "_id": 1 }]);
+    support::ok(&d.run(&[]));
+    std::thread::sleep(Duration::from_millis(1_100));
+    insert_at(&d, "orders", vec![doc! { "_id": 1 }]);
+    let output = d.run(&[]);
+    let outputs = support::ok(&output);
+    let lag = outputs["lag_seconds"].as_i64().expect("lag");
+    assert!((0..=5).contains(&lag), "{outputs}");
+    let age = outputs["checkpoint_age_seconds"].as_i64().expect("age");
+    assert!((-5..=5).contains(&age), "{outputs}");
+    let checkpoint = d.checkpoint().expect("checkpoint");
+    let token = checkpoint.get_document("token").expect("token");
+    let at = handoff::domain::token::cluster_time(token).expect("token time");
+    assert_eq!(
+        outputs["oplog_margin_seconds"].as_i64(),
+        Some(i64::from(at.time) - i64::from(first.time))
+    );
+    for name in [
+        "lag_seconds",
+        "checkpoint_age_seconds",
+        "oplog_margin_seconds",
+    ] {
+        assert_eq!(support::metric(&output, name), outputs[name], "{name}");
+    }
+    let metrics = support::protocol_line(&output, "metrics");
+    for m in metrics.as_array().expect("metrics") {
+        assert_eq!(
+            m["tags"],
+            serde_json::json!({ "consumer": CONSUMER }),
+            "{m}"
+        );
+    }
+}
+
+#[test]
+fn lost_history_carries_evidence_and_an_audited_reset_recovers() {
+    let d = sim(8);
+    support::ok(&d.run(&[]));
+    let before = d.checkpoint().expect("checkpoint");
+    insert_at(&d, "orders", (0..20).map(|i| doc! { "_id": i }).collect());
+    let output = d.run(&[]);
+    let failed = support::fails(&output, 6, "ChangeStreamHistoryLost");
+    let evidence = &failed["evidence"];
+    assert!(
+        evidence["checkpoint_cluster_time"]["t"].is_u64(),
+        "{failed}"
+    );
+    assert!(evidence["oldest_oplog_time"]["t"].is_u64(), "{failed}");
+    assert!(evidence["estimated_gap_seconds"].is_i64(), "{failed}");
+    assert!(
+        time_of(&evidence["checkpoint_cluster_time"]) < time_of(&evidence["oldest_oplog_time"]),
+        "{failed}"
+    );
+    let next: Vec<&str> = evidence["next_commands"]
+        .as_array()
+        .expect("next commands")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(
+        next.iter().any(|c| c.starts_with("handoff status")),
+        "{next:?}"
+    );
+    assert!(
+        next.iter()
+            .any(|c| c.contains("checkpoint reset") && c.contains("--to now")),
+        "{next:?}"
+    );
+    let guidance = failed["guidance"].as_str().expect("guidance");
+    assert!(
+        guidance.contains("Evidence: checkpoint at cluster time"),
+        "{guidance}"
+    );
+    assert!(guidance.contains("Next: handoff status"), "{guidance}");
+    assert!(support::stderr(&output).contains("oldest oplog entry"));
+
+    // A dry run shows the move and writes nothing.
+    let reset = ["checkpoint", "reset", "--to", "now"];
+    let dry = json_of(&operator(
+        &d,
+        &[&reset[..], &["--dry-run", "--json"]].concat(),
+    ));
+    assert_eq!(dry["applied"], false);
+    assert_eq!(dry["to"]["mode"], "resumeAfter");
+    assert!(dry["gap_seconds"].is_i64(), "{dry}");
+    assert_eq!(
+        d.checkpoint().expect("checkpoint").get("token"),
+        before.get("token")
+    );
+    assert!(audit_records(&d).is_empty());
+
+    // A reason is required.
+    let unexplained = operator(&d, &reset);
+    assert_eq!(unexplained.status.code(), Some(2));
+    assert!(support::stderr(&unexplained).contains("--reason"));
+    assert!(audit_records(&d).is_empty());
+
+    // The reset: checkpoint moved, revision counted, audit record in place.
+    let applied = json_of(&operator(
+        &d,
+        &[&reset[..], &["--reason", "history lost in test", "--json"]].concat(),
+    ));
+    assert_eq!(applied["applied"], true);
+    let after = d.checkpoint().expect("checkpoint");
+    assert_ne!(after.get("token"), before.get("token"));
+    assert_eq!(
+        after.get_i64("revision").expect("revision"),
+        before.get_i64("revision").expect("revision") + 1
+    );
+    let records = audit_records(&d);
+    assert_eq!(records.len(), 1);
+    let record = &records[0];
+    assert_eq!(record.get_str("reason").ok(), Some("history lost in test"));
+    assert_eq!(record.get_str("consumer").ok(), Some(CONSUMER));
+    assert!(
+        record
+            .get_str("command")
+            .expect("command")
+            .contains("--to now")
+    );
+    assert!(!record.get_str("by").expect("by").is_empty());
+    assert!(record.get_datetime("at").is_ok());
+    for key in ["from", "to", "evidence"] {
+        assert!(record.get_document(key).is_ok(), "{key}: {record}");
+    }
+    assert!(
+        record
+            .get_document("evidence")
+            .expect("evidence")
+            .contains_key("gap_seconds"),
+        "{record}"
+    );
+
+    // The consumer runs again from there.
+    support::ok(&d.run(&[]));
+    insert_at(&d, "orders", vec![doc! { "_id": 100 }]);
+    let run = support::ok(&d.run(&[]));
+    assert_eq!(run["events_handed_off"], 1);
+    assert_eq!(outbox(&d).len(), 1);
+}
+
+#[test]
+fn a_reset_to_a_time_hands_off_from_that_time() {
+    let d = sim(10_000);
+    insert_at(&d, "orders", vec![doc! { "_id": "early" }]);
+    std::thread::sleep(Duration::from_millis(1_100));
+    let later = insert_at(&d, "orders", vec![doc! { "_id": "late" }]);
+    // The consumer starts after both writes: neither is handed off.
+    support::ok(&d.run(&[]));
+    assert!(outbox(&d).is_empty());
+    let at = format!("{}.{}", later.time, later.increment);
+    let out = operator(
+        &d,
+        &[
+            "checkpoint",
+            "reset",
+            "--to-time",
+            &at,
+            "--reason",
+            "replay the late write",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", support::stderr(&out));
+    let run = support::ok(&d.run(&[]));
+    assert_eq!(run["events_handed_off"], 1);
+    let records = outbox(&d);
+    assert_eq!(records.len(), 1);
+    let key = records[0]
+        .get_document("event")
+        .and_then(|e| e.get_document("documentKey"))
+        .and_then(|k| k.get_str("_id"))
+        .expect("document key");
+    assert_eq!(key, "late");
+}
+
+#[test]
+fn a_reset_is_refused_while_a_run_holds_the_consumer_or_on_bad_input() {
+    let d = sim(1_000);
+    support::ok(&d.run(&[]));
+    let before = d.checkpoint().expect("checkpoint");
+    let until = bson::DateTime::from_millis(bson::DateTime::now().timestamp_millis() + 60_000);
+    d.wait(d.coll(CHECKPOINTS).update_one(
+        doc! { "_id": CONSUMER },
+        doc! { "$set": { "owner": "another-run", "leaseUntil": until } },
+    ))
+    .expect("lease");
+    let held = operator(&d, &["checkpoint", "reset", "--to", "now", "--reason", "x"]);
+    assert_eq!(held.status.code(), Some(3), "{}", support::stderr(&held));
+    assert!(support::stderr(&held).contains("holds this consumer"));
+
+    for bad in [
+        &[
+            "checkpoint",
+            "reset",
+            "--to-time",
+            "yesterday",
+            "--reason",
+            "x",
+        ][..],
+        &[
+            "checkpoint",
+            "reset",
+            "--to-token",
+            "{\"x\": 1}",
+            "--reason",
+            "x",
+        ],
+        &[
+            "checkpoint",
+            "reset",
+            "--to-token",
+            "not json",
+            "--reason",
+            "x",
+        ],
+        &["checkpoint", "reset", "--to", "later", "--reason", "x"],
+        &["checkpoint", "reset", "--reason", "x"],
+        &[
+            "checkpoint",
+            "reset",
+            "--to",
+            "now",
+            "--reason",
+            "x",
+            "--audit-collection",
+            OUTBOX,
+        ],
+    ] {
+        let out = operator(&d, bad);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{bad:?}: {}",
+            support::stderr(&out)
+        );
+    }
+    let after = d.checkpoint().expect("checkpoint");
+    assert_eq!(after.get("token"), before.get("token"));
+    assert!(audit_records(&d).is_empty());
+}
