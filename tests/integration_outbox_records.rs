@@ -396,6 +396,7 @@ fn a_run_needs_only_the_documented_privileges() {
                     CHECKPOINTS => "checkpoint",
                     OUTBOX => "outbox",
                     QUARANTINE => "quarantine",
+                    "oplog.rs" => "oplog",
                     other => panic!("handoff sent {name} on {other}"),
                 };
                 assert!(
@@ -456,6 +457,7 @@ fn least_privileged_user(live: &Live, uri: &str) -> String {
             {"resource": collection(CHECKPOINTS), "actions": ["find", "insert", "update"]},
             {"resource": collection(OUTBOX), "actions": ["find", "insert"]},
             {"resource": collection(QUARANTINE), "actions": ["find", "insert"]},
+            {"resource": {"db": "local", "collection": "oplog.rs"}, "actions": ["find"]},
         ],
         "roles": [],
     }))

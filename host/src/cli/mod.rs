@@ -220,7 +220,7 @@ enum Command {
 
 fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("HANDOFF_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,handoff::progress=info"));
     // Colours only on a terminal: a workflow engine stores the bytes as they are.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)

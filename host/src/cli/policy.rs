@@ -293,6 +293,17 @@ fn test(
     if human {
         println!("policy {} ({})", source.origin, &source.sha256[..16]);
     }
+    // Human output prints a line per case already; the machine formats keep stdout clean, so
+    // their progress goes to stderr (a terminal line, or structured log lines).
+    let progress = handoff::operate::progress::Progress::to(
+        "policy test",
+        Some(chosen.len() as u64),
+        if human {
+            handoff::operate::progress::Sink::Hidden
+        } else {
+            handoff::operate::progress::Sink::detect()
+        },
+    );
     let mut summary = Summary {
         policy: source.origin.clone(),
         policy_sha256: source.sha256.clone(),
@@ -347,7 +358,9 @@ fn test(
             verdict,
             seconds,
         });
+        progress.add(1);
     }
+    progress.finish();
     match format {
         TestFormat::Human => println!("{} passed, {} failed", summary.passed(), summary.failed()),
         TestFormat::Json => println!("{}", summary.json()),
