@@ -16,8 +16,12 @@ pub struct Config {
     pub set_name: String,
     /// `settings.replicaSetId`; a new one per server when `None`.
     pub replica_set_id: Option<ObjectId>,
-    /// How many change events the history retains.
+    /// How many change events the history retains (and `local.oplog.rs` shows).
     pub history_limit: usize,
+    /// How long committed states stay readable with `readConcern: {level: "snapshot",
+    /// atClusterTime}` (MongoDB's `minSnapshotHistoryWindowInSeconds`); zero keeps only the
+    /// current state.
+    pub snapshot_history: Duration,
     /// `host:port` to advertise in `hello`; `127.0.0.1:<port>` when `None`.
     pub advertised_host: Option<String>,
     /// Larger messages close the connection.
@@ -37,6 +41,7 @@ impl Default for Config {
             set_name: "rs0".to_string(),
             replica_set_id: None,
             history_limit: 100_000,
+            snapshot_history: Duration::from_secs(300),
             advertised_host: None,
             max_message_bytes: 48_000_000,
             max_wire_version: 25,

@@ -2,7 +2,7 @@
 
 use std::collections::VecDeque;
 
-use bson::Document;
+use bson::{Document, Timestamp};
 
 use crate::namespace::Namespace;
 use crate::oplog::TokenKey;
@@ -13,6 +13,9 @@ use crate::stages::Pipeline;
 pub struct FindCursor {
     pub ns: String,
     pub docs: VecDeque<Document>,
+    /// The cluster time of the snapshot a `readConcern: {level: "snapshot"}` read saw; every
+    /// batch reports it.
+    pub at_cluster_time: Option<Timestamp>,
 }
 
 /// An open cursor of either kind.

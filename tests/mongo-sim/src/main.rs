@@ -25,9 +25,13 @@ struct Args {
     /// `settings.replicaSetId` as 24 hex digits (random when omitted).
     #[arg(long)]
     replica_set_id: Option<String>,
-    /// How many change events the history retains.
+    /// How many change events the history retains (and `local.oplog.rs` shows).
     #[arg(long, default_value_t = 100_000)]
     history_limit: usize,
+    /// Seconds of committed states kept for snapshot reads at an earlier cluster time
+    /// (`readConcern: {level: "snapshot", atClusterTime}`); 0 keeps only the current state.
+    #[arg(long, default_value_t = 300)]
+    snapshot_history_seconds: u64,
     /// Answer as a standalone server instead of a replica-set primary.
     #[arg(long)]
     standalone: bool,
@@ -66,6 +70,7 @@ async fn main() -> anyhow::Result<()> {
         set_name: args.set_name,
         replica_set_id,
         history_limit: args.history_limit,
+        snapshot_history: std::time::Duration::from_secs(args.snapshot_history_seconds),
         advertised_host: args.advertise,
         max_message_bytes: args.max_message_bytes,
         max_wire_version: args.max_wire_version,

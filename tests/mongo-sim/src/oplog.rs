@@ -362,6 +362,16 @@ impl Oplog {
         self.entries.partition_point(|e| e.key() <= after)
     }
 
+    /// Index of the first entry whose cluster time is at or after `ts` (`inclusive`) or after
+    /// it.
+    pub fn index_of_time(&self, ts: Timestamp, inclusive: bool) -> usize {
+        let key = (ts.time, ts.increment);
+        self.entries.partition_point(|e| {
+            let t = (e.ts.time, e.ts.increment);
+            if inclusive { t < key } else { t <= key }
+        })
+    }
+
     pub fn get(&self, index: usize) -> Option<&OplogEntry> {
         self.entries.get(index)
     }

@@ -40,7 +40,7 @@ impl Server {
             me,
             replica_set_id,
             election_id: ObjectId::from_bytes([0x7f, 0xff, 0xff, 0xff, 0, 0, 0, 0, 0, 0, 0, 1]),
-            state: Mutex::new(State::new(config.history_limit)),
+            state: Mutex::new(State::new(config.history_limit, config.snapshot_history)),
             history_grew: Default::default(),
             txn_ended: Default::default(),
             failpoints: Mutex::new(FailPoints::default()),

@@ -76,10 +76,12 @@ pub struct Parts<'a> {
 }
 
 impl State {
-    pub fn new(history_limit: usize) -> Self {
+    /// State keeping `history_limit` change events and `snapshot_history` of committed states.
+    pub fn new(history_limit: usize, snapshot_history: Duration) -> Self {
+        let oplog = Oplog::new(history_limit);
         State {
-            store: Store::default(),
-            oplog: Oplog::new(history_limit),
+            store: Store::new(snapshot_history, oplog.cluster_time()),
+            oplog,
             sessions: HashMap::new(),
             active: BTreeMap::new(),
             cursors: HashMap::new(),

@@ -1,13 +1,16 @@
-//! In-memory collections with multi-version documents for snapshot-isolated transactions.
+//! In-memory collections with multi-version documents for snapshot-isolated transactions and
+//! reads at an earlier cluster time.
 //!
 //! Every committed write gets a commit sequence number; each document keeps the versions that
-//! open transactions may still read. A transaction reads at the sequence number current when it
-//! started, stages its writes privately and holds the documents it wrote until it ends.
+//! open transactions may still read, and those of the last `snapshot_history` seconds (see
+//! [`SnapshotHistory`]). A transaction reads at the sequence number current when it started,
+//! stages its writes privately and holds the documents it wrote until it ends.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
+use std::time::Duration;
 
-use bson::{Binary, Bson, Document, spec::BinarySubtype};
+use bson::{Binary, Bson, Document, Timestamp, spec::BinarySubtype};
 
 use crate::error::CommandError;
 use crate::namespace::Namespace;
@@ -25,48 +28,56 @@ pub struct Version {
 pub struct DocEntry {
     /// Insertion position in the collection (natural order).
     pub record: u64,
-    pub versions: Vec<Version>,
+    /// Oldest first.
+    pub versions: VecDeque<Version>,
     /// The transaction that has written this document and not yet ended.
     pub held_by: Option<u64>,
 }
 
 impl DocEntry {
     pub fn latest(&self) -> Option<&Arc<Document>> {
-        self.versions.last().and_then(|v| v.doc.as_ref())
+        self.versions.back().and_then(|v| v.doc.as_ref())
     }
 
     pub fn latest_seq(&self) -> u64 {
-        self.versions.last().map(|v| v.seq).unwrap_or(0)
+        self.versions.back().map(|v| v.seq).unwrap_or(0)
     }
 
     pub fn at(&self, snapshot: u64) -> Option<&Arc<Document>> {
-        self.versions
-            .iter()
-            .rev()
-            .find(|v| v.seq <= snapshot)
+        if let Some(last) = self.versions.back()
+            && last.seq <= snapshot
+        {
+            return last.doc.as_ref();
+        }
+        let n = self.versions.partition_point(|v| v.seq <= snapshot);
+        n.checked_sub(1)
+            .and_then(|i| self.versions.get(i))
             .and_then(|v| v.doc.as_ref())
     }
 
-    /// Drops versions no open snapshot can read.
+    /// Drops versions no reader at `min_snapshot` or later can read.
     fn prune(&mut self, min_snapshot: u64) {
-        let keep_from = self
-            .versions
-            .iter()
-            .rposition(|v| v.seq <= min_snapshot)
-            .unwrap_or(0);
-        if keep_from > 0 {
-            self.versions.drain(..keep_from);
+        if self.versions.len() < 2 || self.versions[1].seq > min_snapshot {
+            return;
         }
+        let n = self.versions.partition_point(|v| v.seq <= min_snapshot);
+        self.versions.drain(..n - 1);
     }
 
     /// True when the entry carries nothing anyone can see.
     fn is_dead(&self, min_snapshot: u64) -> bool {
         self.held_by.is_none()
-            && match self.versions.as_slice() {
-                [] => true,
-                [only] => only.doc.is_none() && only.seq <= min_snapshot,
+            && match self.versions.len() {
+                0 => true,
+                1 => self.versions[0].doc.is_none() && self.versions[0].seq <= min_snapshot,
                 _ => false,
             }
+    }
+
+    /// True when the entry keeps more than its current document: older versions, or the
+    /// deletion that ended it.
+    fn has_history(&self) -> bool {
+        self.versions.len() > 1 || self.versions.front().is_some_and(|v| v.doc.is_none())
     }
 }
 
@@ -148,6 +159,20 @@ pub struct Txn {
     pub events: Vec<PendingEvent>,
 }
 
+impl Txn {
+    /// A reader of the committed state at `snapshot` outside any transaction: it writes and
+    /// holds nothing (id 0 is never a transaction's).
+    pub fn reader(snapshot: u64) -> Txn {
+        Txn {
+            id: 0,
+            txn_number: -1,
+            snapshot,
+            writes: HashMap::new(),
+            events: Vec::new(),
+        }
+    }
+}
+
 /// Why a write statement could not be applied.
 #[derive(Debug)]
 pub enum WriteError {
@@ -171,14 +196,161 @@ pub struct Change {
     pub event: EventKind,
 }
 
-#[derive(Debug, Default)]
+/// The committed states kept for reads at an earlier cluster time (`readConcern: {level:
+/// "snapshot", atClusterTime}` outside a transaction).
+///
+/// Every commit is recorded with its cluster time. The state at a cluster time `T` is the one
+/// the last commit at or before `T` left. A commit's state stays readable until the next commit
+/// is older than the window; the front of `commits` is therefore the oldest readable state and
+/// its time the oldest readable cluster time. Versions older than it are pruned: those of a
+/// document written again at once, the others when the sweep of `revisit` reaches them.
+#[derive(Debug)]
+pub struct SnapshotHistory {
+    /// Seconds of history kept; 0 keeps only the current state.
+    window_secs: u64,
+    /// `(cluster time, commit sequence number)`, oldest first; never empty.
+    commits: VecDeque<(Timestamp, u64)>,
+    /// Documents left with older versions or a deletion by the commit with this sequence
+    /// number, to prune once no reader can need them.
+    revisit: VecDeque<(u64, Namespace, DocKey)>,
+}
+
+impl SnapshotHistory {
+    /// History of `window`, starting empty at `start` (sequence number 0).
+    pub fn new(window: Duration, start: Timestamp) -> Self {
+        SnapshotHistory {
+            window_secs: window.as_secs(),
+            commits: VecDeque::from([(start, 0)]),
+            revisit: VecDeque::new(),
+        }
+    }
+
+    /// The oldest cluster time a read can still be served at.
+    pub fn oldest(&self) -> Timestamp {
+        self.commits
+            .front()
+            .map(|(ts, _)| *ts)
+            .unwrap_or(Timestamp {
+                time: 0,
+                increment: 0,
+            })
+    }
+
+    /// The commit sequence number of the state at cluster time `ts`; `None` when that state is
+    /// no longer kept.
+    pub fn seq_at(&self, ts: Timestamp) -> Option<u64> {
+        let key = (ts.time, ts.increment);
+        let n = self
+            .commits
+            .partition_point(|(t, _)| (t.time, t.increment) <= key);
+        n.checked_sub(1)
+            .and_then(|i| self.commits.get(i))
+            .map(|(_, seq)| *seq)
+    }
+
+    /// How many commits (and documents to revisit) the history holds.
+    pub fn retained(&self) -> (usize, usize) {
+        (self.commits.len(), self.revisit.len())
+    }
+
+    fn keeps_history(&self) -> bool {
+        self.window_secs > 0
+    }
+
+    /// Versions at or after this sequence number must be kept for readers of the history.
+    fn keep_from(&self) -> u64 {
+        if !self.keeps_history() {
+            return u64::MAX;
+        }
+        self.commits.front().map(|(_, seq)| *seq).unwrap_or(0)
+    }
+
+    /// Records a commit, forgetting the states that are now older than the window.
+    fn record(&mut self, ts: Timestamp, seq: u64) {
+        self.commits.push_back((ts, seq));
+        self.forget(now_secs());
+    }
+
+    /// Forgets the states no read within the window (seconds before `now`) can need: those
+    /// followed by a commit at least that old.
+    fn forget(&mut self, now: u64) {
+        while self.commits.len() > 1
+            && self
+                .commits
+                .get(1)
+                .is_some_and(|(next, _)| u64::from(next.time) + self.window_secs <= now)
+        {
+            self.commits.pop_front();
+        }
+    }
+}
+
+fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+#[derive(Debug)]
 pub struct Store {
     pub collections: BTreeMap<Namespace, Collection>,
     /// Sequence number of the latest commit.
     pub seq: u64,
+    pub history: SnapshotHistory,
 }
 
 impl Store {
+    /// An empty store keeping `snapshot_history` of committed states from cluster time `start`.
+    pub fn new(snapshot_history: Duration, start: Timestamp) -> Self {
+        Store {
+            collections: BTreeMap::new(),
+            seq: 0,
+            history: SnapshotHistory::new(snapshot_history, start),
+        }
+    }
+
+    /// Versions at or after this sequence number must be kept: open transactions read at
+    /// `min_snapshot` or later, readers of the history at `history.keep_from()` or later.
+    fn keep_bound(&self, min_snapshot: u64) -> u64 {
+        min_snapshot.min(self.history.keep_from())
+    }
+
+    /// Notes that the commit `seq` left this document with history to prune later.
+    fn note_history(&mut self, seq: u64, ns: Namespace, key: DocKey) {
+        if self.history.keeps_history() {
+            self.history.revisit.push_back((seq, ns, key));
+        }
+    }
+
+    /// Prunes the documents whose older versions no reader can need any more.
+    fn sweep(&mut self, min_snapshot: u64) {
+        let bound = self.keep_bound(min_snapshot);
+        while self
+            .history
+            .revisit
+            .front()
+            .is_some_and(|(seq, _, _)| *seq <= bound)
+        {
+            let Some((_, ns, key)) = self.history.revisit.pop_front() else {
+                break;
+            };
+            if let Some(coll) = self.collections.get_mut(&ns)
+                && let Some(entry) = coll.docs.get_mut(&key)
+            {
+                entry.prune(bound);
+                if entry.is_dead(bound) {
+                    coll.docs.remove(&key);
+                }
+            }
+        }
+    }
+
+    /// The commit sequence number a read at cluster time `at` sees, or why it cannot be served.
+    pub fn seq_at(&self, at: Timestamp) -> Option<u64> {
+        self.history.seq_at(at)
+    }
+
     pub fn collection(&self, ns: &Namespace) -> Option<&Collection> {
         self.collections.get(ns)
     }
@@ -359,20 +531,29 @@ impl Store {
             None => {
                 self.seq += 1;
                 let seq = self.seq;
+                let bound = self.keep_bound(min_snapshot);
                 let mut events = Vec::with_capacity(changes.len());
                 for c in changes {
                     let (created, pending) = self.pending_event(&c, None);
                     events.extend(created);
+                    events.push(pending);
                     let coll = self.ensure_collection(&c.ns);
                     let entry = coll.entry_mut(c.key.clone());
-                    entry.versions.push(Version { seq, doc: c.new });
-                    entry.prune(min_snapshot);
-                    if entry.is_dead(min_snapshot) {
+                    entry.versions.push_back(Version { seq, doc: c.new });
+                    entry.prune(bound);
+                    let kept = if entry.is_dead(bound) {
                         coll.docs.remove(&c.key);
+                        false
+                    } else {
+                        entry.has_history()
+                    };
+                    if kept {
+                        self.note_history(seq, c.ns, c.key);
                     }
-                    events.push(pending);
                 }
-                oplog.append(events, None);
+                let ts = oplog.append(events, None);
+                self.history.record(ts, seq);
+                self.sweep(min_snapshot);
             }
         }
         Ok(())
@@ -425,29 +606,41 @@ impl Store {
                 coll.created_by = None;
             }
         }
-        if !txn.writes.is_empty() {
+        let wrote = !txn.writes.is_empty();
+        if wrote {
             self.seq += 1;
         }
         let seq = self.seq;
+        let bound = self.keep_bound(min_snapshot);
         for ((ns, key), doc) in txn.writes {
             let coll = self.ensure_collection(&ns);
             let entry = coll.entry_mut(key.clone());
-            entry.versions.push(Version { seq, doc });
+            entry.versions.push_back(Version { seq, doc });
             if entry.held_by == Some(txn.id) {
                 entry.held_by = None;
             }
-            entry.prune(min_snapshot);
-            if entry.is_dead(min_snapshot) {
+            entry.prune(bound);
+            let kept = if entry.is_dead(bound) {
                 coll.docs.remove(&key);
+                false
+            } else {
+                entry.has_history()
+            };
+            if kept {
+                self.note_history(seq, ns, key);
             }
         }
-        if !txn.events.is_empty() {
-            oplog.append(txn.events, Some(info));
+        let ts = (!txn.events.is_empty()).then(|| oplog.append(txn.events, Some(info)));
+        if wrote {
+            let ts = ts.unwrap_or_else(|| oplog.tick());
+            self.history.record(ts, seq);
+            self.sweep(min_snapshot);
         }
     }
 
     /// Releases a transaction's holds and discards its writes.
     pub fn abort(&mut self, txn: Txn, min_snapshot: u64) {
+        let min_snapshot = self.keep_bound(min_snapshot);
         let id = txn.id;
         self.collections.retain(|_, c| c.created_by != Some(id));
         for (ns, key) in txn.writes.into_keys() {
@@ -493,5 +686,122 @@ pub fn pinned_id(filter: &Document) -> Option<&Bson> {
         // Arrays and null match by element or absence; leave them to the matcher.
         Bson::Array(_) | Bson::Null => None,
         v => Some(v),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ts(time: u32, increment: u32) -> Timestamp {
+        Timestamp { time, increment }
+    }
+
+    fn insert(ns: &Namespace, id: i32, v: i32) -> Change {
+        let doc = Arc::new(bson::doc! {"_id": id, "v": v});
+        Change {
+            ns: ns.clone(),
+            key: doc_key(&Bson::Int32(id)),
+            new: Some(doc.clone()),
+            event: EventKind::Insert {
+                id: Bson::Int32(id),
+                doc,
+            },
+        }
+    }
+
+    fn delete(ns: &Namespace, id: i32) -> Change {
+        Change {
+            ns: ns.clone(),
+            key: doc_key(&Bson::Int32(id)),
+            new: None,
+            event: EventKind::Delete {
+                id: Bson::Int32(id),
+            },
+        }
+    }
+
+    #[test]
+    fn the_history_maps_cluster_times_to_states_and_forgets_old_ones() {
+        let mut h = SnapshotHistory::new(Duration::from_secs(10), ts(100, 0));
+        h.commits.push_back((ts(105, 1), 1));
+        h.commits.push_back((ts(105, 2), 2));
+        h.commits.push_back((ts(120, 1), 3));
+        assert_eq!(h.seq_at(ts(99, 9)), None);
+        assert_eq!(h.seq_at(ts(100, 0)), Some(0));
+        assert_eq!(h.seq_at(ts(105, 1)), Some(1));
+        assert_eq!(h.seq_at(ts(110, 0)), Some(2));
+        assert_eq!(h.seq_at(ts(130, 0)), Some(3));
+        // At 116 the state of (105, 2) is still needed for reads at 106..120.
+        h.forget(116);
+        assert_eq!(h.oldest(), ts(105, 2));
+        assert_eq!(h.keep_from(), 2);
+        assert_eq!(h.seq_at(ts(105, 1)), None);
+        // Long after, only the latest state remains.
+        h.forget(1_000);
+        assert_eq!(h.oldest(), ts(120, 1));
+        assert_eq!(h.retained().0, 1);
+    }
+
+    #[test]
+    fn versions_are_kept_within_the_window_and_swept_after() {
+        let ns = Namespace::new("d", "c");
+        let mut oplog = Oplog::new(100);
+        let mut store = Store::new(Duration::from_secs(300), oplog.cluster_time());
+        let none = u64::MAX;
+        store
+            .apply(
+                &mut oplog,
+                None,
+                vec![insert(&ns, 1, 1), insert(&ns, 2, 1)],
+                none,
+            )
+            .unwrap();
+        let first = store.seq;
+        let mut update = insert(&ns, 1, 2);
+        update.event = EventKind::Replace {
+            id: Bson::Int32(1),
+            doc: update.new.clone().unwrap(),
+        };
+        store.apply(&mut oplog, None, vec![update], none).unwrap();
+        store
+            .apply(&mut oplog, None, vec![delete(&ns, 2)], none)
+            .unwrap();
+        let key = |id: i32| doc_key(&Bson::Int32(id));
+        let coll = store.collection(&ns).unwrap();
+        // Both documents keep their history: the old version, the deletion.
+        assert_eq!(coll.docs[&key(1)].versions.len(), 2);
+        assert_eq!(coll.docs[&key(2)].versions.len(), 2);
+        let reader = Txn::reader(first);
+        assert_eq!(store.scan(&ns, Some(&reader)).len(), 2);
+        assert_eq!(store.scan(&ns, None).len(), 1);
+        assert_eq!(store.history.retained(), (4, 2));
+        // Once the window has passed, the sweep leaves only the current state.
+        store.history.forget(u64::MAX);
+        store.sweep(none);
+        assert_eq!(store.history.retained(), (1, 0));
+        let coll = store.collection(&ns).unwrap();
+        assert_eq!(coll.docs[&key(1)].versions.len(), 1);
+        assert!(!coll.docs.contains_key(&key(2)));
+        assert_eq!(store.seq_at(oplog.cluster_time()), Some(store.seq));
+        // An open transaction's snapshot holds versions back from the sweep.
+        let mut update = insert(&ns, 1, 3);
+        update.event = EventKind::Replace {
+            id: Bson::Int32(1),
+            doc: update.new.clone().unwrap(),
+        };
+        let held = store.seq;
+        store.apply(&mut oplog, None, vec![update], held).unwrap();
+        store.history.forget(u64::MAX);
+        store.sweep(held);
+        assert_eq!(
+            store.collection(&ns).unwrap().docs[&key(1)].versions.len(),
+            2
+        );
+        store.sweep(none);
+        assert_eq!(
+            store.collection(&ns).unwrap().docs[&key(1)].versions.len(),
+            1
+        );
     }
 }

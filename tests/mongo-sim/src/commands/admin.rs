@@ -141,14 +141,34 @@ pub fn repl_set_get_status(ctx: &Ctx<'_>) -> CmdResult<Document> {
     require_replica_set(ctx)?;
     let s = ctx.shared;
     let ts = s.lock().oplog.cluster_time();
+    // The single member has applied, made durable and majority-committed everything.
+    let optime = doc! {"ts": Bson::Timestamp(ts), "t": 1i64};
+    let wall = DateTime::from_millis(i64::from(ts.time) * 1000);
     Ok(doc! {
         "set": s.config.set_name.clone(),
         "date": DateTime::now(),
         "myState": 1,
         "term": 1i64,
+        "heartbeatIntervalMillis": 2000i64,
+        "majorityVoteCount": 1,
+        "writeMajorityCount": 1,
+        "votingMembersCount": 1,
+        "writableVotingMembersCount": 1,
+        "optimes": {
+            "lastCommittedOpTime": optime.clone(),
+            "lastCommittedWallTime": wall,
+            "readConcernMajorityOpTime": optime.clone(),
+            "appliedOpTime": optime.clone(),
+            "durableOpTime": optime.clone(),
+            "lastAppliedWallTime": wall,
+            "lastDurableWallTime": wall,
+        },
         "members": [{
             "_id": 0, "name": s.me.clone(), "health": 1.0, "state": 1, "stateStr": "PRIMARY",
-            "optime": {"ts": Bson::Timestamp(ts), "t": 1i64}, "self": true,
+            "optime": optime.clone(), "optimeDate": wall,
+            "optimeDurable": optime, "optimeDurableDate": wall,
+            "lastAppliedWallTime": wall, "lastDurableWallTime": wall,
+            "self": true,
         }],
     })
 }
@@ -165,6 +185,11 @@ pub fn server_status(ctx: &Ctx<'_>) -> Document {
         "opcounters": {"command": ctx.shared.commands_served.load(Ordering::Relaxed) as i64},
         "transactions": {"currentOpen": st.active.len() as i64},
         "changeHistory": {"retained": st.oplog.len() as i64},
+        "snapshotHistory": {
+            "commits": st.store.history.retained().0 as i64,
+            "pendingPrune": st.store.history.retained().1 as i64,
+            "oldestTimestamp": Bson::Timestamp(st.store.history.oldest()),
+        },
     }
 }
 

@@ -5,16 +5,16 @@ use std::pin::pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bson::{Bson, Document, doc, oid::ObjectId};
+use bson::{Bson, Document, Timestamp, doc, oid::ObjectId};
 
-use super::{Ctx, txn};
+use super::{Ctx, local, txn};
 use crate::cursor::{Cursor, FindCursor};
 use crate::error::{CmdResult, CommandError, MAX_BSON_OBJECT_SIZE};
 use crate::matcher;
 use crate::namespace::Namespace;
 use crate::oplog::EventKind;
 use crate::state::Parts;
-use crate::storage::{Change, WriteError};
+use crate::storage::{Change, Txn, WriteError};
 use crate::update::{self, UpdateSpec};
 use crate::values::{DocKey, cmp_values, doc_key};
 
@@ -233,8 +233,17 @@ fn matching(
     Ok(out)
 }
 
-fn sort_docs<T>(items: &mut [T], sort: &Document, doc_of: impl Fn(&T) -> &Document) {
+pub(super) fn sort_docs<T>(items: &mut [T], sort: &Document, doc_of: impl Fn(&T) -> &Document) {
     if sort.is_empty() {
+        return;
+    }
+    // Natural order is the order the documents come in.
+    if let Some(dir) = sort.get("$natural")
+        && sort.len() == 1
+    {
+        if crate::values::as_f64(dir).is_some_and(|n| n < 0.0) {
+            items.reverse();
+        }
         return;
     }
     items.sort_by(|a, b| {
@@ -548,28 +557,142 @@ pub fn project(doc: &Document, projection: &Document) -> CmdResult<Document> {
     crate::projection::project(doc, projection)
 }
 
-fn read_docs(ctx: &Ctx<'_>, ns: &Namespace, filter: &Document) -> CmdResult<Vec<Arc<Document>>> {
+/// The documents a read sees, and the cluster time of the snapshot it read at (readConcern
+/// level `snapshot` outside a transaction).
+struct Read {
+    docs: Vec<Arc<Document>>,
+    at: Option<Timestamp>,
+}
+
+fn show_ts(ts: Timestamp) -> String {
+    format!("Timestamp({}, {})", ts.time, ts.increment)
+}
+
+/// The snapshot a read outside a transaction asks for with `readConcern: {level: "snapshot",
+/// atClusterTime?}`: its cluster time (the current one when not given) and the commit sequence
+/// number of the state at that time. `None` for any other read concern.
+fn snapshot_point(ctx: &Ctx<'_>, st: &crate::state::State) -> CmdResult<Option<(Timestamp, u64)>> {
+    if ctx.in_txn() {
+        return Ok(None);
+    }
+    let rc = match ctx.cmd.get("readConcern") {
+        None | Some(Bson::Null) => return Ok(None),
+        Some(Bson::Document(rc)) => rc,
+        Some(_) => return Err(CommandError::type_mismatch("readConcern must be an object")),
+    };
+    let snapshot = matches!(rc.get("level"), Some(Bson::String(l)) if l == "snapshot");
+    let at = match rc.get("atClusterTime") {
+        None => None,
+        Some(Bson::Timestamp(t)) => Some(*t),
+        Some(_) => {
+            return Err(CommandError::type_mismatch(
+                "readConcern.atClusterTime must be a timestamp",
+            ));
+        }
+    };
+    if !snapshot {
+        if at.is_some() {
+            return Err(CommandError::new(
+                72,
+                "readConcern.atClusterTime is only valid with readConcern level 'snapshot'",
+            ));
+        }
+        return Ok(None);
+    }
+    if !ctx.shared.is_replica_set() {
+        return Err(CommandError::new(
+            20,
+            "Cannot specify snapshot readConcern without replication enabled",
+        ));
+    }
+    let current = st.oplog.cluster_time();
+    let at = at.unwrap_or(current);
+    if at.time == 0 && at.increment == 0 {
+        return Err(CommandError::new(
+            72,
+            "readConcern atClusterTime value must not be a null timestamp",
+        ));
+    }
+    if (at.time, at.increment) > (current.time, current.increment) {
+        return Err(CommandError::new(
+            72,
+            format!(
+                "readConcern atClusterTime value must not be greater than the current clusterTime. Requested clusterTime: {}; current clusterTime: {}",
+                show_ts(at),
+                show_ts(current)
+            ),
+        ));
+    }
+    match st.store.seq_at(at) {
+        Some(seq) => Ok(Some((at, seq))),
+        None => Err(CommandError::new(
+            239,
+            format!(
+                "Read timestamp {} is older than the oldest available timestamp {}.",
+                show_ts(at),
+                show_ts(st.store.history.oldest())
+            ),
+        )),
+    }
+}
+
+fn read_docs(ctx: &Ctx<'_>, ns: &Namespace, filter: &Document) -> CmdResult<Read> {
     let mut st = ctx.shared.lock();
+    let snapshot = snapshot_point(ctx, &st)?;
     let p = st.parts(ctx.txn_key());
     if ctx.in_txn() && p.txn.is_none() {
         let n = ctx.session.as_ref().and_then(|s| s.txn_number).unwrap_or(0);
         return Err(CommandError::no_such_transaction(n));
     }
-    Ok(matching(&p, ns, filter, None)?
-        .into_iter()
-        .map(|(_, d)| d)
-        .collect())
+    let reader = snapshot.map(|(_, seq)| Txn::reader(seq));
+    let view = p.txn.as_deref().or(reader.as_ref());
+    let mut docs = Vec::new();
+    for (_, d) in p.store.candidates(ns, filter, view) {
+        if matcher::matches(&d, filter)? {
+            docs.push(d);
+        }
+    }
+    Ok(Read {
+        docs,
+        at: snapshot.map(|(at, _)| at),
+    })
 }
 
-fn register_cursor(ctx: &Ctx<'_>, ns: String, rest: VecDeque<Document>) -> i64 {
+fn register_cursor(
+    ctx: &Ctx<'_>,
+    ns: String,
+    rest: VecDeque<Document>,
+    at_cluster_time: Option<Timestamp>,
+) -> i64 {
     if rest.is_empty() {
         return 0;
     }
     let mut st = ctx.shared.lock();
     let id = st.new_cursor_id();
-    st.cursors
-        .insert(id, Cursor::Find(FindCursor { ns, docs: rest }));
+    st.cursors.insert(
+        id,
+        Cursor::Find(FindCursor {
+            ns,
+            docs: rest,
+            at_cluster_time,
+        }),
+    );
     id
+}
+
+/// A cursor reply document: `{firstBatch|nextBatch, id, ns, atClusterTime?}`.
+fn cursor_doc(
+    batch_key: &str,
+    batch: Vec<Bson>,
+    id: i64,
+    ns: String,
+    at: Option<Timestamp>,
+) -> Document {
+    let mut c = doc! {batch_key: batch, "id": id, "ns": ns};
+    if let Some(at) = at {
+        c.insert("atClusterTime", at);
+    }
+    doc! {"cursor": c}
 }
 
 fn batch_size(v: Option<&Bson>) -> CmdResult<Option<usize>> {
@@ -580,37 +703,74 @@ fn batch_size(v: Option<&Bson>) -> CmdResult<Option<usize>> {
     }
 }
 
+/// A find's `skip`, `limit`, `singleBatch` and `batchSize`.
+pub(super) struct FindOptions {
+    pub(super) skip: usize,
+    /// 0: no limit.
+    pub(super) limit: usize,
+    pub(super) single: bool,
+    pub(super) batch: usize,
+}
+
+impl FindOptions {
+    pub(super) fn of(ctx: &Ctx<'_>) -> CmdResult<FindOptions> {
+        let skip = ctx.int_field("skip").unwrap_or(0).max(0) as usize;
+        let limit = ctx.int_field("limit").unwrap_or(0);
+        let single = ctx.bool_field("singleBatch", false) || limit < 0 || limit.abs() == 1;
+        Ok(FindOptions {
+            skip,
+            limit: limit.unsigned_abs() as usize,
+            single,
+            batch: batch_size(ctx.cmd.get("batchSize"))?.unwrap_or(DEFAULT_BATCH),
+        })
+    }
+}
+
+/// A find's reply: the first batch of `all` and a cursor for the rest.
+pub(super) fn find_reply(
+    ctx: &Ctx<'_>,
+    ns: &Namespace,
+    mut all: VecDeque<Document>,
+    options: &FindOptions,
+    at: Option<Timestamp>,
+) -> Document {
+    let first = take_batch(
+        &mut all,
+        if options.single {
+            usize::MAX
+        } else {
+            options.batch
+        },
+    );
+    let id = if options.single {
+        0
+    } else {
+        register_cursor(ctx, ns.to_string(), all, at)
+    };
+    cursor_doc("firstBatch", first, id, ns.to_string(), at)
+}
+
 pub fn find(ctx: &Ctx<'_>) -> CmdResult<Document> {
     let ns = ctx.ns()?;
+    if local::is_oplog(&ns) {
+        return local::find(ctx, &ns);
+    }
     let filter = opt_doc(&ctx.cmd, "filter")?;
     let sort = opt_doc(&ctx.cmd, "sort")?;
     let projection = opt_doc(&ctx.cmd, "projection")?;
-    let skip = ctx.int_field("skip").unwrap_or(0).max(0) as usize;
-    let limit = ctx.int_field("limit").unwrap_or(0);
-    let mut single = ctx.bool_field("singleBatch", false) || limit < 0;
-    let limit = limit.unsigned_abs() as usize;
-    let batch = batch_size(ctx.cmd.get("batchSize"))?.unwrap_or(DEFAULT_BATCH);
-    if limit == 1 {
-        single = true;
-    }
-    let mut docs = read_docs(ctx, &ns, &filter)?;
+    let options = FindOptions::of(ctx)?;
+    let Read { mut docs, at } = read_docs(ctx, &ns, &filter)?;
     sort_docs(&mut docs, &sort, |d| d);
-    let iter = docs.into_iter().skip(skip);
-    let mut all: VecDeque<Document> = if limit > 0 {
-        iter.take(limit)
+    let iter = docs.into_iter().skip(options.skip);
+    let all: VecDeque<Document> = if options.limit > 0 {
+        iter.take(options.limit)
             .map(|d| project(&d, &projection))
             .collect::<CmdResult<_>>()?
     } else {
         iter.map(|d| project(&d, &projection))
             .collect::<CmdResult<_>>()?
     };
-    let first = take_batch(&mut all, if single { usize::MAX } else { batch });
-    let id = if single {
-        0
-    } else {
-        register_cursor(ctx, ns.to_string(), all)
-    };
-    Ok(doc! {"cursor": {"firstBatch": first, "id": id, "ns": ns.to_string()}})
+    Ok(find_reply(ctx, &ns, all, &options, at))
 }
 
 pub fn count(ctx: &Ctx<'_>) -> CmdResult<Document> {
@@ -618,7 +778,18 @@ pub fn count(ctx: &Ctx<'_>) -> CmdResult<Document> {
     let filter = opt_doc(&ctx.cmd, "query")?;
     let skip = ctx.int_field("skip").unwrap_or(0).max(0) as usize;
     let limit = ctx.int_field("limit").unwrap_or(0).unsigned_abs() as usize;
-    let mut n = read_docs(ctx, &ns, &filter)?.len().saturating_sub(skip);
+    let found = if local::is_oplog(&ns) {
+        let mut n = 0;
+        for d in local::all(ctx)? {
+            if matcher::matches(&d, &filter)? {
+                n += 1;
+            }
+        }
+        n
+    } else {
+        read_docs(ctx, &ns, &filter)?.docs.len()
+    };
+    let mut n = found.saturating_sub(skip);
     if limit > 0 {
         n = n.min(limit);
     }
@@ -633,7 +804,8 @@ pub fn distinct(ctx: &Ctx<'_>) -> CmdResult<Document> {
         .map_err(|_| CommandError::failed_to_parse("'key' must be a string"))?;
     let filter = opt_doc(&ctx.cmd, "query")?;
     let mut values: Vec<Bson> = Vec::new();
-    for d in read_docs(ctx, &ns, &filter)? {
+    let read = read_docs(ctx, &ns, &filter)?;
+    for d in read.docs {
         for v in matcher::resolve(&d, key).into_iter().flatten() {
             let items: Vec<Bson> = match v {
                 Bson::Array(a) => a.clone(),
@@ -647,7 +819,11 @@ pub fn distinct(ctx: &Ctx<'_>) -> CmdResult<Document> {
         }
     }
     values.sort_by(cmp_values);
-    Ok(doc! {"values": values})
+    let mut reply = doc! {"values": values};
+    if let Some(at) = read.at {
+        reply.insert("atClusterTime", at);
+    }
+    Ok(reply)
 }
 
 /// A small aggregation subset: $match, $sort, $skip, $limit, $project, $count, and $group by
@@ -655,10 +831,15 @@ pub fn distinct(ctx: &Ctx<'_>) -> CmdResult<Document> {
 pub fn aggregate(ctx: &Ctx<'_>) -> CmdResult<Document> {
     let ns = ctx.ns()?;
     let pipeline: Vec<Document> = doc_array(ctx, "pipeline")?;
-    let mut docs: Vec<Document> = read_docs(ctx, &ns, &Document::new())?
-        .into_iter()
-        .map(|d| (*d).clone())
-        .collect();
+    let (mut docs, at): (Vec<Document>, _) = if local::is_oplog(&ns) {
+        (local::all(ctx)?, None)
+    } else {
+        let read = read_docs(ctx, &ns, &Document::new())?;
+        (
+            read.docs.into_iter().map(|d| (*d).clone()).collect(),
+            read.at,
+        )
+    };
     for stage in &pipeline {
         let Some((name, arg)) = stage.iter().next() else {
             return Err(CommandError::new(
@@ -714,8 +895,8 @@ pub fn aggregate(ctx: &Ctx<'_>) -> CmdResult<Document> {
     };
     let mut all: VecDeque<Document> = docs.into();
     let first = take_batch(&mut all, batch);
-    let id = register_cursor(ctx, ns.to_string(), all);
-    Ok(doc! {"cursor": {"firstBatch": first, "id": id, "ns": ns.to_string()}})
+    let id = register_cursor(ctx, ns.to_string(), all, at);
+    Ok(cursor_doc("firstBatch", first, id, ns.to_string(), at))
 }
 
 fn group(docs: &[Document], spec: &Document) -> CmdResult<Vec<Document>> {
@@ -783,13 +964,20 @@ pub fn get_more(ctx: &Ctx<'_>) -> CmdResult<Document> {
     };
     let next = take_batch(&mut c.docs, batch);
     let ns = c.ns.clone();
+    let at = c.at_cluster_time;
     let done = c.docs.is_empty();
     if done {
         st.cursors.remove(&id);
     } else {
         st.touch_cursor(id);
     }
-    Ok(doc! {"cursor": {"nextBatch": next, "id": if done { 0 } else { id }, "ns": ns}})
+    Ok(cursor_doc(
+        "nextBatch",
+        next,
+        if done { 0 } else { id },
+        ns,
+        at,
+    ))
 }
 
 /// The next batch of a cursor: at most `count` documents and, as MongoDB's replies, at most

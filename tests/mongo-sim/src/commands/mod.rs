@@ -6,6 +6,7 @@ pub mod bulk_write;
 pub mod change_stream;
 pub mod crud;
 pub mod failpoint;
+pub mod local;
 pub mod txn;
 
 use std::sync::Arc;
@@ -517,6 +518,7 @@ pub fn append_cluster_time(shared: &Shared, reply: &mut Document) {
 }
 
 async fn dispatch(ctx: &Ctx<'_>) -> CmdResult<Document> {
+    local::refuse_oplog_writes(ctx)?;
     match ctx.name.as_str() {
         "hello" => admin::hello(ctx, false),
         "isMaster" | "ismaster" => admin::hello(ctx, true),

@@ -1,0 +1,390 @@
+//! The `local` database's `oplog.rs`, rendered read-only from the retained change history.
+//!
+//! Each retained history entry is one oplog entry shaped as MongoDB writes them:
+//! `{op, ns, ui?, o, o2?, ts, t: Int64(1), v: Int64(2), wall}` with `op` `i` (insert, `o` the
+//! document), `u` (update: `o` `{$v: 2, diff: {u?, d?}}`; replacement: `o` the new document;
+//! `o2` `{_id}`), `d` (delete, `o` `{_id}`) or `c` (commands on `db.$cmd`: `create`, `drop`,
+//! `renameCollection`, `dropDatabase`, `commitIndexBuild`, `dropIndexes`, `collMod`). A
+//! transaction's writes are one `c` entry on `admin.$cmd` with `o: {applyOps: [...]}`, `lsid`
+//! and `txnNumber`. An empty history shows one no-op entry (`op: "n"`) at the current cluster
+//! time, as a real replica set's oplog is never empty. The history is bounded by count
+//! (`history_limit`): the oldest retained entry's `ts` is the start of the window.
+//!
+//! `find` reads it in natural order (`sort: {$natural: 1}`, the default) or reverse
+//! (`{$natural: -1}`; `{ts: ±1}` is the same order), with `filter`, `projection`, `skip`,
+//! `limit`; a bound on `ts` in the filter seeks instead of scanning. Writes are refused.
+
+use bson::{Bson, DateTime, Document, Timestamp, doc};
+
+use super::Ctx;
+use super::crud::{self, opt_doc};
+use crate::error::{CmdResult, CommandError};
+use crate::matcher;
+use crate::namespace::Namespace;
+use crate::oplog::{EventKind, Oplog, OplogEntry};
+
+/// Is this `local.oplog.rs`?
+pub fn is_oplog(ns: &Namespace) -> bool {
+    ns.db == "local" && ns.coll == "oplog.rs"
+}
+
+/// Refuses a write to `local.oplog.rs`, as MongoDB refuses user writes to it.
+pub fn refuse_write(ns: &Namespace) -> CmdResult<()> {
+    if is_oplog(ns) {
+        return Err(CommandError::new(73, format!("cannot write to '{ns}'")));
+    }
+    Ok(())
+}
+
+/// Reading order: natural (`Some(true)`), reverse natural (`Some(false)`) or another sort
+/// (`None`).
+fn natural_order(sort: &Document, hint: Option<&Bson>) -> Option<bool> {
+    let direction = |d: &Document, keys: &[&str]| -> Option<bool> {
+        let mut it = d.iter();
+        let (k, v) = it.next()?;
+        if it.next().is_some() || !keys.contains(&k.as_str()) {
+            return None;
+        }
+        crate::values::as_f64(v).map(|n| n >= 0.0)
+    };
+    if sort.is_empty() {
+        return match hint {
+            Some(Bson::Document(h)) => Some(direction(h, &["$natural"]).unwrap_or(true)),
+            _ => Some(true),
+        };
+    }
+    direction(sort, &["$natural", "ts"])
+}
+
+/// The index range `[lo, hi)` the filter's bounds on `ts` leave (a superset of the matches).
+fn ts_range(oplog: &Oplog, filter: &Document) -> (usize, usize) {
+    let (mut lo, mut hi) = (0, oplog.len());
+    match filter.get("ts") {
+        Some(Bson::Timestamp(t)) => {
+            lo = oplog.index_of_time(*t, true);
+            hi = oplog.index_of_time(*t, false);
+        }
+        Some(Bson::Document(ops)) => {
+            for (op, v) in ops {
+                let Bson::Timestamp(t) = v else { continue };
+                match op.as_str() {
+                    "$gt" => lo = lo.max(oplog.index_of_time(*t, false)),
+                    "$gte" => lo = lo.max(oplog.index_of_time(*t, true)),
+                    "$lt" => hi = hi.min(oplog.index_of_time(*t, true)),
+                    "$lte" => hi = hi.min(oplog.index_of_time(*t, false)),
+                    "$eq" => {
+                        lo = lo.max(oplog.index_of_time(*t, true));
+                        hi = hi.min(oplog.index_of_time(*t, false));
+                    }
+                    _ => {}
+                }
+            }
+        }
+        _ => {}
+    }
+    (lo, hi.max(lo))
+}
+
+/// The oplog entries matching `filter` in natural order (`forward`) or reverse, after
+/// skipping `skip`, at most `limit` of them (0: all).
+pub fn entries(
+    oplog: &Oplog,
+    filter: &Document,
+    forward: bool,
+    skip: usize,
+    limit: usize,
+) -> CmdResult<Vec<Document>> {
+    let want = if limit == 0 {
+        usize::MAX
+    } else {
+        skip.saturating_add(limit)
+    };
+    let mut out = Vec::new();
+    if oplog.is_empty() {
+        let n = noop(oplog.cluster_time());
+        if matcher::matches(&n, filter)? {
+            out.push(n);
+        }
+        return Ok(out.into_iter().skip(skip).collect());
+    }
+    let (lo, hi) = ts_range(oplog, filter);
+    let mut groups = Groups {
+        oplog,
+        lo,
+        hi,
+        forward,
+    };
+    while out.len() < want {
+        let Some((i, j)) = groups.next_group() else {
+            break;
+        };
+        let d = render_group(oplog, i, j);
+        if matcher::matches(&d, filter)? {
+            out.push(d);
+        }
+    }
+    Ok(out.into_iter().skip(skip).collect())
+}
+
+/// Walks `[lo, hi)` one oplog entry at a time: one history entry, or a transaction's entries
+/// (same cluster time) together.
+struct Groups<'a> {
+    oplog: &'a Oplog,
+    lo: usize,
+    hi: usize,
+    forward: bool,
+}
+
+impl Groups<'_> {
+    fn same_txn(&self, a: usize, b: usize) -> bool {
+        match (self.oplog.get(a), self.oplog.get(b)) {
+            (Some(x), Some(y)) => x.txn.is_some() && y.txn.is_some() && x.ts == y.ts,
+            _ => false,
+        }
+    }
+
+    fn next_group(&mut self) -> Option<(usize, usize)> {
+        if self.lo >= self.hi {
+            return None;
+        }
+        if self.forward {
+            let start = self.lo;
+            let mut end = start + 1;
+            while end < self.hi && self.same_txn(start, end) {
+                end += 1;
+            }
+            self.lo = end;
+            Some((start, end))
+        } else {
+            let end = self.hi;
+            let mut start = end - 1;
+            while start > self.lo && self.same_txn(start - 1, end - 1) {
+                start -= 1;
+            }
+            self.hi = start;
+            Some((start, end))
+        }
+    }
+}
+
+/// The no-op entry an otherwise empty oplog shows at `ts`.
+fn noop(ts: Timestamp) -> Document {
+    doc! {
+        "op": "n",
+        "ns": "",
+        "o": {"msg": "initiating set"},
+        "ts": ts,
+        "t": 1i64,
+        "v": 2i64,
+        "wall": DateTime::from_millis(i64::from(ts.time) * 1000),
+    }
+}
+
+/// One oplog entry for the history entries `[i, j)`: the entry itself, or a transaction's
+/// `applyOps`.
+fn render_group(oplog: &Oplog, i: usize, j: usize) -> Document {
+    let Some(first) = oplog.get(i) else {
+        return Document::new();
+    };
+    let mut d = match &first.txn {
+        Some(info) => {
+            let ops: Vec<Bson> = (i..j)
+                .filter_map(|k| oplog.get(k))
+                .map(|e| Bson::Document(operation(e)))
+                .collect();
+            let mut d = doc! {
+                "lsid": info.lsid.clone(),
+                "txnNumber": info.txn_number,
+                "op": "c",
+                "ns": "admin.$cmd",
+                "o": {"applyOps": ops},
+            };
+            d.insert(
+                "prevOpTime",
+                doc! {"ts": Timestamp { time: 0, increment: 0 }, "t": -1i64},
+            );
+            d
+        }
+        None => operation(first),
+    };
+    d.insert("ts", first.ts);
+    d.insert("t", 1i64);
+    d.insert("v", 2i64);
+    d.insert("wall", first.wall);
+    d
+}
+
+/// `{op, ns, ui?, o, o2?}` of one history entry.
+fn operation(e: &OplogEntry) -> Document {
+    let coll_ns = e.ns.to_string();
+    let cmd_ns = format!("{}.$cmd", e.ns.db);
+    let coll = e.ns.coll.clone();
+    let (op, ns, o, o2) = match &e.kind {
+        EventKind::Insert { doc, .. } => ("i", coll_ns, (**doc).clone(), None),
+        EventKind::Update {
+            id,
+            updated,
+            removed,
+            ..
+        } => {
+            let mut diff = Document::new();
+            if !updated.is_empty() {
+                diff.insert("u", updated.clone());
+            }
+            if !removed.is_empty() {
+                let d: Document = removed.iter().map(|p| (p.clone(), false.into())).collect();
+                diff.insert("d", d);
+            }
+            (
+                "u",
+                coll_ns,
+                doc! {"$v": 2, "diff": diff},
+                Some(doc! {"_id": id.clone()}),
+            )
+        }
+        EventKind::Replace { id, doc } => (
+            "u",
+            coll_ns,
+            (**doc).clone(),
+            Some(doc! {"_id": id.clone()}),
+        ),
+        EventKind::Delete { id } => ("d", coll_ns, doc! {"_id": id.clone()}, None),
+        EventKind::Drop => ("c", cmd_ns, doc! {"drop": coll}, None),
+        EventKind::Rename { to, drop_target } => {
+            let mut o = doc! {"renameCollection": coll_ns, "to": to.to_string(), "stayTemp": false};
+            if let Some(uuid) = drop_target {
+                o.insert("dropTarget", uuid.clone());
+            }
+            ("c", cmd_ns, o, None)
+        }
+        EventKind::DropDatabase => ("c", cmd_ns, doc! {"dropDatabase": 1}, None),
+        EventKind::Create { description } => {
+            let mut o = doc! {"create": coll};
+            o.extend(description.clone());
+            ("c", cmd_ns, o, None)
+        }
+        EventKind::CreateIndexes { indexes } => (
+            "c",
+            cmd_ns,
+            doc! {"commitIndexBuild": coll, "indexes": indexes.clone()},
+            None,
+        ),
+        EventKind::DropIndexes { indexes } => {
+            let names: Vec<Bson> = indexes
+                .iter()
+                .filter_map(|i| i.get("name").cloned())
+                .collect();
+            let index = match names.as_slice() {
+                [one] => one.clone(),
+                _ => Bson::Array(names),
+            };
+            (
+                "c",
+                cmd_ns,
+                doc! {"dropIndexes": coll, "index": index},
+                None,
+            )
+        }
+        EventKind::Modify { description, .. } => {
+            let mut o = doc! {"collMod": coll};
+            o.extend(description.clone());
+            ("c", cmd_ns, o, None)
+        }
+    };
+    let mut d = doc! {"op": op, "ns": ns};
+    if let Some(ui) = &e.uuid {
+        d.insert("ui", ui.clone());
+    }
+    d.insert("o", o);
+    if let Some(o2) = o2 {
+        d.insert("o2", o2);
+    }
+    d
+}
+
+/// `find` on `local.oplog.rs`.
+pub fn find(ctx: &Ctx<'_>, ns: &Namespace) -> CmdResult<Document> {
+    let filter = opt_doc(&ctx.cmd, "filter")?;
+    matcher::validate(&filter)?;
+    let sort = opt_doc(&ctx.cmd, "sort")?;
+    let projection = opt_doc(&ctx.cmd, "projection")?;
+    let options = crud::FindOptions::of(ctx)?;
+    let order = natural_order(&sort, ctx.cmd.get("hint"));
+    let docs = {
+        let st = ctx.shared.lock();
+        match order {
+            Some(forward) => entries(&st.oplog, &filter, forward, options.skip, options.limit)?,
+            None => {
+                let mut all = entries(&st.oplog, &filter, true, 0, 0)?;
+                drop(st);
+                crud::sort_docs(&mut all, &sort, |d| d);
+                let all = all.into_iter().skip(options.skip);
+                if options.limit > 0 {
+                    all.take(options.limit).collect()
+                } else {
+                    all.collect()
+                }
+            }
+        }
+    };
+    let docs = docs
+        .iter()
+        .map(|d| crud::project(d, &projection))
+        .collect::<CmdResult<Vec<_>>>()?;
+    Ok(crud::find_reply(ctx, ns, docs.into(), &options, None))
+}
+
+/// Every oplog entry in natural order (for `aggregate` and `count`).
+pub fn all(ctx: &Ctx<'_>) -> CmdResult<Vec<Document>> {
+    let st = ctx.shared.lock();
+    entries(&st.oplog, &Document::new(), true, 0, 0)
+}
+
+/// Commands that write to the collection their first field names.
+const COLLECTION_WRITES: &[&str] = &[
+    "insert",
+    "update",
+    "delete",
+    "findAndModify",
+    "findandmodify",
+    "create",
+    "drop",
+    "createIndexes",
+    "dropIndexes",
+    "deleteIndexes",
+    "collMod",
+];
+
+/// Refuses a command that would write to `local.oplog.rs`.
+pub fn refuse_oplog_writes(ctx: &Ctx<'_>) -> CmdResult<()> {
+    let name = ctx.name.as_str();
+    if COLLECTION_WRITES.contains(&name) {
+        if let Some(Bson::String(coll)) = ctx.cmd.get(name) {
+            refuse_write(&Namespace::new(ctx.db.clone(), coll.clone()))?;
+        }
+        return Ok(());
+    }
+    let named: Vec<&str> = match name {
+        "renameCollection" => ["renameCollection", "to"]
+            .iter()
+            .filter_map(|k| ctx.cmd.get_str(k).ok())
+            .collect(),
+        "bulkWrite" => match ctx.cmd.get("nsInfo") {
+            Some(Bson::Array(infos)) => infos
+                .iter()
+                .filter_map(|i| match i {
+                    Bson::Document(d) => d.get_str("ns").ok(),
+                    _ => None,
+                })
+                .collect(),
+            _ => Vec::new(),
+        },
+        _ => Vec::new(),
+    };
+    for full in named {
+        if let Some(ns) = Namespace::parse(full) {
+            refuse_write(&ns)?;
+        }
+    }
+    Ok(())
+}
