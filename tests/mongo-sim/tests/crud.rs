@@ -95,6 +95,17 @@ async fn insert_and_find_with_filters() {
         .await
         .unwrap();
     assert_eq!(sorted[0].get_i32("_id").unwrap(), 3);
+    // Reverse natural order: the last inserted first.
+    let reversed: Vec<Document> = coll
+        .find(doc! {})
+        .sort(doc! {"$natural": -1})
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap();
+    let order: Vec<i32> = reversed.iter().map(|d| d.get_i32("_id").unwrap()).collect();
+    assert_eq!(order, [3, 2, 1]);
     assert_eq!(coll.count_documents(doc! {"meta.k": 1}).await.unwrap(), 2);
     assert_eq!(coll.estimated_document_count().await.unwrap(), 3);
     server.shutdown().await;

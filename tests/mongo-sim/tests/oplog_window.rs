@@ -224,6 +224,8 @@ async fn a_filter_on_ts_and_reverse_order() {
             .unwrap(),
         5
     );
+    // The collection's creation and the five inserts.
+    assert_eq!(oplog(&client).estimated_document_count().await.unwrap(), 6);
     server.shutdown().await;
 }
 

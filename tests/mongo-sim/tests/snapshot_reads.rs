@@ -395,3 +395,45 @@ async fn driver_snapshot_sessions_read_one_snapshot() {
     assert_eq!(old, Some(doc! {"_id": 1, "v": 1}));
     server.shutdown().await;
 }
+
+#[tokio::test]
+async fn deleted_documents_kept_for_earlier_reads_leave_a_collection_empty() {
+    let (server, client) = common::start().await;
+    let coll = client.database("test").collection::<Document>("c");
+    let t1 = write(&client, doc! {"insert": "c", "documents": [{"_id": 1}]}).await;
+    coll.delete_one(doc! {"_id": 1}).await.unwrap();
+    assert_eq!(docs_at(&client, t1).await, [doc! {"_id": 1}]);
+    assert_eq!(coll.estimated_document_count().await.unwrap(), 0);
+    // Index builds on an empty collection are one event per index.
+    let mut stream = coll
+        .watch()
+        .show_expanded_events(true)
+        .max_await_time(Duration::from_millis(100))
+        .await
+        .unwrap()
+        .with_type::<Document>();
+    common::command(
+        &client,
+        "test",
+        doc! {"createIndexes": "c", "indexes": [
+            {"key": {"a": 1}, "name": "a_1"},
+            {"key": {"b": 1}, "name": "b_1"},
+        ]},
+    )
+    .await;
+    for name in ["a_1", "b_1"] {
+        let built = common::next_event(&mut stream).await;
+        assert_eq!(built.get_str("operationType").unwrap(), "createIndexes");
+        let indexes = built
+            .get_document("operationDescription")
+            .unwrap()
+            .get_array("indexes")
+            .unwrap();
+        assert_eq!(indexes.len(), 1);
+        assert_eq!(
+            indexes[0].as_document().unwrap().get_str("name").unwrap(),
+            name
+        );
+    }
+    server.shutdown().await;
+}

@@ -683,7 +683,11 @@ pub fn create_indexes(ctx: &Ctx<'_>) -> CmdResult<Document> {
     let created = st.store.create_collection(&ns, Document::new(), txn);
     let coll = st.store.ensure_collection(&ns);
     let uuid = coll.uuid.clone();
-    let empty = coll.docs.is_empty();
+    // Deleted documents kept for reads at an earlier cluster time do not count.
+    let empty = !coll
+        .docs
+        .values()
+        .any(|e| e.latest().is_some() || e.held_by.is_some());
     let before = 1 + coll.indexes.len() as i32;
     let mut built = Vec::new();
     for spec in specs {

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use bson::{Bson, Document, Timestamp, doc, oid::ObjectId};
 
-use super::{Ctx, local, txn};
+use super::{Ctx, txn};
 use crate::cursor::{Cursor, FindCursor};
 use crate::error::{CmdResult, CommandError, MAX_BSON_OBJECT_SIZE};
 use crate::matcher;
@@ -752,9 +752,6 @@ pub(super) fn find_reply(
 
 pub fn find(ctx: &Ctx<'_>) -> CmdResult<Document> {
     let ns = ctx.ns()?;
-    if local::is_oplog(&ns) {
-        return local::find(ctx, &ns);
-    }
     let filter = opt_doc(&ctx.cmd, "filter")?;
     let sort = opt_doc(&ctx.cmd, "sort")?;
     let projection = opt_doc(&ctx.cmd, "projection")?;
@@ -778,22 +775,15 @@ pub fn count(ctx: &Ctx<'_>) -> CmdResult<Document> {
     let filter = opt_doc(&ctx.cmd, "query")?;
     let skip = ctx.int_field("skip").unwrap_or(0).max(0) as usize;
     let limit = ctx.int_field("limit").unwrap_or(0).unsigned_abs() as usize;
-    let found = if local::is_oplog(&ns) {
-        let mut n = 0;
-        for d in local::all(ctx)? {
-            if matcher::matches(&d, &filter)? {
-                n += 1;
-            }
-        }
-        n
-    } else {
-        read_docs(ctx, &ns, &filter)?.docs.len()
-    };
-    let mut n = found.saturating_sub(skip);
-    if limit > 0 {
-        n = n.min(limit);
-    }
+    let found = read_docs(ctx, &ns, &filter)?.docs.len();
+    let n = count_reply(found, skip, limit);
     Ok(doc! {"n": n as i32})
+}
+
+/// A count of `found` matches after `skip`, at most `limit` (0: no limit).
+pub(super) fn count_reply(found: usize, skip: usize, limit: usize) -> usize {
+    let n = found.saturating_sub(skip);
+    if limit > 0 { n.min(limit) } else { n }
 }
 
 pub fn distinct(ctx: &Ctx<'_>) -> CmdResult<Document> {
@@ -830,16 +820,19 @@ pub fn distinct(ctx: &Ctx<'_>) -> CmdResult<Document> {
 /// a constant with $sum.
 pub fn aggregate(ctx: &Ctx<'_>) -> CmdResult<Document> {
     let ns = ctx.ns()?;
+    let read = read_docs(ctx, &ns, &Document::new())?;
+    let docs = read.docs.into_iter().map(|d| (*d).clone()).collect();
+    aggregate_over(ctx, &ns, docs, read.at)
+}
+
+/// Runs an `aggregate` command's pipeline over `docs` (read at `at`, for a snapshot read).
+pub(super) fn aggregate_over(
+    ctx: &Ctx<'_>,
+    ns: &Namespace,
+    mut docs: Vec<Document>,
+    at: Option<Timestamp>,
+) -> CmdResult<Document> {
     let pipeline: Vec<Document> = doc_array(ctx, "pipeline")?;
-    let (mut docs, at): (Vec<Document>, _) = if local::is_oplog(&ns) {
-        (local::all(ctx)?, None)
-    } else {
-        let read = read_docs(ctx, &ns, &Document::new())?;
-        (
-            read.docs.into_iter().map(|d| (*d).clone()).collect(),
-            read.at,
-        )
-    };
     for stage in &pipeline {
         let Some((name, arg)) = stage.iter().next() else {
             return Err(CommandError::new(

@@ -302,8 +302,14 @@ fn operation(e: &OplogEntry) -> Document {
     d
 }
 
+/// Is the command's collection `local.oplog.rs`?
+pub fn targets_oplog(ctx: &Ctx<'_>) -> bool {
+    ctx.ns().is_ok_and(|ns| is_oplog(&ns))
+}
+
 /// `find` on `local.oplog.rs`.
-pub fn find(ctx: &Ctx<'_>, ns: &Namespace) -> CmdResult<Document> {
+pub fn find(ctx: &Ctx<'_>) -> CmdResult<Document> {
+    let ns = ctx.ns()?;
     let filter = opt_doc(&ctx.cmd, "filter")?;
     matcher::validate(&filter)?;
     let sort = opt_doc(&ctx.cmd, "sort")?;
@@ -331,13 +337,24 @@ pub fn find(ctx: &Ctx<'_>, ns: &Namespace) -> CmdResult<Document> {
         .iter()
         .map(|d| crud::project(d, &projection))
         .collect::<CmdResult<Vec<_>>>()?;
-    Ok(crud::find_reply(ctx, ns, docs.into(), &options, None))
+    Ok(crud::find_reply(ctx, &ns, docs.into(), &options, None))
 }
 
-/// Every oplog entry in natural order (for `aggregate` and `count`).
-pub fn all(ctx: &Ctx<'_>) -> CmdResult<Vec<Document>> {
-    let st = ctx.shared.lock();
-    entries(&st.oplog, &Document::new(), true, 0, 0)
+/// `count` on `local.oplog.rs`.
+pub fn count(ctx: &Ctx<'_>) -> CmdResult<Document> {
+    let filter = opt_doc(&ctx.cmd, "query")?;
+    matcher::validate(&filter)?;
+    let skip = ctx.int_field("skip").unwrap_or(0).max(0) as usize;
+    let limit = ctx.int_field("limit").unwrap_or(0).unsigned_abs() as usize;
+    let found = entries(&ctx.shared.lock().oplog, &filter, true, 0, 0)?.len();
+    Ok(doc! {"n": crud::count_reply(found, skip, limit) as i32})
+}
+
+/// `aggregate` on `local.oplog.rs`: the pipeline over every entry in natural order.
+pub fn aggregate(ctx: &Ctx<'_>) -> CmdResult<Document> {
+    let ns = ctx.ns()?;
+    let all = entries(&ctx.shared.lock().oplog, &Document::new(), true, 0, 0)?;
+    crud::aggregate_over(ctx, &ns, all, None)
 }
 
 /// Commands that write to the collection their first field names.

@@ -557,12 +557,16 @@ async fn dispatch(ctx: &Ctx<'_>) -> CmdResult<Document> {
         "update" => crud::update(ctx).await,
         "delete" => crud::delete(ctx).await,
         "findAndModify" | "findandmodify" => crud::find_and_modify(ctx).await,
+        "find" if local::targets_oplog(ctx) => local::find(ctx),
         "find" => crud::find(ctx),
+        "count" if local::targets_oplog(ctx) => local::count(ctx),
         "count" => crud::count(ctx),
         "distinct" => crud::distinct(ctx),
         "aggregate" => {
             if change_stream::is_change_stream(&ctx.cmd) {
                 change_stream::aggregate(ctx)
+            } else if local::targets_oplog(ctx) {
+                local::aggregate(ctx)
             } else {
                 crud::aggregate(ctx)
             }
