@@ -101,14 +101,19 @@ fn source(live: &Live) -> BTreeMap<String, Document> {
         .collect()
 }
 
+/// Where a record stands: cluster time (seconds, increment), then token `_data`.
+type Position = (u32, u32, String);
+
 /// What the outbox says each document is now: per key, the record of greatest position
 /// (cluster time, then token `_data`); a delete, or a snapshot of nothing, means absent.
 fn outbox_view(outbox: &[Document]) -> BTreeMap<String, Document> {
-    let mut latest: HashMap<String, ((u32, u32, String), Option<Document>)> = HashMap::new();
+    let mut latest: HashMap<String, (Position, Option<Document>)> = HashMap::new();
     for record in outbox {
         assert_eq!(record.get_str("consumer").ok(), Some(CONSUMER));
         assert_eq!(record.get_str("source").ok(), Some("change_demo.orders"));
-        let event = record.get_document("event").expect("a record has its event");
+        let event = record
+            .get_document("event")
+            .expect("a record has its event");
         let ts = event.get_timestamp("clusterTime").expect("clusterTime");
         let data = event
             .get_document("_id")
@@ -229,7 +234,10 @@ fn a_small_collection_is_backfilled_and_the_outbox_describes_it() {
 
     let checkpoint = live.checkpoint().expect("a checkpoint");
     assert_eq!(checkpoint.get_str("mode").ok(), Some("resumeAfter"));
-    assert_eq!(checkpoint.get_str("source").ok(), Some("change_demo.orders"));
+    assert_eq!(
+        checkpoint.get_str("source").ok(),
+        Some("change_demo.orders")
+    );
     assert!(checkpoint.get_document("token").is_ok());
 
     let records = snapshots(&live);
@@ -249,7 +257,11 @@ fn a_small_collection_is_backfilled_and_the_outbox_describes_it() {
             Some(event.get_timestamp("clusterTime").unwrap()),
             "the position token and the cluster time agree"
         );
-        let key = event.get_document("documentKey").unwrap().get("_id").unwrap();
+        let key = event
+            .get_document("documentKey")
+            .unwrap()
+            .get("_id")
+            .unwrap();
         assert_eq!(
             record.get_str("_id").unwrap(),
             handoff::operate::backfill::snapshot_record_id(
@@ -260,7 +272,11 @@ fn a_small_collection_is_backfilled_and_the_outbox_describes_it() {
             )
         );
         assert_eq!(
-            record.get_document("snapshot").unwrap().get_str("command").ok(),
+            record
+                .get_document("snapshot")
+                .unwrap()
+                .get_str("command")
+                .ok(),
             Some("backfill")
         );
     }
@@ -273,7 +289,10 @@ fn a_small_collection_is_backfilled_and_the_outbox_describes_it() {
     assert_eq!(saved.get("last_key"), Some(&Bson::Int32(49)));
     let audit = audits(&live);
     assert_eq!(audit.len(), 1, "one audit record per backfill invocation");
-    assert_eq!(audit[0].get_str("reason").ok(), Some("initial load of the consumer"));
+    assert_eq!(
+        audit[0].get_str("reason").ok(),
+        Some("initial load of the consumer")
+    );
     assert_eq!(audit[0].get_str("consumer").ok(), Some(CONSUMER));
     assert_eq!(audit[0].get("from"), Some(&Bson::Null));
     assert_eq!(
@@ -369,7 +388,11 @@ fn a_killed_backfill_resumes_without_redoing_finished_chunks_and_restart_starts_
     assert_eq!(audit.len(), 2, "the start and the resume");
     let resume = &audit[1];
     assert_eq!(
-        resume.get_document("evidence").unwrap().get_str("action").ok(),
+        resume
+            .get_document("evidence")
+            .unwrap()
+            .get_str("action")
+            .ok(),
         Some("resume")
     );
     assert_eq!(
@@ -396,7 +419,11 @@ fn a_killed_backfill_resumes_without_redoing_finished_chunks_and_restart_starts_
     let audit = audits(&live);
     assert_eq!(audit.len(), 3);
     assert_eq!(
-        audit[2].get_document("evidence").unwrap().get_str("action").ok(),
+        audit[2]
+            .get_document("evidence")
+            .unwrap()
+            .get_str("action")
+            .ok(),
         Some("restart")
     );
     assert!(audit[2].get_str("command").unwrap().contains("--restart"));
@@ -435,12 +462,22 @@ fn bad_input_writes_nothing() {
         .expect("backfill");
     assert_eq!(out.status.code(), Some(2));
     let out = support::handoff()
-        .args(["backfill", "--reason", "r", "--uri", "http://user:secret@example"])
+        .args([
+            "backfill",
+            "--reason",
+            "r",
+            "--uri",
+            "http://user:secret@example",
+        ])
         .output()
         .expect("backfill");
     assert_eq!(out.status.code(), Some(2));
     assert!(!support::stderr(&out).contains("secret"));
-    assert!(live.user_databases().is_empty(), "{:?}", live.user_databases());
+    assert!(
+        live.user_databases().is_empty(),
+        "{:?}",
+        live.user_databases()
+    );
 }
 
 /// The source's keys: 0..INITIAL at first, the writer adds keys up to KEY_SPACE.
@@ -467,9 +504,7 @@ fn write_continuously(uri: String, db: String, seed: u64, stop: Arc<AtomicBool>)
                     .find_one(doc! { "_id": CONSUMER })
                     .await
                     .expect("read the backfill state");
-                focus = saved
-                    .and_then(|s| s.get_i32("last_key").ok())
-                    .unwrap_or(-1);
+                focus = saved.and_then(|s| s.get_i32("last_key").ok()).unwrap_or(-1);
             }
             let key = if rng.below(2) == 0 {
                 focus + 1 + rng.below(500) as i32
@@ -541,11 +576,14 @@ fn run_continuously(live_uri: String, db: String, stop: Arc<AtomicBool>) -> u64 
 }
 
 fn spawn_backfill(live: &Live) -> Child {
-    backfill(live, &["--chunk-size", "500", "--max-rate", "2000", "--json"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn backfill")
+    backfill(
+        live,
+        &["--chunk-size", "500", "--max-rate", "2000", "--json"],
+    )
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .expect("spawn backfill")
 }
 
 #[test]
@@ -619,7 +657,10 @@ fn ten_thousand_documents_under_writes_runs_and_kills_end_described_exactly() {
     stop_runs.store(true, Ordering::Relaxed);
     let runs = runner.join().expect("runner");
     println!("writer operations {ops}, runs {runs}, kills {killed}, summary {summary}");
-    assert!(ops > 0 && runs >= 2, "the runs streamed beside the backfill");
+    assert!(
+        ops > 0 && runs >= 2,
+        "the runs streamed beside the backfill"
+    );
     catch_up(&live);
     println!("caught up after {:?}", clock.elapsed());
 
@@ -636,7 +677,13 @@ fn ten_thousand_documents_under_writes_runs_and_kills_end_described_exactly() {
     let mut seen = HashSet::new();
     for record in outbox.iter().filter(|r| r.contains_key("snapshot")) {
         let event = record.get_document("event").unwrap();
-        let key = key_text(event.get_document("documentKey").unwrap().get("_id").unwrap());
+        let key = key_text(
+            event
+                .get_document("documentKey")
+                .unwrap()
+                .get("_id")
+                .unwrap(),
+        );
         let at = event.get_document("_id").unwrap().get_str("_data").unwrap();
         assert!(seen.insert((key, at.to_string())), "a snapshot twice");
     }

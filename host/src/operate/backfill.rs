@@ -154,9 +154,7 @@ impl From<BackfillError> for HandoffError {
             BackfillError::SourceGone(_) => HandoffError::StreamFatal(text),
             BackfillError::TooLarge(_) => HandoffError::EventTooLarge(text),
             BackfillError::Server { code: Some(13), .. } => HandoffError::unauthorized(&text),
-            BackfillError::Server {
-                code: Some(18), ..
-            } => HandoffError::Authentication(text),
+            BackfillError::Server { code: Some(18), .. } => HandoffError::Authentication(text),
             BackfillError::Server {
                 code: Some(286), ..
             } => HandoffError::HistoryLost(text),
@@ -243,7 +241,9 @@ impl Summary {
             if self.restarted { ", restarted" } else { "" },
         ));
         if self.checkpoint_created {
-            text.push_str("  the consumer's checkpoint was started at the stream's current position\n");
+            text.push_str(
+                "  the consumer's checkpoint was started at the stream's current position\n",
+            );
         }
         text
     }
@@ -776,7 +776,8 @@ impl<'a> Backfill<'a> {
                     Some(Bson::ObjectId(id)) if *id == high => {
                         if !low_seen {
                             return Err(BackfillError::Unexpected(
-                                "the high watermark came through the stream before the low one".into(),
+                                "the high watermark came through the stream before the low one"
+                                    .into(),
                             ));
                         }
                         break watermark_position(&event)?;
@@ -806,15 +807,9 @@ impl<'a> Backfill<'a> {
                 dropped += 1;
                 continue;
             }
-            let record = snapshot_record(
-                &o.consumer,
-                &o.database,
-                &o.collection,
-                row,
-                &position,
-                now,
-            )
-            .ok_or_else(|| BackfillError::Unexpected("a document without _id".into()))?;
+            let record =
+                snapshot_record(&o.consumer, &o.database, &o.collection, row, &position, now)
+                    .ok_or_else(|| BackfillError::Unexpected("a document without _id".into()))?;
             let size = bson::serialize_to_vec(&record).map_or(usize::MAX, |b| b.len());
             if size > MAX_DOCUMENT_BYTES {
                 return Err(BackfillError::TooLarge(chunk));
@@ -877,7 +872,10 @@ impl<'a> Backfill<'a> {
                 Ok(()) => return Ok(()),
                 Err(Attempt::Final(e)) => return Err(e),
                 Err(Attempt::Transient(e)) if started.elapsed() < TRANSIENT_RETRY => {
-                    tracing::warn!(attempt, "transient transaction error; retrying the chunk's commit");
+                    tracing::warn!(
+                        attempt,
+                        "transient transaction error; retrying the chunk's commit"
+                    );
                     let backoff = Duration::from_millis(10 << attempt.min(7));
                     tokio::time::sleep(backoff.min(Duration::from_secs(1))).await;
                     drop(e);
@@ -929,7 +927,10 @@ impl<'a> Backfill<'a> {
                     if e.contains_label(UNKNOWN_TRANSACTION_COMMIT_RESULT)
                         && commits < COMMIT_ATTEMPTS =>
                 {
-                    tracing::warn!(attempt = commits, "commit result unknown; retrying the commit");
+                    tracing::warn!(
+                        attempt = commits,
+                        "commit result unknown; retrying the commit"
+                    );
                 }
                 Err(e) => {
                     tracing::debug!(consumer = %o.consumer, "the chunk's commit failed");
@@ -964,7 +965,10 @@ impl<'a> Backfill<'a> {
             }
             Saved::At(previous) => {
                 let changed = states
-                    .replace_one(previous.filter(&o.consumer), next.to_document(&o.consumer, now))
+                    .replace_one(
+                        previous.filter(&o.consumer),
+                        next.to_document(&o.consumer, now),
+                    )
                     .session(&mut *session)
                     .await
                     .map_err(Statement::Driver)?;
@@ -1063,13 +1067,22 @@ mod tests {
     fn record_ids_are_deterministic_per_key_and_position() {
         let at = position().token;
         let a = snapshot_record_id("c", "db.orders", &Bson::Int32(7), &at);
-        assert_eq!(a, snapshot_record_id("c", "db.orders", &Bson::Int32(7), &at));
+        assert_eq!(
+            a,
+            snapshot_record_id("c", "db.orders", &Bson::Int32(7), &at)
+        );
         assert!(a.starts_with("c/"));
         assert_eq!(a.len(), 2 + 64);
-        assert_ne!(a, snapshot_record_id("c", "db.orders", &Bson::Int32(8), &at));
+        assert_ne!(
+            a,
+            snapshot_record_id("c", "db.orders", &Bson::Int32(8), &at)
+        );
         assert_ne!(a, snapshot_record_id("c", "db.other", &Bson::Int32(7), &at));
         let later = doc! { "_data": "826553F1000000000401" };
-        assert_ne!(a, snapshot_record_id("c", "db.orders", &Bson::Int32(7), &later));
+        assert_ne!(
+            a,
+            snapshot_record_id("c", "db.orders", &Bson::Int32(7), &later)
+        );
         let input = doc! { "snapshot": { "ns": "db.orders", "documentKey": { "_id": 7 }, "at": at.clone() } };
         let expected = hex::encode(sha2::Sha256::digest(canonical_text(&input).as_bytes()));
         assert_eq!(a, format!("c/{expected}"));
@@ -1098,7 +1111,10 @@ mod tests {
             event.get_document("ns").unwrap(),
             &doc! { "db": "db", "coll": "orders" }
         );
-        assert_eq!(event.get_document("documentKey").unwrap(), &doc! { "_id": 1 });
+        assert_eq!(
+            event.get_document("documentKey").unwrap(),
+            &doc! { "_id": 1 }
+        );
         assert_eq!(
             event.get_document("fullDocument").unwrap(),
             &doc! { "_id": 1, "qty": 2 }
@@ -1127,7 +1143,8 @@ mod tests {
             filter.get_document("last_key").unwrap(),
             &doc! { "$eq": 500 }
         );
-        let fresh = State::fresh("db.orders", DateTime::from_millis(1)).to_document("c", DateTime::from_millis(1));
+        let fresh = State::fresh("db.orders", DateTime::from_millis(1))
+            .to_document("c", DateTime::from_millis(1));
         assert_eq!(fresh.get("last_key"), Some(&Bson::Null));
         assert!(State::from_document(&doc! { "_id": "c", "source": "x" }).is_none());
     }
@@ -1140,7 +1157,10 @@ mod tests {
             seconds: 30,
         }
         .into();
-        assert_eq!(timeout.exit_code(), HandoffError::Unavailable(String::new()).exit_code());
+        assert_eq!(
+            timeout.exit_code(),
+            HandoffError::Unavailable(String::new()).exit_code()
+        );
         assert!(timeout.to_string().contains("chunk 2"));
         let conflict: HandoffError = BackfillError::Conflict.into();
         assert!(matches!(conflict, HandoffError::Conflict(_)));
@@ -1152,6 +1172,9 @@ mod tests {
     fn keys_compare_by_type_and_value() {
         assert_eq!(key_bytes(&Bson::Int32(1)), key_bytes(&Bson::Int32(1)));
         assert_ne!(key_bytes(&Bson::Int32(1)), key_bytes(&Bson::Int64(1)));
-        assert_ne!(key_bytes(&Bson::Int32(1)), key_bytes(&Bson::String("1".into())));
+        assert_ne!(
+            key_bytes(&Bson::Int32(1)),
+            key_bytes(&Bson::String("1".into()))
+        );
     }
 }
