@@ -501,6 +501,11 @@ impl<'a> Backfill<'a> {
             }
             _ => State::fresh(&source, now),
         };
+        // Watermarks a killed invocation left behind have served their purpose.
+        self.collection(&o.signal_collection)
+            .delete_many(doc! { "consumer": &o.consumer, "kind": { "$in": ["low", "high"] } })
+            .await
+            .map_err(|e| self.server("clearing old watermarks", &e))?;
         // The stream that sees the watermarks is open before the checkpoint is read and before
         // the first low watermark is written.
         let mut stream = self.open_watermark_stream().await?;
