@@ -709,3 +709,30 @@ fn ten_thousand_documents_under_writes_runs_and_kills_end_described_exactly() {
     let read = summary["rows"].as_i64().unwrap() + summary["dropped"].as_i64().unwrap();
     assert!(read >= i64::from(INITIAL) / 2, "{summary}");
 }
+
+#[test]
+fn a_checkpoint_of_another_source_is_refused_and_nothing_is_written() {
+    let live = server();
+    live.insert(0..5);
+    let foreign = doc! {
+        "_id": CONSUMER,
+        "source": "change_demo.invoices",
+        "replicaSetId": live.replica_set_id(),
+        "token": Bson::Null,
+        "mode": "resumeAfter",
+    };
+    live.wait(live.coll(CHECKPOINTS).insert_one(foreign.clone()))
+        .expect("insert checkpoint");
+    let out = backfill(&live, &[]).output().expect("backfill");
+    assert_eq!(out.status.code(), Some(4), "{}", support::stderr(&out));
+    assert!(
+        support::stderr(&out).contains("another source"),
+        "{}",
+        support::stderr(&out)
+    );
+    assert_eq!(live.checkpoint(), Some(foreign));
+    assert_eq!(live.outbox_len(), 0);
+    assert!(state(&live).is_none());
+    assert!(audits(&live).is_empty());
+    assert!(live.records(SIGNALS).is_empty());
+}

@@ -140,6 +140,10 @@ pub enum BackfillError {
         code: Option<i32>,
         detail: String,
     },
+    /// The consumer's checkpoint cannot be used (another source or replica set, a malformed
+    /// document): as `handoff run` would report it.
+    #[error(transparent)]
+    Checkpoint(HandoffError),
     /// What the server sent is not what MongoDB sends.
     #[error("{0}")]
     Unexpected(String),
@@ -149,6 +153,7 @@ impl From<BackfillError> for HandoffError {
     fn from(error: BackfillError) -> HandoffError {
         let text = error.to_string();
         match error {
+            BackfillError::Checkpoint(error) => error,
             BackfillError::Conflict => HandoffError::Conflict(text),
             BackfillError::OtherSource(_) => HandoffError::Mismatch(text),
             BackfillError::SourceGone(_) => HandoffError::StreamFatal(text),
@@ -665,7 +670,7 @@ impl<'a> Backfill<'a> {
                 BackfillError::Unexpected("the checkpoint vanished after its upsert".into())
             })?;
         let loaded = checkpoint::validate(&stored, &source, replica_set_id)
-            .map_err(|e| BackfillError::Unexpected(e.to_string()))?;
+            .map_err(BackfillError::Checkpoint)?;
         if loaded.token.is_some() {
             return Ok(false);
         }
@@ -710,7 +715,7 @@ impl<'a> Backfill<'a> {
             .map_err(|e| self.server("loading the consumer's checkpoint", &e))?;
         match now.map(|c| checkpoint::validate(&c, &source, replica_set_id)) {
             Some(Ok(c)) if c.token.is_some() => Ok(false),
-            Some(Err(e)) => Err(BackfillError::Unexpected(e.to_string())),
+            Some(Err(e)) => Err(BackfillError::Checkpoint(e)),
             _ => Err(BackfillError::Conflict),
         }
     }
