@@ -333,6 +333,11 @@ fn a_small_collection_is_backfilled_and_the_outbox_describes_it() {
     let before = live.outbox_len();
     let again = json_of(&backfill(&live, &["--json"]).output().expect("backfill"));
     assert_eq!(again["already_done"], true);
+    let human = backfill(&live, &[]).output().expect("backfill");
+    assert_eq!(human.status.code(), Some(0));
+    let text = String::from_utf8_lossy(&human.stdout);
+    assert!(text.contains("already done"), "{text}");
+    assert!(text.contains("chunks 4, documents handed off 53"), "{text}");
     assert_eq!(live.outbox_len(), before);
     assert_eq!(audits(&live).len(), 1);
 }

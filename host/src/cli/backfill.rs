@@ -21,7 +21,13 @@ const MAX_REASON: usize = 500;
      collection and seen in the database's change stream; a stream event for a key of the chunk \
      supersedes its row. The chunk's snapshot records (operationType \"snapshot\") and the saved \
      position are committed in one transaction: a killed backfill resumes from its last chunk. \
-     `handoff run` keeps streaming the consumer meanwhile.\n\n",
+     `handoff run` keeps streaming the consumer meanwhile. A consumer without a checkpoint (or \
+     with a null token) is started at the stream's current position first, with the default \
+     stream configuration: run `handoff run` once before a backfill to bind another one.\n\n\
+     The saved position is one document per consumer in the state collection ({_id: consumer, \
+     source, last_key, chunks, rows, dropped, started_at, updated_at, done}). Each invocation \
+     that commits (a start, a resume, a --restart) writes one audit record, in the transaction \
+     of its first chunk.\n\n",
     "Example:\n  handoff backfill --consumer-id orders-to-outbox --reason \"new consumer\" --max-rate 2000\n\n",
     exit_codes!()
 ))]
