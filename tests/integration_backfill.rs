@@ -744,3 +744,39 @@ fn a_checkpoint_of_another_source_is_refused_and_nothing_is_written() {
     assert!(audits(&live).is_empty());
     assert!(live.records(SIGNALS).is_empty());
 }
+
+#[test]
+fn a_watermark_not_seen_in_time_fails_the_chunk_and_commits_nothing() {
+    let live = server();
+    live.insert(0..30);
+    // The change stream's getMore answers late: the watermarks cannot be seen in time.
+    live.fail_point(
+        Bson::String("alwaysOn".into()),
+        doc! { "failCommands": ["getMore"], "blockConnection": true, "blockTimeMS": 2500 },
+    );
+    let out = backfill(
+        &live,
+        &["--chunk-size", "10", "--watermark-timeout-seconds", "1"],
+    )
+    .output()
+    .expect("backfill");
+    assert_eq!(out.status.code(), Some(10), "{}", support::stderr(&out));
+    assert!(
+        support::stderr(&out).contains("watermark of chunk 1 was not seen"),
+        "{}",
+        support::stderr(&out)
+    );
+    assert_eq!(live.outbox_len(), 0);
+    assert!(state(&live).is_none());
+    assert!(audits(&live).is_empty());
+    live.fail_point_off();
+    // Once the stream answers again, the backfill goes through.
+    let summary = json_of(
+        &backfill(&live, &["--chunk-size", "10", "--json"])
+            .output()
+            .expect("backfill"),
+    );
+    assert_eq!(summary["done"], true);
+    assert_eq!(summary["rows"], 30);
+    assert_outbox_describes_source(&live);
+}
