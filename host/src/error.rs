@@ -85,6 +85,28 @@ impl HandoffError {
     }
 
     /// The process exit code of this class (documented in the README).
+    /// The same failure, its message followed by `detail` (evidence, next steps).
+    pub fn with_detail(self, detail: &str) -> HandoffError {
+        use HandoffError::*;
+        let add = |message: String| format!("{message} {detail}");
+        match self {
+            BadInput(m) => BadInput(add(m)),
+            Conflict(m) => Conflict(add(m)),
+            Mismatch(m) => Mismatch(add(m)),
+            MalformedCheckpoint(m) => MalformedCheckpoint(add(m)),
+            HistoryLost(m) => HistoryLost(add(m)),
+            InvalidToken(m) => InvalidToken(add(m)),
+            StreamFatal(m) => StreamFatal(add(m)),
+            Policy(m) => Policy(add(m)),
+            Unavailable(m) => Unavailable(add(m)),
+            Authentication(m) => Authentication(add(m)),
+            EventTooLarge(m) => EventTooLarge(add(m)),
+            ImageMissing(m) => ImageMissing(add(m)),
+            Attention(m) => Attention(add(m)),
+            Internal(e) => Internal(e.context(detail.to_string())),
+        }
+    }
+
     pub fn exit_code(&self) -> u8 {
         match self {
             HandoffError::Internal(_) => 1,

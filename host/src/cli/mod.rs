@@ -120,7 +120,18 @@ fn run_reported(
             {
                 tracing::error!(%error, "the outputs of the failed run could not be written");
             }
-            Err(failed.failed.error)
+            // The error line carries the evidence too (a log collector may keep only stderr).
+            let evidence = output::Evidence::of(
+                &failed.failed.error,
+                failed.position.as_deref(),
+                &consumer_id,
+                failed.source.as_deref(),
+            );
+            let error = failed.failed.error;
+            Err(match evidence {
+                Some(evidence) => error.with_detail(&evidence.summary()),
+                None => error,
+            })
         }
     }
 }

@@ -84,9 +84,10 @@ impl Status {
                 "mode": c.mode,
                 "has_token": c.has_token,
                 "revision": c.revision,
-                "lease": c.lease_owner.as_ref().map(|owner| json!({
+                // Only a lease still running: one given back or expired holds nothing.
+                "lease": c.active_lease().map(|(owner, until)| json!({
                     "owner": owner,
-                    "until": c.lease_until.and_then(|u| u.try_to_rfc3339_string().ok()),
+                    "until": until.try_to_rfc3339_string().ok(),
                 })),
             })
         });
@@ -138,14 +139,14 @@ impl Status {
                 if let Some(revision) = c.revision {
                     text.push_str(&format!(", revision {revision}"));
                 }
-                match (&c.lease_owner, c.lease_until) {
-                    (Some(owner), Some(until)) if until > bson::DateTime::now() => {
+                match c.active_lease() {
+                    Some((owner, until)) => {
                         text.push_str(&format!(
                             ", leased by {owner} until {}",
                             until.try_to_rfc3339_string().unwrap_or_default()
                         ));
                     }
-                    _ => text.push_str(", lease free"),
+                    None => text.push_str(", lease free"),
                 }
                 if c.source.as_deref() != Some(self.source.as_str()) {
                     text.push_str(&format!(
@@ -189,6 +190,14 @@ impl Status {
 }
 
 impl CheckpointView {
+    /// The run holding the consumer now, and until when.
+    pub fn active_lease(&self) -> Option<(&str, bson::DateTime)> {
+        match (&self.lease_owner, self.lease_until) {
+            (Some(owner), Some(until)) if until > bson::DateTime::now() => Some((owner, until)),
+            _ => None,
+        }
+    }
+
     fn of(stored: &Document) -> CheckpointView {
         CheckpointView {
             source: stored.get_str("source").ok().map(str::to_string),
