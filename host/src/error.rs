@@ -65,6 +65,10 @@ pub enum HandoffError {
     /// (MongoDB code 47). Nothing was written.
     #[error("{0}")]
     ImageMissing(String),
+    /// `reconcile` found documents the outbox describes otherwise than the source holds them
+    /// (missing, orphan or stale keys).
+    #[error("{0}")]
+    Differences(String),
     /// Anything else: a defect of this tool.
     #[error(transparent)]
     Internal(#[from] anyhow::Error),
@@ -96,6 +100,7 @@ impl HandoffError {
             HandoffError::Authentication(_) => 11,
             HandoffError::EventTooLarge(_) => 13,
             HandoffError::ImageMissing(_) => 15,
+            HandoffError::Differences(_) => 16,
         }
     }
 
@@ -115,6 +120,7 @@ impl HandoffError {
             HandoffError::Authentication(_) => "authentication",
             HandoffError::EventTooLarge(_) => "event_too_large",
             HandoffError::ImageMissing(_) => "image_missing",
+            HandoffError::Differences(_) => "differences",
         }
     }
 

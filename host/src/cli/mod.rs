@@ -31,6 +31,7 @@ macro_rules! exit_codes {
   13   event too large: a change event or its record is over 16 MiB
   14   watchdog: the run outlived its deadline plus the grace period
   15   image missing: the stream requires a pre-/post-image MongoDB does not hold
+  16   differences: reconcile found missing, orphan or stale documents
   130, 143  a second SIGINT / SIGTERM ended the process at once"
     };
 }
