@@ -377,3 +377,52 @@ fn bad_flags_exit_2_and_write_nothing() {
     assert!(text.contains("16   differences"), "{text}");
     assert!(text.contains("--since"), "{text}");
 }
+
+#[test]
+fn keys_of_every_type_are_read_chunk_by_chunk() {
+    let live = Live::start();
+    live.start_consumer();
+    live.insert(0..1100);
+    let oid = bson::oid::ObjectId::new();
+    let others = vec![
+        doc! {"_id": "a-string", "n": 1},
+        doc! {"_id": "b-string", "n": {"nested": [1, 2]}},
+        doc! {"_id": oid, "n": 3},
+        doc! {"_id": {"compound": 1, "key": "x"}, "n": 4},
+        doc! {"_id": 1.5, "n": 5},
+        doc! {"_id": 7_000_000_000_i64, "n": 6},
+        doc! {"_id": bson::DateTime::from_millis(1_000), "n": 7},
+    ];
+    live.wait(live.coll("orders").insert_many(others))
+        .expect("insert");
+    let mut handed_off = 0;
+    loop {
+        let out = support::ok(&live.run(&[]));
+        let n = out["events_handed_off"].as_u64().expect("a count");
+        handed_off += n;
+        if n == 0 {
+            break;
+        }
+    }
+    assert_eq!(handed_off, 1107);
+    let clean = report(&reconcile(&live, &["--chunk-size", "250"]), 0);
+    assert_eq!(counts(&clean), (0, 0, 0), "{clean}");
+    assert_eq!(clean["checked"], 1107, "{clean}");
+
+    // One stale key of another type, and one missing among the numbers, are found.
+    let outbox = live.coll(OUTBOX);
+    live.wait(outbox.update_many(
+        doc! {"event.documentKey._id": oid},
+        doc! {"$set": {"event.fullDocument.n": 30}},
+    ))
+    .expect("change records");
+    live.wait(outbox.delete_many(doc! {"event.documentKey._id": 1099}))
+        .expect("delete records");
+    let found = report(&reconcile(&live, &["--chunk-size", "7"]), 16);
+    assert_eq!(counts(&found), (1, 0, 1), "{found}");
+    assert_eq!(keys(&found, "missing"), ["1099"]);
+    assert_eq!(
+        keys(&found, "stale"),
+        [format!("{{\"$oid\":\"{}\"}}", oid.to_hex())]
+    );
+}

@@ -284,8 +284,8 @@ impl Errors<'_> {
         match code {
             Some(286) => HandoffError::HistoryLost(format!(
                 "{what}: the checkpoint's token fell off the oplog ({message}); the keys changed \
-                 since cannot be known. See `handoff status`, then reconcile without a live stream \
-                 after `handoff checkpoint reset`"
+                 since cannot be known. See `handoff status`; once `handoff checkpoint reset` has \
+                 moved the checkpoint, reconcile compares from there"
             )),
             Some(260) => HandoffError::InvalidToken(format!(
                 "{what}: the checkpoint's token cannot resume ({message})"
@@ -924,11 +924,19 @@ async fn attempt_batch(
             .iter()
             .filter(|r| !matches!(r.get("_id"), Some(Bson::String(id)) if stored.contains(id)))
             .collect();
+        // A retried first transaction whose commit went through has its audit record already.
         if let Some(audit) = audit {
-            audit_records
-                .insert_one(audit)
+            let held = audit_records
+                .find_one(doc! { "_id": audit.get("_id").cloned().unwrap_or(Bson::Null) })
+                .projection(doc! { "_id": 1 })
                 .session(&mut *session)
                 .await?;
+            if held.is_none() {
+                audit_records
+                    .insert_one(audit)
+                    .session(&mut *session)
+                    .await?;
+            }
         }
         if !fresh.is_empty() {
             outbox
