@@ -426,3 +426,13 @@ fn keys_of_every_type_are_read_chunk_by_chunk() {
         [format!("{{\"$oid\":\"{}\"}}", oid.to_hex())]
     );
 }
+
+#[test]
+fn a_partitioned_consumer_is_refused() {
+    let live = Live::start();
+    support::ok(&live.run(&["--partition", "0/2"]));
+    live.insert(0..4);
+    support::ok(&live.run(&["--partition", "0/2"]));
+    let out = reconcile(&live, &[]);
+    support::refused(&out, 2, "one partition (0/2)");
+}

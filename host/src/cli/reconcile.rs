@@ -13,23 +13,24 @@ use handoff::run::inputs::{RawInputs, valid_name};
 const MAX_REASON: usize = 500;
 
 #[derive(Args)]
-#[command(
-    long_about = "Compares the watched collection with what the consumer's outbox says each \
-document is now: for every document key, its latest record (by position; backfill snapshot and \
-correction records count). Reports the keys MISSING (in the source, absent per the outbox), \
-ORPHAN (present per the outbox, not in the source) and STALE (in both, different; field order \
-does not count). Keys the change stream changed after the consumer's checkpoint are IN FLIGHT: \
-the next run hands them off, so they are counted apart and never as differences (the stream is \
-read from the checkpoint to the current position before the source is read and again after). \
-Read-only unless --repair is given; the checkpoint is never touched.",
-    after_help = concat!(
-        "Examples:\n  handoff reconcile --json\n  handoff reconcile --since 2026-12-01T00:00:00Z\n  \
+#[command(after_help = concat!(
+    "For every document key, the outbox's latest record (by position; backfill snapshot and \
+correction records count) says what the document is now. Reported:\n  \
+missing   in the source, absent per the outbox\n  \
+orphan    present per the outbox, not in the source\n  \
+stale     in both, different (field order does not count)\n  \
+in flight changed in the stream after the consumer's checkpoint: the next run hands them off, \
+so they are counted apart and never as differences (the stream is read from the checkpoint to \
+the current position before the source is read and again after)\n\
+Read-only unless --repair is given; the checkpoint is never touched. Keys are printed as relaxed \
+Extended JSON, never whole documents.\n\n\
+Examples:\n  handoff reconcile --json\n  handoff reconcile --since 2026-12-01T00:00:00Z\n  \
 handoff reconcile --repair --reason \"outbox restored from backup\"\n\n\
-With --repair, exit 0 means the differences found were handed off as correction records \
-(run reconcile again to verify); without it, 16 means differences were found.\n\n",
-        exit_codes!()
-    )
-)]
+Exit 16 means differences were found; with --repair, exit 0 means those found were handed off \
+as correction records (run reconcile again to verify). Exit 3 means too many keys are in flight \
+(--max-in-flight) or the collection was dropped after the checkpoint: run the consumer first.\n\n",
+    exit_codes!()
+))]
 pub struct ReconcileArgs {
     #[command(flatten)]
     pub target: TargetArgs,

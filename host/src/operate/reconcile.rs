@@ -515,6 +515,16 @@ async fn run(connection: &Connection, redactor: &Redactor, options: &Options) ->
         &source_name,
         &connection.deployment().replica_set_id,
     )?;
+    if let Some(partition) = loaded.config.as_ref().and_then(|c| c.partition) {
+        return Err(HandoffError::BadInput(format!(
+            "Consumer {} hands off one partition ({}/{}) of its source: its outbox describes only \
+             that share, so a comparison with the whole collection would report the other \
+             partitions' documents as missing. Reconcile is for consumers of a whole collection",
+            escape_untrusted(&options.consumer, 64),
+            partition.index,
+            partition.count
+        )));
+    }
     let Some(token) = loaded.token.clone() else {
         return Err(HandoffError::BadInput(format!(
             "Consumer {}'s checkpoint has no token: it never completed a run. Run the consumer \
