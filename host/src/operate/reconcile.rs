@@ -977,3 +977,92 @@ async fn attempt_batch(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn since_takes_a_cluster_time_or_a_date() {
+        assert_eq!(
+            parse_since("1700000000.7"),
+            Ok(Timestamp {
+                time: 1_700_000_000,
+                increment: 7
+            })
+        );
+        assert_eq!(
+            parse_since("1700000000"),
+            Ok(Timestamp {
+                time: 1_700_000_000,
+                increment: 0
+            })
+        );
+        assert_eq!(
+            parse_since("2023-11-14T22:13:20Z"),
+            Ok(Timestamp {
+                time: 1_700_000_000,
+                increment: 0
+            })
+        );
+        for bad in ["", "yesterday", "12.x", "-5", "99999999999", "1.2.3"] {
+            assert!(parse_since(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn correction_records_have_deterministic_ids() {
+        let at = doc! { "_data": "8265A1B2C3000000012B0429296E1404" };
+        let key = Bson::Int32(7);
+        let time = Timestamp {
+            time: 0x65A1B2C3,
+            increment: 1,
+        };
+        let a = correction_record("c", "db", "orders", &key, &at, time, None);
+        let b = correction_record("c", "db", "orders", &key, &at, time, None);
+        assert_eq!(a.get_str("_id").ok(), b.get_str("_id").ok());
+        let text = canonical_text(&doc! {
+            "snapshot": { "ns": "db.orders", "documentKey": { "_id": 7 }, "at": at.clone() }
+        });
+        assert_eq!(
+            a.get_str("_id").unwrap(),
+            format!("c/{}", hex::encode(Sha256::digest(text.as_bytes())))
+        );
+        let other = doc! { "_data": "8265A1B2C3000000022B0429296E1404" };
+        let c = correction_record("c", "db", "orders", &key, &other, time, None);
+        assert_ne!(a.get_str("_id").ok(), c.get_str("_id").ok());
+        let event = a.get_document("event").unwrap();
+        assert_eq!(event.get_str("operationType").unwrap(), "snapshot");
+        assert_eq!(event.get("fullDocument"), Some(&Bson::Null));
+        assert_eq!(
+            a.get_document("snapshot")
+                .unwrap()
+                .get_str("command")
+                .unwrap(),
+            "reconcile"
+        );
+        let view_position = Position::of_event(event).unwrap();
+        assert_eq!(view_position.cluster_time(), time);
+    }
+
+    #[test]
+    fn the_report_counts_and_bounds() {
+        let report = Report {
+            consumer: "c\u{1b}[2J".into(),
+            source: "db.orders".into(),
+            missing: Found {
+                count: 3,
+                keys: vec!["1".into()],
+            },
+            ..Report::default()
+        };
+        assert_eq!(report.differences(), 3);
+        let json = report.to_json();
+        assert_eq!(json["missing"]["count"], 3);
+        assert_eq!(json["in_flight"]["count"], 0);
+        assert!(!json["consumer"].as_str().unwrap().contains('\u{1b}'));
+        let human = report.human();
+        assert!(human.contains("and 2 more"), "{human}");
+        assert!(!human.contains('\u{1b}'));
+    }
+}
