@@ -436,3 +436,40 @@ fn a_partitioned_consumer_is_refused() {
     let out = reconcile(&live, &[]);
     support::refused(&out, 2, "one partition (0/2)");
 }
+
+#[test]
+fn writes_while_reconcile_reads_are_in_flight_not_differences() {
+    let live = Live::start();
+    live.start_consumer();
+    live.insert(0..600);
+    while support::ok(&live.run(&[]))["events_handed_off"] != 0 {}
+    let mut child = support::handoff()
+        .args(["reconcile", "--json", "--chunk-size", "5"])
+        .env("MONGODB_URI", live.uri())
+        .env("SOURCE_DATABASE", &live.db)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn reconcile");
+    let orders = live.coll("orders");
+    let mut writes = 0;
+    while child.try_wait().expect("reconcile's state").is_none() {
+        let id = writes % 600;
+        live.wait(orders.update_one(doc! {"_id": id}, doc! {"$inc": {"qty": 1}}))
+            .expect("update");
+        live.wait(orders.insert_one(doc! {"_id": 10_000 + writes, "qty": 0}))
+            .expect("insert");
+        writes += 1;
+    }
+    let output = child.wait_with_output().expect("reconcile's output");
+    let found = report(&output, 0);
+    assert!(writes > 0);
+    assert_eq!(counts(&found), (0, 0, 0), "{found}");
+    assert!(found["in_flight"]["count"].as_u64().unwrap() > 0, "{found}");
+    // Once handed off, nothing is in flight and nothing differs.
+    while support::ok(&live.run(&[]))["events_handed_off"] != 0 {}
+    let settled = report(&reconcile(&live, &[]), 0);
+    assert_eq!(counts(&settled), (0, 0, 0), "{settled}");
+    assert_eq!(settled["in_flight"]["count"], 0, "{settled}");
+    assert_eq!(settled["checked"], 600 + writes as u64, "{settled}");
+}
