@@ -473,3 +473,54 @@ fn writes_while_reconcile_reads_are_in_flight_not_differences() {
     assert_eq!(settled["in_flight"]["count"], 0, "{settled}");
     assert_eq!(settled["checked"], 600 + writes as u64, "{settled}");
 }
+
+#[test]
+fn a_repair_under_concurrent_writes_leaves_the_outbox_describing_the_source() {
+    let live = Live::start();
+    live.start_consumer();
+    live.insert(0..300);
+    while support::ok(&live.run(&[]))["events_handed_off"] != 0 {}
+    // 250 documents whose records were lost; the repair reads them while they are updated and
+    // deleted, and the consumer's next runs hand those writes off after the corrections.
+    live.wait(
+        live.coll(OUTBOX)
+            .delete_many(doc! {"event.documentKey._id": {"$lt": 250}}),
+    )
+    .expect("delete records");
+    let mut child = support::handoff()
+        .args([
+            "reconcile",
+            "--json",
+            "--repair",
+            "--reason",
+            "lost records",
+        ])
+        .env("MONGODB_URI", live.uri())
+        .env("SOURCE_DATABASE", &live.db)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn reconcile");
+    let orders = live.coll("orders");
+    let mut writes = 0;
+    while child.try_wait().expect("reconcile's state").is_none() {
+        let id = writes % 300;
+        live.wait(orders.update_one(doc! {"_id": id}, doc! {"$inc": {"qty": 1}}))
+            .expect("update");
+        if writes % 7 == 0 {
+            live.wait(orders.delete_one(doc! {"_id": (writes * 13) % 300}))
+                .expect("delete");
+        }
+        writes += 1;
+    }
+    let repaired = report(&child.wait_with_output().expect("output"), 0);
+    assert!(
+        repaired["repair"]["written"].as_u64().unwrap() > 0,
+        "{repaired}"
+    );
+    assert_eq!(count(&live, AUDIT), 1);
+    while support::ok(&live.run(&[]))["events_handed_off"] != 0 {}
+    let settled = report(&reconcile(&live, &[]), 0);
+    assert_eq!(counts(&settled), (0, 0, 0), "{settled}");
+    assert_eq!(settled["in_flight"]["count"], 0, "{settled}");
+}
