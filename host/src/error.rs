@@ -65,11 +65,12 @@ pub enum HandoffError {
     /// (MongoDB code 47). Nothing was written.
     #[error("{0}")]
     ImageMissing(String),
-    /// Anything else: a defect of this tool.
-    /// A check an operator asked for found something to act on (a margin below
-    /// `--min-margin`, differences between the source and the outbox).
+    /// A check an operator asked for found something to act on: a margin below
+    /// `--min-margin`, documents the outbox describes otherwise than the source holds them
+    /// (`reconcile`: missing, orphan or stale keys).
     #[error("{0}")]
     Attention(String),
+    /// Anything else: a defect of this tool.
     #[error(transparent)]
     Internal(#[from] anyhow::Error),
 }

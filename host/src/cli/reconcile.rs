@@ -3,9 +3,34 @@
 use clap::Args;
 
 use super::args::{AuditArgs, TargetArgs, ViewArgs};
+use handoff::backend::mongo::{Connection, Redactor};
 use handoff::error::{HandoffError, Result};
+use handoff::operate::progress::Sink;
+use handoff::operate::reconcile::{self, Options};
+use handoff::run::inputs::{RawInputs, valid_name};
+
+/// The longest `--reason`.
+const MAX_REASON: usize = 500;
 
 #[derive(Args)]
+#[command(after_help = concat!(
+    "For every document key, the outbox's latest record (by position; backfill snapshot and \
+correction records count) says what the document is now. Reported:\n  \
+missing   in the source, absent per the outbox\n  \
+orphan    present per the outbox, not in the source\n  \
+stale     in both, different (field order does not count)\n  \
+in flight changed in the stream after the consumer's checkpoint: the next run hands them off, \
+so they are counted apart and never as differences (the stream is read from the checkpoint to \
+the current position before the source is read and again after)\n\
+Read-only unless --repair is given; the checkpoint is never touched. Keys are printed as relaxed \
+Extended JSON, never whole documents.\n\n\
+Examples:\n  handoff reconcile --json\n  handoff reconcile --since 2026-12-01T00:00:00Z\n  \
+handoff reconcile --repair --reason \"outbox restored from backup\"\n\n\
+Exit 16 means differences were found; with --repair, exit 0 means those found were handed off \
+as correction records (run reconcile again to verify). Exit 3 means too many keys are in flight \
+(--max-in-flight) or the collection was dropped after the checkpoint: run the consumer first.\n\n",
+    exit_codes!()
+))]
 pub struct ReconcileArgs {
     #[command(flatten)]
     pub target: TargetArgs,
@@ -13,10 +38,130 @@ pub struct ReconcileArgs {
     pub audit: AuditArgs,
     #[command(flatten)]
     pub view: ViewArgs,
+    /// Keys listed per kind of difference (counts are always complete).
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(0..=100_000))]
+    pub limit: u32,
+    /// Source documents (and outbox records) read per round trip.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub chunk_size: u32,
+    /// The most keys changed after the checkpoint that reconcile accepts; more is an error (run
+    /// the consumer first).
+    #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u32).range(1..=10_000_000))]
+    pub max_in_flight: u32,
+    /// Only keys whose latest outbox record is at or after T (a cluster time `SECONDS[.INCREMENT]`
+    /// or an RFC 3339 date): those are looked up in the source (missing when the outbox says
+    /// absent, stale, orphan). The rest of the source is not read, so documents never handed off
+    /// at all are found only without --since.
+    #[arg(long, value_name = "T")]
+    pub since: Option<String>,
+    /// Hand off a correction record (operation type `snapshot`, a fresh position) for every
+    /// missing, stale and orphan key, in transactions of 100, with an audit record. Needs
+    /// --reason.
+    #[arg(long, requires = "reason")]
+    pub repair: bool,
+    /// Why the repair is made (1-500 printable characters), kept in the audit record.
+    #[arg(long, requires = "repair", value_name = "TEXT")]
+    pub reason: Option<String>,
 }
 
-pub fn run(_args: ReconcileArgs) -> Result<()> {
-    Err(HandoffError::BadInput(
-        "reconcile is not available in this build".into(),
-    ))
+impl ReconcileArgs {
+    /// The options, checked: nothing is read or written before they are.
+    fn options(&self) -> Result<Options> {
+        let target = &self.target;
+        let inputs = RawInputs {
+            database: target.database.clone(),
+            collection: target.collection.clone(),
+            consumer_id: target.consumer.consumer_id.clone(),
+            checkpoint_collection: target.consumer.checkpoint_collection.clone(),
+            outbox_collection: target.consumer.outbox_collection.clone(),
+            quarantine_collection: target.consumer.quarantine_collection.clone(),
+            max_events: "50".into(),
+            max_wait_seconds: "10".into(),
+        }
+        .validate()?;
+        let audit = &self.audit.audit_collection;
+        if !valid_name(audit)
+            || [
+                &inputs.collection,
+                &inputs.checkpoint_collection,
+                &inputs.outbox_collection,
+            ]
+            .contains(&audit)
+        {
+            return Err(HandoffError::BadInput(
+                "AUDIT_COLLECTION must contain 1-63 letters, digits, underscores or hyphens, \
+                 start with a letter, and differ from the source, checkpoint and outbox collections"
+                    .into(),
+            ));
+        }
+        let since = self
+            .since
+            .as_deref()
+            .map(reconcile::parse_since)
+            .transpose()
+            .map_err(|why| HandoffError::BadInput(format!("--since: {why}")))?;
+        let repair = match (&self.repair, &self.reason) {
+            (true, Some(reason)) => {
+                let reason = reason.trim();
+                if reason.is_empty()
+                    || reason.chars().count() > MAX_REASON
+                    || reason.chars().any(char::is_control)
+                {
+                    return Err(HandoffError::BadInput(format!(
+                        "--reason needs 1-{MAX_REASON} printable characters"
+                    )));
+                }
+                Some(reason.to_string())
+            }
+            (true, None) => {
+                return Err(HandoffError::BadInput("--repair needs --reason".into()));
+            }
+            (false, _) => None,
+        };
+        let mut command = String::from("reconcile");
+        if let Some(since) = since {
+            command.push_str(&format!(" --since {}", reconcile::time_text(since)));
+        }
+        if repair.is_some() {
+            command.push_str(" --repair");
+        }
+        Ok(Options {
+            database: inputs.database,
+            collection: inputs.collection,
+            consumer: inputs.consumer_id,
+            checkpoints: inputs.checkpoint_collection,
+            outbox: inputs.outbox_collection,
+            audit: audit.clone(),
+            limit: self.limit as usize,
+            chunk_size: self.chunk_size,
+            max_in_flight: self.max_in_flight as usize,
+            since,
+            repair,
+            command,
+            progress: Sink::detect(),
+        })
+    }
+}
+
+pub fn run(args: ReconcileArgs) -> Result<()> {
+    let options = args.options()?;
+    let connection = Connection::connect(&args.target.uri)?;
+    let redactor = Redactor::for_uri(&args.target.uri).unwrap_or_default();
+    let outcome = reconcile::reconcile(&connection, &redactor, &options);
+    connection.close();
+    let report = outcome?;
+    if args.view.json {
+        println!("{}", report.to_json());
+    } else {
+        print!("{}", report.human());
+    }
+    let differences = report.differences();
+    if differences > 0 && report.repair.is_none() {
+        return Err(HandoffError::Attention(format!(
+            "{differences} keys differ ({} missing, {} orphan, {} stale); \
+             `handoff reconcile --repair --reason TEXT` hands off correction records",
+            report.missing.count, report.orphan.count, report.stale.count
+        )));
+    }
+    Ok(())
 }
