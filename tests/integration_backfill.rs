@@ -691,6 +691,19 @@ fn ten_thousand_documents_under_writes_runs_and_kills_end_described_exactly() {
     println!("caught up after {:?}", clock.elapsed());
 
     assert_outbox_describes_source(&live);
+    // And `reconcile` says the same: nothing missing, orphan or stale, nothing in flight.
+    let reconciled = support::handoff()
+        .args(["reconcile", "--json", "--chunk-size", "700"])
+        .env("MONGODB_URI", live.uri())
+        .env("SOURCE_DATABASE", &live.db)
+        .output()
+        .expect("run handoff reconcile");
+    let report = json_of(&reconciled);
+    for kind in ["missing", "orphan", "stale"] {
+        assert_eq!(report[kind]["count"], 0, "{kind}: {report}");
+    }
+    assert_eq!(report["in_flight"]["count"], 0, "{report}");
+    assert!(report["checked"].as_u64().unwrap_or(0) > 9_000, "{report}");
     // No change event handed off twice, and no snapshot record for one key at one position
     // twice (ids of regular records are their event's; of snapshots, their key and position).
     let outbox = live.outbox();

@@ -287,6 +287,8 @@ fn lost_history_carries_evidence_and_an_audited_reset_recovers() {
     assert!(audit_records(&d).is_empty());
 
     // The reset: checkpoint moved, revision counted, audit record in place.
+    let prior = d.checkpoint().expect("checkpoint");
+    assert_eq!(prior.get("token"), before.get("token"));
     let applied = json_of(&operator(
         &d,
         &[&reset[..], &["--reason", "history lost in test", "--json"]].concat(),
@@ -296,7 +298,7 @@ fn lost_history_carries_evidence_and_an_audited_reset_recovers() {
     assert_ne!(after.get("token"), before.get("token"));
     assert_eq!(
         after.get_i64("revision").expect("revision"),
-        before.get_i64("revision").expect("revision") + 1
+        prior.get_i64("revision").expect("revision") + 1
     );
     let records = audit_records(&d);
     assert_eq!(records.len(), 1);

@@ -174,6 +174,22 @@ fn planted_differences_are_found_exactly_and_a_repair_clears_them() {
         "{}",
         support::stderr(&human)
     );
+    // The HTML report lists the same keys, self-contained.
+    let dir = tempfile::tempdir().expect("temporary folder");
+    let page = dir.path().join("reconcile.html");
+    let html = reconcile(&live, &["--html", page.to_str().expect("path")]);
+    assert_eq!(html.status.code(), Some(16), "{}", support::stderr(&html));
+    let page = std::fs::read_to_string(&page).expect("the report was written");
+    for needle in [
+        "missing keys",
+        "orphan keys",
+        "stale keys",
+        "<td>100</td>",
+        "in flight",
+    ] {
+        assert!(page.contains(needle), "{needle}: {page}");
+    }
+    assert!(!page.contains("<script") && !page.contains("http"));
     let limited = report(&reconcile(&live, &["--limit", "0"]), 16);
     assert_eq!(counts(&limited), (1, 1, 1));
     assert!(keys(&limited, "stale").is_empty());
@@ -374,7 +390,7 @@ fn bad_flags_exit_2_and_write_nothing() {
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&help.stdout);
-    assert!(text.contains("16   differences"), "{text}");
+    assert!(text.contains("16   attention"), "{text}");
     assert!(text.contains("--since"), "{text}");
 }
 

@@ -62,6 +62,9 @@ pub struct ReconcileArgs {
     /// Why the repair is made (1-500 printable characters), kept in the audit record.
     #[arg(long, requires = "repair", value_name = "TEXT")]
     pub reason: Option<String>,
+    /// Also write the report as a self-contained HTML page to this file.
+    #[arg(long, value_name = "FILE")]
+    pub html: Option<std::path::PathBuf>,
 }
 
 impl ReconcileArgs {
@@ -154,6 +157,9 @@ pub fn run(args: ReconcileArgs) -> Result<()> {
         println!("{}", report.to_json());
     } else {
         print!("{}", report.human());
+    }
+    if let Some(path) = &args.html {
+        report.html().write(path)?;
     }
     let differences = report.differences();
     if differences > 0 && report.repair.is_none() {

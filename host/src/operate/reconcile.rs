@@ -978,6 +978,80 @@ async fn attempt_batch(
     }
 }
 
+impl Report {
+    /// The report as a self-contained HTML page: the figures, then the keys of each kind.
+    pub fn html(&self) -> super::report::Report {
+        use super::report::{Report as Page, Section};
+        let mut figures = vec![
+            (
+                "consumer".to_string(),
+                format!("{} on {}", self.consumer, self.source),
+            ),
+            (
+                "checkpoint at".to_string(),
+                self.checkpoint_cluster_time
+                    .map(time_text)
+                    .unwrap_or_else(|| "unknown".into()),
+            ),
+            ("keys checked".to_string(), self.checked.to_string()),
+            (
+                "outbox records".to_string(),
+                self.outbox_records.to_string(),
+            ),
+            ("in flight".to_string(), self.in_flight.to_string()),
+        ];
+        if let Some(since) = self.since {
+            figures.push(("since".to_string(), time_text(since)));
+        }
+        let mut sections = Vec::new();
+        for (name, found) in [
+            ("missing", &self.missing),
+            ("orphan", &self.orphan),
+            ("stale", &self.stale),
+        ] {
+            figures.push((name.to_string(), found.count.to_string()));
+            if found.count > 0 {
+                let mut rows: Vec<(String, String)> = found
+                    .keys
+                    .iter()
+                    .enumerate()
+                    .map(|(i, key)| ((i + 1).to_string(), key.clone()))
+                    .collect();
+                if found.count > found.keys.len() as u64 {
+                    rows.push((
+                        "…".to_string(),
+                        format!(
+                            "{} more (raise --limit)",
+                            found.count - found.keys.len() as u64
+                        ),
+                    ));
+                }
+                sections.push(Section {
+                    heading: format!("{name} keys"),
+                    rows,
+                });
+            }
+        }
+        if self.differences() > 0 && self.repair.is_none() {
+            figures.push((
+                "WARNING".to_string(),
+                format!("{} keys differ; `handoff reconcile --repair --reason TEXT` hands off correction records", self.differences()),
+            ));
+        }
+        sections.insert(
+            0,
+            Section {
+                heading: "figures".to_string(),
+                rows: figures,
+            },
+        );
+        Page {
+            title: format!("handoff reconcile: {}", self.consumer),
+            sections,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
