@@ -17,43 +17,15 @@ use std::time::Duration;
 use bson::{Bson, Document, doc};
 use mongo_sim::Config;
 use serde_json::Value;
+use support::Rng;
 use support::live::*;
 
 const SIGNALS: &str = "kestra_change_signals";
 const STATES: &str = "kestra_change_backfill";
 const AUDIT: &str = "kestra_change_audit";
 
-/// xorshift64*: small, seeded, reproducible.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        Rng(seed.max(1))
-    }
-
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
 fn seed() -> u64 {
-    match std::env::var("HANDOFF_BACKFILL_SEED") {
-        Ok(text) => text
-            .trim()
-            .parse()
-            .expect("HANDOFF_BACKFILL_SEED is an integer"),
-        Err(_) => std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .expect("clock")
-            .as_nanos() as u64,
-    }
+    support::seed("HANDOFF_BACKFILL_SEED")
 }
 
 /// A test server whose history holds everything these tests write.

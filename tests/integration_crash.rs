@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use bson::doc;
 use mongo_sim::Config;
+use support::Rng;
 use support::live::*;
 
 /// The fewest kills a run of this suite must survive.
@@ -22,37 +23,8 @@ const MIN_KILLS: u32 = 25;
 /// How many source operations the writer performs (each is one or more change events).
 const STEPS: i32 = 90;
 
-/// xorshift64*: small, seeded, reproducible.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        Rng(seed.max(1))
-    }
-
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
 fn seed() -> u64 {
-    match std::env::var("HANDOFF_CRASH_SEED") {
-        Ok(text) => text
-            .trim()
-            .parse()
-            .expect("HANDOFF_CRASH_SEED is an integer"),
-        Err(_) => std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .expect("clock")
-            .as_nanos() as u64,
-    }
+    support::seed("HANDOFF_CRASH_SEED")
 }
 
 /// The known sequence of source changes, paced by the generator. Returns the operation type of

@@ -284,3 +284,38 @@ pub fn baseline_event_id(token: &Value) -> String {
     );
     hex::encode(sha2::Sha256::digest(text.as_bytes()))
 }
+
+/// xorshift64*: a small seeded generator, so that a randomized test can be replayed exactly from
+/// the seed it prints.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed.max(1))
+    }
+
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// The seed in the environment variable `var` (to replay a run), else one from the clock.
+pub fn seed(var: &str) -> u64 {
+    match std::env::var(var) {
+        Ok(text) => text
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("{var} is an integer")),
+        Err(_) => std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock")
+            .as_nanos() as u64,
+    }
+}

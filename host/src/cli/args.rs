@@ -179,6 +179,21 @@ pub struct StreamArgs {
 /// The longest reason `--accept-config-change` takes.
 const MAX_REASON: usize = 500;
 
+/// An operator's reason (kept in the checkpoint or an audit record): 1-500 printable
+/// characters, trimmed.
+pub fn reason_text(flag: &str, reason: &str) -> Result<String> {
+    let reason = reason.trim();
+    if reason.is_empty()
+        || reason.chars().count() > MAX_REASON
+        || reason.chars().any(char::is_control)
+    {
+        return Err(HandoffError::BadInput(format!(
+            "{flag} needs a reason of 1-{MAX_REASON} printable characters"
+        )));
+    }
+    Ok(reason.to_string())
+}
+
 impl StreamArgs {
     /// The stream options, checked: nothing is read or written before they are.
     pub fn options(&self) -> Result<StreamOptions> {
@@ -219,18 +234,7 @@ impl StreamArgs {
         };
         let accept_config_change = match &self.accept_config_change {
             None => None,
-            Some(reason) => {
-                let reason = reason.trim();
-                if reason.is_empty()
-                    || reason.chars().count() > MAX_REASON
-                    || reason.chars().any(char::is_control)
-                {
-                    return Err(HandoffError::BadInput(format!(
-                        "--accept-config-change needs a reason of 1-{MAX_REASON} printable characters"
-                    )));
-                }
-                Some(reason.to_string())
-            }
+            Some(reason) => Some(reason_text("--accept-config-change", reason)?),
         };
         let partition = match &self.partition {
             None => None,

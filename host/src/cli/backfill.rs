@@ -4,16 +4,13 @@ use std::time::Duration;
 
 use clap::Args;
 
-use super::args::{AuditArgs, TargetArgs, ViewArgs};
+use super::args::{AuditArgs, TargetArgs, ViewArgs, reason_text};
 use handoff::backend::mongo::Connection;
 use handoff::error::{HandoffError, Result};
 use handoff::operate::backfill::{
     Backfill, DEFAULT_CHUNK_SIZE, DEFAULT_SIGNAL_COLLECTION, DEFAULT_STATE_COLLECTION, Options,
 };
 use handoff::run::inputs::valid_name;
-
-/// The longest reason accepted.
-const MAX_REASON: usize = 500;
 
 #[derive(Args)]
 #[command(after_help = concat!(
@@ -107,15 +104,7 @@ impl BackfillArgs {
                 }
             }
         }
-        let reason = self.reason.trim();
-        if reason.is_empty()
-            || reason.chars().count() > MAX_REASON
-            || reason.chars().any(char::is_control)
-        {
-            return Err(HandoffError::BadInput(format!(
-                "--reason needs 1-{MAX_REASON} printable characters"
-            )));
-        }
+        let reason = reason_text("--reason", &self.reason)?;
         let mut command = format!(
             "handoff backfill --database {} --collection {} --consumer-id {} --chunk-size {}",
             t.database, t.collection, t.consumer.consumer_id, self.chunk_size

@@ -2,7 +2,7 @@
 
 use clap::{ArgGroup, Args, Subcommand};
 
-use super::args::{AuditArgs, TargetArgs, ViewArgs};
+use super::args::{AuditArgs, TargetArgs, ViewArgs, reason_text};
 use handoff::backend::mongo::Connection;
 use handoff::domain::Mode;
 use handoff::domain::position::parse_time;
@@ -62,13 +62,16 @@ pub fn run(command: CheckpointCommand) -> Result<()> {
 fn reset_checkpoint(args: ResetArgs) -> Result<()> {
     let inputs = args.target.inputs()?;
     let audit = args.audit.collection(&inputs)?;
-    let reason = args.reason.as_deref().map(str::trim).unwrap_or_default();
-    if !args.dry_run && reason.is_empty() {
-        return Err(HandoffError::BadInput(
-            "--reason is required: say why the checkpoint moves (it is kept in the audit record)"
-                .into(),
-        ));
-    }
+    let reason = match (&args.reason, args.dry_run) {
+        (Some(reason), _) => reason_text("--reason", reason)?,
+        (None, true) => String::new(),
+        (None, false) => {
+            return Err(HandoffError::BadInput(
+                "--reason is required: say why the checkpoint moves (it is kept in the audit record)"
+                    .into(),
+            ));
+        }
+    };
     let to = if args.to.is_some() {
         To::Now
     } else if let Some(time) = &args.to_time {
@@ -106,7 +109,7 @@ fn reset_checkpoint(args: ResetArgs) -> Result<()> {
     let done = (|| {
         let plan = reset::plan(&connection, &target, to)?;
         if !args.dry_run {
-            reset::apply(&connection, &target, &plan, reason)?;
+            reset::apply(&connection, &target, &plan, &reason)?;
         }
         Ok::<_, HandoffError>(plan)
     })();

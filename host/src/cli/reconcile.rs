@@ -2,15 +2,11 @@
 
 use clap::Args;
 
-use super::args::{AuditArgs, TargetArgs, ViewArgs};
+use super::args::{AuditArgs, TargetArgs, ViewArgs, reason_text};
 use handoff::backend::mongo::{Connection, Redactor};
 use handoff::error::{HandoffError, Result};
 use handoff::operate::progress::Sink;
 use handoff::operate::reconcile::{self, Options};
-use handoff::run::inputs::{RawInputs, valid_name};
-
-/// The longest `--reason`.
-const MAX_REASON: usize = 500;
 
 #[derive(Args)]
 #[command(after_help = concat!(
@@ -70,33 +66,8 @@ pub struct ReconcileArgs {
 impl ReconcileArgs {
     /// The options, checked: nothing is read or written before they are.
     fn options(&self) -> Result<Options> {
-        let target = &self.target;
-        let inputs = RawInputs {
-            database: target.database.clone(),
-            collection: target.collection.clone(),
-            consumer_id: target.consumer.consumer_id.clone(),
-            checkpoint_collection: target.consumer.checkpoint_collection.clone(),
-            outbox_collection: target.consumer.outbox_collection.clone(),
-            quarantine_collection: target.consumer.quarantine_collection.clone(),
-            max_events: "50".into(),
-            max_wait_seconds: "10".into(),
-        }
-        .validate()?;
-        let audit = &self.audit.audit_collection;
-        if !valid_name(audit)
-            || [
-                &inputs.collection,
-                &inputs.checkpoint_collection,
-                &inputs.outbox_collection,
-            ]
-            .contains(&audit)
-        {
-            return Err(HandoffError::BadInput(
-                "AUDIT_COLLECTION must contain 1-63 letters, digits, underscores or hyphens, \
-                 start with a letter, and differ from the source, checkpoint and outbox collections"
-                    .into(),
-            ));
-        }
+        let inputs = self.target.inputs()?;
+        let audit = self.audit.collection(&inputs)?;
         let since = self
             .since
             .as_deref()
@@ -104,18 +75,7 @@ impl ReconcileArgs {
             .transpose()
             .map_err(|why| HandoffError::BadInput(format!("--since: {why}")))?;
         let repair = match (&self.repair, &self.reason) {
-            (true, Some(reason)) => {
-                let reason = reason.trim();
-                if reason.is_empty()
-                    || reason.chars().count() > MAX_REASON
-                    || reason.chars().any(char::is_control)
-                {
-                    return Err(HandoffError::BadInput(format!(
-                        "--reason needs 1-{MAX_REASON} printable characters"
-                    )));
-                }
-                Some(reason.to_string())
-            }
+            (true, Some(reason)) => Some(reason_text("--reason", reason)?),
             (true, None) => {
                 return Err(HandoffError::BadInput("--repair needs --reason".into()));
             }
@@ -134,7 +94,7 @@ impl ReconcileArgs {
             consumer: inputs.consumer_id,
             checkpoints: inputs.checkpoint_collection,
             outbox: inputs.outbox_collection,
-            audit: audit.clone(),
+            audit,
             limit: self.limit as usize,
             chunk_size: self.chunk_size,
             max_in_flight: self.max_in_flight as usize,

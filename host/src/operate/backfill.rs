@@ -35,10 +35,7 @@ use bson::oid::ObjectId;
 use bson::{Bson, DateTime, Document, doc};
 use futures_util::TryStreamExt;
 use mongodb::change_stream::ChangeStream;
-use mongodb::error::{
-    Error as DriverError, ErrorKind, TRANSIENT_TRANSACTION_ERROR,
-    UNKNOWN_TRANSACTION_COMMIT_RESULT, WriteFailure,
-};
+use mongodb::error::{Error as DriverError, ErrorKind, TRANSIENT_TRANSACTION_ERROR, WriteFailure};
 use mongodb::options::ReturnDocument;
 use mongodb::{ClientSession, Collection, Database};
 use sha2::Digest;
@@ -928,26 +925,12 @@ impl<'a> Backfill<'a> {
                 Statement::Driver(e) => failed(e),
             });
         }
-        let mut commits = 0;
-        loop {
-            commits += 1;
-            match session.commit_transaction().await {
-                Ok(()) => return Ok(()),
-                Err(e)
-                    if e.contains_label(UNKNOWN_TRANSACTION_COMMIT_RESULT)
-                        && commits < COMMIT_ATTEMPTS =>
-                {
-                    tracing::warn!(
-                        attempt = commits,
-                        "commit result unknown; retrying the commit"
-                    );
-                }
-                Err(e) => {
-                    tracing::debug!(consumer = %o.consumer, "the chunk's commit failed");
-                    return Err(failed(e));
-                }
-            }
-        }
+        crate::backend::mongo::commit_retrying(&mut session, COMMIT_ATTEMPTS, || {})
+            .await
+            .map_err(|e| {
+                tracing::debug!(consumer = %o.consumer, "the chunk's commit failed");
+                failed(e)
+            })
     }
 
     async fn statements(

@@ -375,7 +375,13 @@ pub fn apply(
                 return Err(failed(error));
             }
         }
-        session.commit_transaction().await.map_err(|e| {
+        crate::backend::mongo::commit_retrying(
+            &mut session,
+            crate::backend::mongo::TRANSACTION_ATTEMPTS,
+            || {},
+        )
+        .await
+        .map_err(|e| {
             if e.contains_label("TransientTransactionError") {
                 conflict()
             } else {

@@ -92,3 +92,31 @@ pub(crate) fn guarded_database(client: &Client, name: &str) -> Database {
             .build(),
     )
 }
+
+/// `commitTransaction`, retried alone on `UnknownTransactionCommitResult` (the commit may or may
+/// not have applied; committing again is how a driver learns which), `attempts` times at most in
+/// all; `retried` is told of each retry.
+pub async fn commit_retrying(
+    session: &mut mongodb::ClientSession,
+    attempts: u32,
+    mut retried: impl FnMut(),
+) -> mongodb::error::Result<()> {
+    let mut commits = 0;
+    loop {
+        commits += 1;
+        match session.commit_transaction().await {
+            Ok(()) => return Ok(()),
+            Err(e)
+                if e.contains_label(mongodb::error::UNKNOWN_TRANSACTION_COMMIT_RESULT)
+                    && commits < attempts =>
+            {
+                tracing::warn!(
+                    attempt = commits,
+                    "commit result unknown; retrying the commit"
+                );
+                retried();
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}

@@ -6,10 +6,7 @@ use std::time::{Duration, Instant};
 
 use bson::{Bson, Document, doc};
 use mongodb::error::PartialBulkWriteResult;
-use mongodb::error::{
-    Error as DriverError, ErrorKind, TRANSIENT_TRANSACTION_ERROR,
-    UNKNOWN_TRANSACTION_COMMIT_RESULT, WriteFailure,
-};
+use mongodb::error::{Error as DriverError, ErrorKind, TRANSIENT_TRANSACTION_ERROR, WriteFailure};
 use mongodb::options::{InsertOneModel, ReturnDocument, UpdateOneModel, WriteModel};
 use mongodb::{ClientSession, Collection};
 
@@ -368,29 +365,16 @@ fn insert_failure(error: DriverError, records: &[&Document]) -> Attempt {
     }
 }
 
-/// `commitTransaction`, retried alone on `UnknownTransactionCommitResult`.
+/// `commitTransaction`, retried alone on `UnknownTransactionCommitResult`, each retry counted.
 async fn commit_with_retries(
     session: &mut ClientSession,
     retries: &AtomicU32,
 ) -> std::result::Result<(), Attempt> {
-    let mut commits = 0;
-    loop {
-        commits += 1;
-        match session.commit_transaction().await {
-            Ok(()) => return Ok(()),
-            Err(e)
-                if e.contains_label(UNKNOWN_TRANSACTION_COMMIT_RESULT)
-                    && commits < TRANSACTION_ATTEMPTS =>
-            {
-                tracing::warn!(
-                    attempt = commits,
-                    "commit result unknown; retrying the commit"
-                );
-                retries.fetch_add(1, Ordering::Relaxed);
-            }
-            Err(e) => return Err(Attempt::from(e)),
-        }
-    }
+    super::commit_retrying(session, TRANSACTION_ATTEMPTS, || {
+        retries.fetch_add(1, Ordering::Relaxed);
+    })
+    .await
+    .map_err(Attempt::from)
 }
 
 /// Ends on the server a transaction whose commit failed. Once a commit was attempted the driver
