@@ -427,7 +427,93 @@ fn a_reset_is_refused_while_a_run_holds_the_consumer_or_on_bad_input() {
             support::stderr(&out)
         );
     }
+    // A consumer without a checkpoint (a mistyped id, say) is not created by a reset.
+    let nobody = operator(
+        &d,
+        &[
+            "checkpoint",
+            "reset",
+            "--to",
+            "now",
+            "--reason",
+            "x",
+            "--consumer-id",
+            "nobody",
+        ],
+    );
+    assert_eq!(
+        nobody.status.code(),
+        Some(2),
+        "{}",
+        support::stderr(&nobody)
+    );
+    assert!(support::stderr(&nobody).contains("has no checkpoint"));
+    let count = d
+        .wait(d.coll(CHECKPOINTS).count_documents(doc! {}))
+        .expect("count");
+    assert_eq!(count, 1);
     let after = d.checkpoint().expect("checkpoint");
     assert_eq!(after.get("token"), before.get("token"));
+    assert!(audit_records(&d).is_empty());
+}
+
+#[test]
+fn a_reset_to_a_time_the_oplog_no_longer_holds_is_refused() {
+    let d = sim(8);
+    let early = insert_at(&d, "orders", vec![doc! { "_id": 0 }]);
+    support::ok(&d.run(&[]));
+    insert_at(&d, "orders", (1..20).map(|i| doc! { "_id": i }).collect());
+    let before = d.checkpoint().expect("checkpoint");
+    let at = format!("{}.{}", early.time, early.increment);
+    let out = operator(
+        &d,
+        &[
+            "checkpoint",
+            "reset",
+            "--to-time",
+            &at,
+            "--reason",
+            "too far back",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(6), "{}", support::stderr(&out));
+    // Refused by the window check, or by the server when it checks the start itself.
+    let err = support::stderr(&out);
+    assert!(
+        err.contains("oldest entry of the oplog") || err.contains("no longer in the oplog"),
+        "{err}"
+    );
+    assert_eq!(
+        d.checkpoint().expect("checkpoint").get("token"),
+        before.get("token")
+    );
+    assert!(audit_records(&d).is_empty());
+}
+
+#[test]
+fn consumers_of_a_filtered_stream_are_refused_by_backfill_and_reconcile() {
+    let d = sim(10_000);
+    support::ok(&d.run(&[
+        "--pipeline",
+        r#"[{"$match": {"fullDocument.qty": {"$gt": 1}}}]"#,
+    ]));
+    insert_at(&d, "orders", vec![doc! { "_id": 1, "qty": 1 }]);
+    let backfill = operator(&d, &["backfill", "--reason", "x"]);
+    assert_eq!(
+        backfill.status.code(),
+        Some(2),
+        "{}",
+        support::stderr(&backfill)
+    );
+    assert!(support::stderr(&backfill).contains("plain collection stream"));
+    let reconcile = operator(&d, &["reconcile", "--repair", "--reason", "x"]);
+    assert_eq!(
+        reconcile.status.code(),
+        Some(2),
+        "{}",
+        support::stderr(&reconcile)
+    );
+    assert!(support::stderr(&reconcile).contains("plain collection stream"));
+    assert!(outbox(&d).is_empty());
     assert!(audit_records(&d).is_empty());
 }

@@ -26,14 +26,14 @@ pub struct ConsumerArgs {
     #[arg(
         long,
         env = "CHECKPOINT_COLLECTION",
-        default_value = "kestra_change_checkpoints"
+        default_value = handoff::domain::deployment::DEFAULT_CHECKPOINTS
     )]
     pub checkpoint_collection: String,
     /// Collection (table) of the outbox.
     #[arg(
         long,
         env = "OUTBOX_COLLECTION",
-        default_value = "kestra_change_outbox"
+        default_value = handoff::domain::deployment::DEFAULT_OUTBOX
     )]
     pub outbox_collection: String,
     /// Collection (table) of quarantined events (policies that refuse poison events write there).

@@ -126,6 +126,7 @@ fn run_reported(
                 failed.position.as_deref(),
                 &consumer_id,
                 failed.source.as_deref(),
+                failed.collections.as_deref(),
             );
             let error = failed.failed.error;
             Err(match evidence {

@@ -82,6 +82,10 @@ pub fn run(args: StatusArgs) -> Result<()> {
         let enough = margin.is_some_and(|m| m >= 0 && m as u64 >= min.as_secs());
         if !enough {
             return Err(HandoffError::Attention(match margin {
+                Some(m) if m < 0 => format!(
+                    "the checkpoint already fell off the oplog (margin {m} s): history is lost; see \
+                     `handoff checkpoint reset` and `handoff reconcile`"
+                ),
                 Some(m) => format!(
                     "the oplog margin is {m} s, under --min-margin {} s: the checkpoint is about to fall \
                      off the oplog (run the consumer more often, or grow the oplog)",

@@ -14,6 +14,11 @@ pub struct Consumer {
     pub source: String,
 }
 
+/// The checkpoint collection when none is named (the baseline's).
+pub const DEFAULT_CHECKPOINTS: &str = "kestra_change_checkpoints";
+/// The outbox collection when none is named (the baseline's).
+pub const DEFAULT_OUTBOX: &str = "kestra_change_outbox";
+
 /// The collections (tables) a consumer's state lives in.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Collections {

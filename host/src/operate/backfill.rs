@@ -668,6 +668,18 @@ impl<'a> Backfill<'a> {
             })?;
         let loaded = checkpoint::validate(&stored, &source, replica_set_id)
             .map_err(BackfillError::Checkpoint)?;
+        if let Some(config) = &loaded.config
+            && (config.partition.is_some()
+                || !config.pipeline.is_empty()
+                || config.scope != crate::domain::config::Scope::Collection)
+        {
+            return Err(BackfillError::Checkpoint(HandoffError::BadInput(format!(
+                "consumer {} does not stream whole documents of the whole collection (a partition, \
+                 a pipeline or a wider scope): snapshot records of every document would not be \
+                 what its runs hand off. Backfill a consumer of the plain collection stream",
+                o.consumer
+            ))));
+        }
         if loaded.token.is_some() {
             return Ok(false);
         }
@@ -727,7 +739,6 @@ impl<'a> Backfill<'a> {
         let o = &self.options;
         let signals = self.collection(&o.signal_collection);
         let low = ObjectId::new();
-        let started = Instant::now();
         signals
             .insert_one(doc! { "_id": low, "consumer": &o.consumer, "kind": "low", "chunk": chunk })
             .await
@@ -744,7 +755,9 @@ impl<'a> Backfill<'a> {
             )
             .await
             .map_err(|e| self.server("writing the high watermark", &e))?;
-        let deadline = started + o.watermark_timeout;
+        // The watermarks' time counts from the high one's write: reading the chunk is not
+        // waiting for the stream.
+        let deadline = Instant::now() + o.watermark_timeout;
         let mut low_seen = false;
         let mut changed: HashSet<Vec<u8>> = HashSet::new();
         let position = loop {

@@ -525,6 +525,17 @@ async fn run(connection: &Connection, redactor: &Redactor, options: &Options) ->
             partition.count
         )));
     }
+    if let Some(config) = &loaded.config
+        && (!config.pipeline.is_empty() || config.scope != crate::domain::config::Scope::Collection)
+    {
+        return Err(HandoffError::BadInput(format!(
+            "Consumer {} streams through a pipeline or a wider scope: its records may filter or \
+             reshape the documents, so a comparison with the collection (and a repair writing \
+             whole documents) would be wrong. Reconcile is for consumers of the plain \
+             collection stream",
+            escape_untrusted(&options.consumer, 64)
+        )));
+    }
     let Some(token) = loaded.token.clone() else {
         return Err(HandoffError::BadInput(format!(
             "Consumer {}'s checkpoint has no token: it never completed a run. Run the consumer \

@@ -13,6 +13,7 @@ use super::audit::AuditEntry;
 use crate::backend::mongo::{Connection, window};
 use crate::domain::checkpoint::{self, Mode};
 use crate::domain::position::{Position, iso, time_json};
+use crate::domain::text::escape_untrusted;
 use crate::error::{HandoffError, Result};
 
 /// Where the checkpoint goes.
@@ -72,7 +73,7 @@ impl Plan {
         match &self.current {
             None => json!(null),
             Some(c) => json!({
-                "mode": c.get_str("mode").unwrap_or("resumeAfter"),
+                "mode": escape_untrusted(c.get_str("mode").unwrap_or("resumeAfter"), 32),
                 "has_token": matches!(c.get("token"), Some(Bson::Document(_))),
                 "cluster_time": self.before.checkpoint.map(time_json),
                 "revision": revision(c),
@@ -102,10 +103,10 @@ impl Plan {
             })
         };
         let from = match &self.current {
-            None => "no checkpoint (it will be created)".to_string(),
+            None => "no checkpoint".to_string(),
             Some(c) => format!(
                 "{} at {}",
-                c.get_str("mode").unwrap_or("resumeAfter"),
+                escape_untrusted(c.get_str("mode").unwrap_or("resumeAfter"), 32),
                 time(self.before.checkpoint)
             ),
         };
@@ -208,7 +209,16 @@ pub fn plan(connection: &Connection, target: &Target<'_>, to: To) -> Result<Plan
             .find_one(doc! { "_id": target.consumer })
             .await
             .map_err(|e| unavailable("the checkpoint could not be read", &e, connection))?;
-        if let Some(stored) = &current {
+        let Some(stored) = &current else {
+            return Err(HandoffError::BadInput(format!(
+                "consumer {} has no checkpoint in {}.{}: check --consumer-id and the collection \
+                 names (a first `handoff run` creates the checkpoint)",
+                escape_untrusted(target.consumer, 64),
+                target.database,
+                target.checkpoints
+            )));
+        };
+        {
             if stored.get_str("source").ok() != Some(source.as_str()) {
                 return Err(HandoffError::Mismatch(format!(
                     "the checkpoint of {} belongs to another source; reset it with its own --database and --collection",
@@ -240,12 +250,20 @@ pub fn plan(connection: &Connection, target: &Target<'_>, to: To) -> Result<Plan
         let token = current.as_ref().and_then(|c| c.get_document("token").ok());
         let before = window::position(connection, token).await;
         let to_time = crate::domain::token::cluster_time(&to_token);
-        if let (To::Token(..), Some(window), Some(t)) = (&to, before.window, to_time)
+        // The server may accept a start it cannot serve until the stream is read: the window
+        // is checked here for a time as for a token.
+        if let (Some(window), Some(t)) = (before.window, to_time)
             && (t.time, t.increment) < (window.oldest.time, window.oldest.increment)
         {
-            return Err(HandoffError::HistoryLost(
-                "--to-token stands before the oldest entry of the oplog: the stream cannot resume there".into(),
-            ));
+            return Err(HandoffError::HistoryLost(format!(
+                "{} stands before the oldest entry of the oplog ({}): the stream cannot resume \
+                 there; choose a later time, or --to now",
+                match &to {
+                    To::Token(..) => "--to-token",
+                    _ => "--to-time",
+                },
+                iso(window.oldest)
+            )));
         }
         Ok(Plan {
             consumer: target.consumer.to_string(),
@@ -345,17 +363,8 @@ pub fn apply(
                         return Ok(false);
                     }
                 }
-                None => {
-                    let mut created = checkpoint::initial(
-                        target.consumer,
-                        &plan.source,
-                        &connection.deployment().replica_set_id,
-                    );
-                    created.insert("token", plan.to_token.clone());
-                    created.insert("mode", plan.to_mode.as_str());
-                    created.insert("revision", 1_i64);
-                    checkpoints.insert_one(created).session(&mut session).await?;
-                }
+                // A plan always holds the checkpoint it read (a missing one is refused).
+                None => return Ok(false),
             }
             audit.insert_one(entry.document()).session(&mut session).await?;
             Ok::<_, mongodb::error::Error>(true)
@@ -385,7 +394,11 @@ pub fn apply(
             if e.contains_label("TransientTransactionError") {
                 conflict()
             } else {
-                failed(e)
+                HandoffError::Unavailable(format!(
+                    "the reset's commit did not complete ({}): it may or may not have been \
+                     applied; look at `handoff status` and the audit collection before retrying",
+                    connection.redact(&e.to_string())
+                ))
             }
         })
     })?;

@@ -5,7 +5,15 @@ use serde_json::{Value, json};
 
 use crate::backend::mongo::{Connection, window};
 use crate::domain::position::{Position, iso, time_json};
+use crate::domain::text::escape_untrusted;
 use crate::error::{HandoffError, Result};
+
+/// How long each outbox figure may take.
+pub const OUTBOX_READ_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+fn is_time_limit(error: &mongodb::error::Error) -> bool {
+    matches!(error.kind.as_ref(), mongodb::error::ErrorKind::Command(c) if c.code == 50)
+}
 
 /// What `status` reads about one consumer.
 #[derive(Debug, Clone)]
@@ -14,7 +22,8 @@ pub struct Status {
     pub source: String,
     pub checkpoint: Option<CheckpointView>,
     pub position: Position,
-    pub outbox_records: u64,
+    /// The consumer's outbox records (none: counting took longer than allowed).
+    pub outbox_records: Option<u64>,
     /// The cluster time of the outbox record inserted last.
     pub last_record_time: Option<Timestamp>,
 }
@@ -51,17 +60,29 @@ impl Status {
                 .map_err(|e| unavailable("the checkpoint", &e, connection))?;
             let token = stored.as_ref().and_then(|s| s.get_document("token").ok());
             let position = window::position(connection, token).await;
+            // The outbox figures scan the outbox: on a large one they are given up after
+            // OUTBOX_READ_WAIT (shown as unknown) rather than holding the command up.
             let outbox = db.collection::<Document>(target.outbox);
             let records = outbox
                 .count_documents(doc! { "consumer": target.consumer })
-                .await
-                .map_err(|e| unavailable("the outbox", &e, connection))?;
+                .max_time(OUTBOX_READ_WAIT)
+                .await;
+            let records = match records {
+                Ok(n) => Some(n),
+                Err(e) if is_time_limit(&e) => None,
+                Err(e) => return Err(unavailable("the outbox", &e, connection)),
+            };
             let last = outbox
                 .find_one(doc! { "consumer": target.consumer })
                 .sort(doc! { "$natural": -1 })
                 .projection(doc! { "event.clusterTime": 1 })
-                .await
-                .map_err(|e| unavailable("the outbox", &e, connection))?;
+                .max_time(OUTBOX_READ_WAIT)
+                .await;
+            let last = match last {
+                Ok(last) => last,
+                Err(e) if is_time_limit(&e) => None,
+                Err(e) => return Err(unavailable("the outbox", &e, connection)),
+            };
             let last_record_time = last
                 .as_ref()
                 .and_then(|r| r.get_document("event").ok())
@@ -129,7 +150,7 @@ impl Status {
             Some(c) => {
                 let mut text = format!(
                     "{}, {}",
-                    c.mode.as_deref().unwrap_or("resumeAfter"),
+                    escape_untrusted(c.mode.as_deref().unwrap_or("resumeAfter"), 32),
                     if c.has_token {
                         "token saved"
                     } else {
@@ -142,7 +163,8 @@ impl Status {
                 match c.active_lease() {
                     Some((owner, until)) => {
                         text.push_str(&format!(
-                            ", leased by {owner} until {}",
+                            ", leased by {} until {}",
+                            escape_untrusted(owner, 128),
                             until.try_to_rfc3339_string().unwrap_or_default()
                         ));
                     }
@@ -151,7 +173,7 @@ impl Status {
                 if c.source.as_deref() != Some(self.source.as_str()) {
                     text.push_str(&format!(
                         " (belongs to {}!)",
-                        c.source.as_deref().unwrap_or("no source")
+                        escape_untrusted(c.source.as_deref().unwrap_or("no source"), 256)
                     ));
                 }
                 text
@@ -171,7 +193,8 @@ impl Status {
                 "outbox",
                 format!(
                     "{} records, last at {}",
-                    self.outbox_records,
+                    self.outbox_records
+                        .map_or("unknown".to_string(), |n| n.to_string()),
                     time(self.last_record_time)
                 ),
             ),

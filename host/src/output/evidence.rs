@@ -6,6 +6,8 @@
 
 use serde_json::{Value, json};
 
+use crate::domain::Collections;
+use crate::domain::deployment::{DEFAULT_CHECKPOINTS, DEFAULT_OUTBOX};
 use crate::domain::position::{Position, iso};
 use crate::error::HandoffError;
 
@@ -24,22 +26,24 @@ impl Evidence {
         position: Option<&Position>,
         consumer: &str,
         source: Option<&str>,
+        collections: Option<&Collections>,
     ) -> Option<Evidence> {
-        let target = target_flags(consumer, source);
+        let target = target_flags(consumer, source, collections);
         let status = format!("handoff status {target}");
         let reset = |extra: &str| {
             format!("handoff checkpoint reset {target} --to now --reason '<why>'{extra}")
         };
-        let repair = format!("handoff reconcile {target} --repair --reason '<why>'");
         let next = match error {
+            // The saved position cannot be read from: reconcile (which reads the stream from
+            // it) works again once the checkpoint was moved.
             HandoffError::HistoryLost(_)
             | HandoffError::InvalidToken(_)
             | HandoffError::StreamFatal(_) => vec![
                 status,
-                format!("handoff reconcile {target}"),
                 reset(" --dry-run"),
                 reset(""),
-                repair,
+                format!("handoff reconcile {target} --repair --reason '<why>'"),
+                format!("handoff reconcile {target}"),
             ],
             HandoffError::Mismatch(_) => vec![status],
             HandoffError::Conflict(_) => vec![status],
@@ -100,14 +104,23 @@ impl Evidence {
     }
 }
 
-/// `--database D --collection C --consumer-id X`, each quoted for a POSIX shell when needed.
-fn target_flags(consumer: &str, source: Option<&str>) -> String {
+/// `--database D --collection C --consumer-id X` and the collections that are not the
+/// defaults, each quoted for a POSIX shell when needed.
+fn target_flags(consumer: &str, source: Option<&str>, collections: Option<&Collections>) -> String {
     let mut flags = Vec::new();
     if let Some((database, collection)) = source.and_then(|s| s.split_once('.')) {
         flags.push(format!("--database {}", quote(database)));
         flags.push(format!("--collection {}", quote(collection)));
     }
     flags.push(format!("--consumer-id {}", quote(consumer)));
+    if let Some(c) = collections {
+        if c.checkpoints != DEFAULT_CHECKPOINTS {
+            flags.push(format!("--checkpoint-collection {}", quote(&c.checkpoints)));
+        }
+        if c.outbox != DEFAULT_OUTBOX {
+            flags.push(format!("--outbox-collection {}", quote(&c.outbox)));
+        }
+    }
     flags.join(" ")
 }
 
@@ -157,6 +170,11 @@ mod tests {
             Some(&position),
             "it's",
             Some("shop.orders.eu"),
+            Some(&Collections {
+                checkpoints: DEFAULT_CHECKPOINTS.into(),
+                outbox: "outbox_eu".into(),
+                quarantine: "q".into(),
+            }),
         )
         .expect("history lost has evidence");
         let summary = evidence.summary();
@@ -168,7 +186,7 @@ mod tests {
         assert!(summary.contains("estimated gap 60 s"), "{summary}");
         assert!(
             evidence.next[0]
-                == "handoff status --database shop --collection orders.eu --consumer-id 'it'\\''s'",
+                == "handoff status --database shop --collection orders.eu --consumer-id 'it'\\''s' --outbox-collection outbox_eu",
             "{:?}",
             evidence.next
         );
@@ -185,9 +203,9 @@ mod tests {
 
     #[test]
     fn only_the_operator_classes_have_evidence() {
-        assert!(Evidence::of(&HandoffError::BadInput("x".into()), None, "c", None).is_none());
-        assert!(Evidence::of(&HandoffError::Policy("x".into()), None, "c", None).is_none());
-        let conflict = Evidence::of(&HandoffError::Conflict("x".into()), None, "c", None)
+        assert!(Evidence::of(&HandoffError::BadInput("x".into()), None, "c", None, None).is_none());
+        assert!(Evidence::of(&HandoffError::Policy("x".into()), None, "c", None, None).is_none());
+        let conflict = Evidence::of(&HandoffError::Conflict("x".into()), None, "c", None, None)
             .expect("a conflict names status");
         assert_eq!(
             conflict.next,

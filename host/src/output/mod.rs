@@ -90,6 +90,7 @@ impl RunOutputs {
             failed.position.as_deref(),
             consumer_id,
             failed.source.as_deref(),
+            failed.collections.as_deref(),
         );
         let guidance = match &evidence {
             Some(evidence) => format!("{error} {}", evidence.summary()),

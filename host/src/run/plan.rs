@@ -76,6 +76,8 @@ pub struct FailedRun {
     pub position: Option<Box<Position>>,
     /// The watched namespace, `db.coll`, once the inputs were valid.
     pub source: Option<String>,
+    /// The consumer's collections, once the inputs were valid.
+    pub collections: Option<Box<crate::domain::Collections>>,
 }
 
 impl FailedRun {
@@ -89,6 +91,7 @@ impl FailedRun {
                 .map_or(Duration::ZERO, Instant::elapsed),
             position: None,
             source: None,
+            collections: None,
         }
     }
 }
@@ -177,6 +180,7 @@ impl Plan {
                     "{}.{}",
                     self.inputs.database, self.inputs.collection
                 )),
+                collections: Some(Box::new(self.inputs.collections())),
             }),
         }
     }
