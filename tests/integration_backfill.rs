@@ -9,14 +9,13 @@
 mod support;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use bson::{Bson, Document, doc};
 use mongo_sim::Config;
-use serde_json::Value;
 use support::Rng;
 use support::live::*;
 
@@ -48,16 +47,6 @@ fn backfill(live: &Live, extra: &[&str]) -> Command {
         .args(["--reason", "initial load of the consumer"])
         .args(extra);
     command
-}
-
-fn json_of(output: &Output) -> Value {
-    assert_eq!(
-        output.status.code(),
-        Some(0),
-        "stderr: {}",
-        support::stderr(output)
-    );
-    serde_json::from_slice(&output.stdout).expect("--json prints one JSON document")
 }
 
 /// A document key as a map key.
@@ -199,7 +188,7 @@ fn a_small_collection_is_backfilled_and_the_outbox_describes_it() {
     .expect("insert");
     // No run yet: the backfill starts the consumer's checkpoint itself.
     assert!(live.checkpoint().is_none());
-    let summary = json_of(
+    let summary = support::json_stdout(
         &backfill(&live, &["--chunk-size", "20", "--json"])
             .output()
             .expect("backfill"),
@@ -303,7 +292,7 @@ fn a_small_collection_is_backfilled_and_the_outbox_describes_it() {
 
     // Done is done: a second invocation changes nothing.
     let before = live.outbox_len();
-    let again = json_of(&backfill(&live, &["--json"]).output().expect("backfill"));
+    let again = support::json_stdout(&backfill(&live, &["--json"]).output().expect("backfill"));
     assert_eq!(again["already_done"], true);
     let human = backfill(&live, &[]).output().expect("backfill");
     assert_eq!(human.status.code(), Some(0));
@@ -351,7 +340,7 @@ fn a_killed_backfill_resumes_without_redoing_finished_chunks_and_restart_starts_
     assert!((3..20).contains(&at_kill), "{at_kill}");
     assert_eq!(records, at_kill * 10);
 
-    let resumed = json_of(
+    let resumed = support::json_stdout(
         &backfill(&live, &["--chunk-size", "10", "--json"])
             .output()
             .expect("backfill"),
@@ -402,7 +391,7 @@ fn a_killed_backfill_resumes_without_redoing_finished_chunks_and_restart_starts_
             .update_one(doc! { "_id": 7 }, doc! { "$set": { "qty": 700 } }),
     )
     .expect("update");
-    let restarted = json_of(
+    let restarted = support::json_stdout(
         &backfill(&live, &["--chunk-size", "50", "--restart", "--json"])
             .output()
             .expect("backfill"),
@@ -635,7 +624,7 @@ fn ten_thousand_documents_under_writes_runs_and_kills_end_described_exactly() {
             }
         }
         let out = child.wait_with_output().expect("backfill");
-        break json_of(&out);
+        break support::json_stdout(&out);
     };
     println!(
         "backfill invocations {invocations} done after {:?}: {summary}",
@@ -670,7 +659,7 @@ fn ten_thousand_documents_under_writes_runs_and_kills_end_described_exactly() {
         .env("SOURCE_DATABASE", &live.db)
         .output()
         .expect("run handoff reconcile");
-    let report = json_of(&reconciled);
+    let report = support::json_stdout(&reconciled);
     for kind in ["missing", "orphan", "stale"] {
         assert_eq!(report[kind]["count"], 0, "{kind}: {report}");
     }
@@ -764,7 +753,7 @@ fn a_watermark_not_seen_in_time_fails_the_chunk_and_commits_nothing() {
     assert!(audits(&live).is_empty());
     live.fail_point_off();
     // Once the stream answers again, the backfill goes through.
-    let summary = json_of(
+    let summary = support::json_stdout(
         &backfill(&live, &["--chunk-size", "10", "--json"])
             .output()
             .expect("backfill"),

@@ -11,7 +11,6 @@ use std::process::Output;
 use std::time::Duration;
 
 use bson::{Document, Timestamp, doc};
-use futures_util::TryStreamExt;
 use mongo_sim::Config;
 use serde_json::Value;
 use support::live::{CHECKPOINTS, CONSUMER, Live, OUTBOX};
@@ -46,45 +45,11 @@ fn operator(d: &Live, args: &[&str]) -> Output {
         .expect("run handoff")
 }
 
-fn json_of(output: &Output) -> Value {
-    assert_eq!(
-        output.status.code(),
-        Some(0),
-        "stderr: {}",
-        support::stderr(output)
-    );
-    serde_json::from_slice(&output.stdout).expect("one JSON document on stdout")
-}
-
 fn time_of(value: &Value) -> (u64, u64) {
     (
         value["t"].as_u64().expect("seconds"),
         value["i"].as_u64().expect("increment"),
     )
-}
-
-fn audit_records(d: &Live) -> Vec<Document> {
-    d.wait(async {
-        d.coll(AUDIT)
-            .find(doc! {})
-            .await
-            .expect("find")
-            .try_collect::<Vec<_>>()
-            .await
-    })
-    .expect("audit records")
-}
-
-fn outbox(d: &Live) -> Vec<Document> {
-    d.wait(async {
-        d.coll(OUTBOX)
-            .find(doc! {})
-            .await
-            .expect("find")
-            .try_collect::<Vec<_>>()
-            .await
-    })
-    .expect("outbox")
 }
 
 #[test]
@@ -98,7 +63,7 @@ fn status_reports_position_lag_margin_and_outbox_against_known_times() {
     let run = support::ok(&d.run(&[]));
     assert_eq!(run["events_handed_off"], 3);
 
-    let status = json_of(&operator(&d, &["status", "--json"]));
+    let status = support::json_stdout(&operator(&d, &["status", "--json"]));
     assert_eq!(status["consumer"], CONSUMER);
     assert_eq!(status["checkpoint"]["has_token"], true);
     assert_eq!(status["checkpoint"]["mode"], "resumeAfter");
@@ -172,7 +137,7 @@ fn status_reports_position_lag_margin_and_outbox_against_known_times() {
 #[test]
 fn status_of_a_consumer_that_never_ran_says_so_and_margin_is_unknown() {
     let d = sim(1_000);
-    let status = json_of(&operator(&d, &["status", "--json"]));
+    let status = support::json_stdout(&operator(&d, &["status", "--json"]));
     assert!(status["checkpoint"].is_null(), "{status}");
     assert!(status["lag_seconds"].is_null());
     assert_eq!(status["outbox"]["records"], 0);
@@ -267,7 +232,7 @@ fn lost_history_carries_evidence_and_an_audited_reset_recovers() {
 
     // A dry run shows the move and writes nothing.
     let reset = ["checkpoint", "reset", "--to", "now"];
-    let dry = json_of(&operator(
+    let dry = support::json_stdout(&operator(
         &d,
         &[&reset[..], &["--dry-run", "--json"]].concat(),
     ));
@@ -278,18 +243,18 @@ fn lost_history_carries_evidence_and_an_audited_reset_recovers() {
         d.checkpoint().expect("checkpoint").get("token"),
         before.get("token")
     );
-    assert!(audit_records(&d).is_empty());
+    assert!(d.records(AUDIT).is_empty());
 
     // A reason is required.
     let unexplained = operator(&d, &reset);
     assert_eq!(unexplained.status.code(), Some(2));
     assert!(support::stderr(&unexplained).contains("--reason"));
-    assert!(audit_records(&d).is_empty());
+    assert!(d.records(AUDIT).is_empty());
 
     // The reset: checkpoint moved, revision counted, audit record in place.
     let prior = d.checkpoint().expect("checkpoint");
     assert_eq!(prior.get("token"), before.get("token"));
-    let applied = json_of(&operator(
+    let applied = support::json_stdout(&operator(
         &d,
         &[&reset[..], &["--reason", "history lost in test", "--json"]].concat(),
     ));
@@ -300,7 +265,7 @@ fn lost_history_carries_evidence_and_an_audited_reset_recovers() {
         after.get_i64("revision").expect("revision"),
         prior.get_i64("revision").expect("revision") + 1
     );
-    let records = audit_records(&d);
+    let records = d.records(AUDIT);
     assert_eq!(records.len(), 1);
     let record = &records[0];
     assert_eq!(record.get_str("reason").ok(), Some("history lost in test"));
@@ -329,7 +294,7 @@ fn lost_history_carries_evidence_and_an_audited_reset_recovers() {
     insert_at(&d, "orders", vec![doc! { "_id": 100 }]);
     let run = support::ok(&d.run(&[]));
     assert_eq!(run["events_handed_off"], 1);
-    assert_eq!(outbox(&d).len(), 1);
+    assert_eq!(d.outbox().len(), 1);
 }
 
 #[test]
@@ -340,7 +305,7 @@ fn a_reset_to_a_time_hands_off_from_that_time() {
     let later = insert_at(&d, "orders", vec![doc! { "_id": "late" }]);
     // The consumer starts after both writes: neither is handed off.
     support::ok(&d.run(&[]));
-    assert!(outbox(&d).is_empty());
+    assert!(d.outbox().is_empty());
     let at = format!("{}.{}", later.time, later.increment);
     let out = operator(
         &d,
@@ -356,7 +321,7 @@ fn a_reset_to_a_time_hands_off_from_that_time() {
     assert_eq!(out.status.code(), Some(0), "{}", support::stderr(&out));
     let run = support::ok(&d.run(&[]));
     assert_eq!(run["events_handed_off"], 1);
-    let records = outbox(&d);
+    let records = d.outbox();
     assert_eq!(records.len(), 1);
     let key = records[0]
         .get_document("event")
@@ -454,7 +419,7 @@ fn a_reset_is_refused_while_a_run_holds_the_consumer_or_on_bad_input() {
     assert_eq!(count, 1);
     let after = d.checkpoint().expect("checkpoint");
     assert_eq!(after.get("token"), before.get("token"));
-    assert!(audit_records(&d).is_empty());
+    assert!(d.records(AUDIT).is_empty());
 }
 
 #[test]
@@ -487,7 +452,7 @@ fn a_reset_to_a_time_the_oplog_no_longer_holds_is_refused() {
         d.checkpoint().expect("checkpoint").get("token"),
         before.get("token")
     );
-    assert!(audit_records(&d).is_empty());
+    assert!(d.records(AUDIT).is_empty());
 }
 
 #[test]
@@ -514,6 +479,6 @@ fn consumers_of_a_filtered_stream_are_refused_by_backfill_and_reconcile() {
         support::stderr(&reconcile)
     );
     assert!(support::stderr(&reconcile).contains("plain collection stream"));
-    assert!(outbox(&d).is_empty());
-    assert!(audit_records(&d).is_empty());
+    assert!(d.outbox().is_empty());
+    assert!(d.records(AUDIT).is_empty());
 }

@@ -319,3 +319,9 @@ pub fn seed(var: &str) -> u64 {
             .as_nanos() as u64,
     }
 }
+
+/// The one JSON document a successful `--json` command printed on stdout.
+pub fn json_stdout(output: &Output) -> Value {
+    assert_eq!(output.status.code(), Some(0), "stderr: {}", stderr(output));
+    serde_json::from_slice(&output.stdout).expect("--json prints one JSON document")
+}
