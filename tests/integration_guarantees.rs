@@ -1,7 +1,8 @@
 //! What neither the URI nor the data can weaken: checkpoint and outbox work
 //! always uses majority writes, majority or snapshot reads and the primary, whatever the URI
 //! asks; an event or a record over MongoDB's 16 MiB document limit stops the run with its own
-//! exit code and nothing written; large events are inserted a batch at a time.
+//! exit code and nothing written; large events are inserted a batch at a time; a typical run
+//! keeps to its round trips on one connection.
 
 mod support;
 
@@ -327,4 +328,58 @@ fn a_duplicate_in_a_batch_names_that_record_and_writes_nothing() {
     let outbox = live.outbox();
     assert_eq!(outbox.len(), 1, "{outbox:?}");
     assert_eq!(live.checkpoint_token(), start, "the checkpoint moved");
+}
+
+/// The connections the test server has accepted so far.
+fn connections_created(live: &Live) -> i64 {
+    let status = live
+        .wait(
+            live.coll("unused")
+                .client()
+                .database("admin")
+                .run_command(doc! { "serverStatus": 1 }),
+        )
+        .expect("serverStatus");
+    status
+        .get_document("connections")
+        .and_then(|c| c.get_i64("totalCreated"))
+        .expect("connections.totalCreated")
+}
+
+#[test]
+fn a_typical_run_keeps_to_its_round_trips_on_one_connection() {
+    let live = Live::with_config(mongo_sim::Config::default());
+    assert_eq!(support::ok(&live.run(&[]))["status"], "IDLE");
+    live.insert(0..10);
+    live.server().clear_received_commands();
+    let before = connections_created(&live);
+    let run = live.run(&[]);
+    let outputs = support::ok(&run);
+    assert_eq!(outputs["events_handed_off"], 10);
+    // The figures read at the end came back too.
+    assert!(outputs["lag_seconds"].is_i64(), "{outputs}");
+    assert!(outputs["oplog_margin_seconds"].is_i64(), "{outputs}");
+    // The driver's monitor and the run's one connection: the cursor closed as the stream is
+    // dropped and the figures read at the end wait for it instead of opening their own.
+    assert_eq!(connections_created(&live) - before, 2);
+
+    let commands = live.commands_from_handoff();
+    let count = |name: &str| commands.iter().filter(|c| c.as_str() == name).count();
+    // The deployment checked (the driver's handshakes and its monitor's `hello` aside).
+    assert_eq!(count("replSetGetConfig"), 1, "{commands:?}");
+    assert_eq!(count("listCollections"), 1, "{commands:?}");
+    // The checkpoint created or read in one command, the lease taken and given back.
+    assert_eq!(count("findAndModify"), 1, "{commands:?}");
+    assert_eq!(count("update"), 2, "{commands:?}");
+    assert_eq!(count("aggregate"), 1, "{commands:?}");
+    // One transaction per event (its compare-and-set and record in one bulkWrite, then the
+    // commit), and one saving the idle stream's position at the end.
+    assert_eq!(count("bulkWrite"), 11, "{commands:?}");
+    assert_eq!(count("commitTransaction"), 11, "{commands:?}");
+    assert_eq!(count("insert"), 0, "{commands:?}");
+    // The figures: the checkpoint's token, the oplog's oldest and newest entries, and the
+    // cluster time their replies carry (no `hello` of its own).
+    assert_eq!(count("find"), 3, "{commands:?}");
+    assert_eq!(count("getParameter"), 0, "{commands:?}");
+    assert_eq!(count("endSessions"), 1, "{commands:?}");
 }

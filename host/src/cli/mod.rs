@@ -230,23 +230,46 @@ enum Command {
     Man,
 }
 
+/// The default log filter: warnings, and the progress of long operator commands.
+const DEFAULT_LOG_FILTER: &str = "warn,handoff::progress=info";
+
 fn init_logging(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("HANDOFF_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,handoff::progress=info"));
+    use tracing_subscriber::Layer;
+    use tracing_subscriber::layer::Filter;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    type Registry = tracing_subscriber::Registry;
+    type Boxed = Box<dyn Layer<Registry> + Send + Sync>;
+    // `HANDOFF_LOG` takes the full filter syntax; the default is a plain list of targets, which
+    // costs nothing to parse at every start.
+    let filter: Box<dyn Filter<Registry> + Send + Sync> = match std::env::var("HANDOFF_LOG") {
+        Ok(directives) => Box::new(
+            tracing_subscriber::EnvFilter::try_new(&directives)
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_LOG_FILTER)),
+        ),
+        Err(_) => Box::new(
+            DEFAULT_LOG_FILTER
+                .parse::<tracing_subscriber::filter::Targets>()
+                .unwrap_or_default(),
+        ),
+    };
     // Colours only on a terminal: a workflow engine stores the bytes as they are.
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let fmt = tracing_subscriber::fmt::layer()
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
-    let _ = match format {
-        LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.json().try_init(),
-        LogFormat::Kestra => builder
-            .with_ansi(false)
-            .with_writer(std::io::stdout)
-            .event_format(KestraLogs)
-            .try_init(),
+    let output: Boxed = match format {
+        LogFormat::Text => Box::new(fmt),
+        LogFormat::Json => Box::new(fmt.json()),
+        LogFormat::Kestra => Box::new(
+            tracing_subscriber::fmt::layer()
+                .with_ansi(false)
+                .with_writer(std::io::stdout)
+                .event_format(KestraLogs),
+        ),
     };
+    let _ = tracing_subscriber::registry()
+        .with(output.with_filter(filter))
+        .try_init();
 }
 
 pub fn main() -> ExitCode {

@@ -56,6 +56,12 @@ pub enum StreamError {
     ImageMissing(ServerError),
 }
 
+/// A document's size encoded as BSON (0 if it cannot be encoded, which a delivered event always
+/// can).
+pub fn bson_size(document: &Document) -> usize {
+    document.to_vec().map_or(0, |bytes| bytes.len())
+}
+
 /// MongoDB's `NoMatchingDocument`: in a change stream, a `required` image that is missing.
 pub const NO_MATCHING_DOCUMENT: i32 = 47;
 
@@ -96,6 +102,14 @@ pub trait ChangeSource: Send {
     fn open(&mut self, start: Start<Document>) -> Result<(), StreamError>;
     /// The next event, waiting at most the await bound; `None` when none arrived.
     fn next(&mut self) -> Result<Option<Document>, StreamError>;
+    /// As [`ChangeSource::next`], with the event's size as BSON, which the run's bounds count. A
+    /// source that receives the event encoded knows it without encoding it again.
+    fn next_sized(&mut self) -> Result<Option<(Document, usize)>, StreamError> {
+        Ok(self.next()?.map(|event| {
+            let bytes = bson_size(&event);
+            (event, bytes)
+        }))
+    }
     /// The stream's resume position as last reported by the server.
     fn watermark(&self) -> Option<Document>;
     /// Milliseconds on the source's monotonic clock (virtual for a replay).

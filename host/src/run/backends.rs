@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::inputs::Inputs;
-use crate::backend::mongo::{Connection, MongoSource, MongoStore, window};
+use crate::backend::mongo::{Connection, MongoSource, MongoStore, Pool, window};
 use crate::backend::redb_store::RedbStore;
 use crate::backend::replay::{Fixture, ReplaySource};
 use crate::domain::position::Position;
@@ -67,7 +67,7 @@ impl Backends for Mongo {
     /// Connects, checks the deployment and that the source can be watched: all reads, done
     /// while the policy loads.
     fn prepare(&mut self) -> Result<()> {
-        let connection = Connection::connect(&self.uri)?;
+        let connection = Connection::connect_with(&self.uri, Pool::Single)?;
         self.connection = Some(connection.clone());
         self.source(connection).check_watchable()
     }

@@ -26,6 +26,7 @@ mod stream;
 #[cfg(test)]
 mod tests;
 
+use crate::domain::stream::bson_size;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
@@ -106,11 +107,6 @@ impl Delivered {
             .get_document("_id")
             .ok()
     }
-}
-
-/// The BSON size of a document (0 if it cannot be encoded, which a delivered event always can).
-fn bson_size(document: &Document) -> usize {
-    document.to_vec().map_or(0, |bytes| bytes.len())
 }
 
 pub struct Session {

@@ -4,7 +4,7 @@
 use bson::{Bson, Document};
 
 use super::refusal::Refusal;
-use super::{Delivered, Session, bson_size};
+use super::{Delivered, Session};
 use crate::domain::stream::{BSON_OBJECT_TOO_LARGE, NO_MATCHING_DOCUMENT};
 use crate::domain::text::escape_untrusted;
 use crate::domain::token::{canonical_text, value_text};
@@ -143,8 +143,8 @@ impl Session {
             return Err(self.reject(format!("the run already read max_events = {max} events")));
         }
         self.keep_lease();
-        let event = match self.source.next() {
-            Ok(Some(event)) => event,
+        let (event, event_bytes) = match self.source.next_sized() {
+            Ok(Some(sized)) => sized,
             Ok(None) => return Ok(None),
             Err(error) => return Err(self.stream_failure(error)),
         };
@@ -177,7 +177,8 @@ impl Session {
             cluster_time,
         };
         let rest = self.rest_of_split(&event)?;
-        let bytes = bson_size(&event) + rest.iter().map(bson_size).sum::<usize>();
+        let bytes = event_bytes + rest.iter().map(|(_, bytes)| bytes).sum::<usize>();
+        let rest: Vec<Document> = rest.into_iter().map(|(fragment, _)| fragment).collect();
         tracing::debug!(
             operation_type = %escape_untrusted(&operation_type, 64),
             bytes,
@@ -199,7 +200,7 @@ impl Session {
     /// For the first fragment of a split event (`splitEvent: {fragment: 1, of: n}`), the other
     /// `n - 1` fragments, read now: the server sends them one after the other, and the event is
     /// delivered, committed and resumed from as one. A fragment out of its place ends the run.
-    fn rest_of_split(&mut self, event: &Document) -> Result<Vec<Document>, Refusal> {
+    fn rest_of_split(&mut self, event: &Document) -> Result<Vec<(Document, usize)>, Refusal> {
         if !self.split_events {
             return Ok(Vec::new());
         }
@@ -219,7 +220,7 @@ impl Session {
             let mut waits = 0;
             let next = loop {
                 self.gate()?;
-                match self.source.next() {
+                match self.source.next_sized() {
                     Ok(Some(next)) => break next,
                     // The next fragment is on its way: the server sends an event's fragments
                     // back to back, but one may wait for the next batch.
@@ -233,7 +234,7 @@ impl Session {
                     Err(error) => return Err(self.stream_failure(error)),
                 }
             };
-            match split_of(&next) {
+            match split_of(&next.0) {
                 Ok(Some((fragment, n))) if fragment == expected && n == of => rest.push(next),
                 _ => {
                     return Err(self.fail(HandoffError::StreamFatal(format!(

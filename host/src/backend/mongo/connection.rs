@@ -31,6 +31,19 @@ pub struct Connection {
     pub(super) transaction_lifetime: tokio::sync::OnceCell<Duration>,
 }
 
+/// How many connections a client may hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pool {
+    /// The driver's default: commands that overlap (an operator's stream read beside its chunk
+    /// reads) each get a connection.
+    Shared,
+    /// One connection, unless the URI sizes the pool: a run sends one command at a time, and a
+    /// command that would overlap another (the cursor closed as the stream is dropped, the
+    /// figures read at the end) waits for it instead of opening a connection of its own, which
+    /// costs a TCP (and TLS) handshake and the driver's `hello` exchange.
+    Single,
+}
+
 /// The run's deadline passed while a call to the server was under way.
 #[derive(Debug)]
 pub struct DeadlinePassed;
@@ -104,6 +117,11 @@ async fn transaction_lifetime(admin: &Database) -> Option<Duration> {
 impl Connection {
     /// Connects and checks the deployment exactly as the baseline does. Nothing is written.
     pub fn connect(uri: &str) -> Result<Arc<Connection>> {
+        Connection::connect_with(uri, Pool::Shared)
+    }
+
+    /// As [`Connection::connect`], with the pool shaped by `pool`.
+    pub fn connect_with(uri: &str, pool: Pool) -> Result<Arc<Connection>> {
         if !(uri.starts_with("mongodb://") || uri.starts_with("mongodb+srv://")) {
             return Err(HandoffError::BadInput(
                 "MONGODB_URI must be a MongoDB connection URI".into(),
@@ -126,6 +144,12 @@ impl Connection {
         options.server_selection_timeout = Some(SERVER_SELECTION_TIMEOUT);
         options.retry_writes = Some(true);
         options.app_name = Some("handoff".into());
+        if pool == Pool::Single
+            && options.max_pool_size.is_none()
+            && options.min_pool_size.is_none()
+        {
+            options.max_pool_size = Some(1);
+        }
         // The URI's concerns never apply: every handle below also sets its own.
         options.write_concern = Some(majority_writes());
         options.read_concern = Some(ReadConcern::majority());

@@ -40,7 +40,7 @@ use mongodb::options::{
 };
 use mongodb::{Client, Database};
 
-pub use connection::{Connection, DeadlinePassed, UNPARSABLE_URI};
+pub use connection::{Connection, DeadlinePassed, Pool, UNPARSABLE_URI};
 pub use redaction::Redactor;
 pub use source::MongoSource;
 pub use store::MongoStore;

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use bson::{Bson, Document, doc};
+use bson::{Bson, Document, RawDocumentBuf, doc};
 use mongodb::Collection;
 use mongodb::change_stream::ChangeStream;
 use mongodb::change_stream::event::ResumeToken;
@@ -27,7 +27,9 @@ pub struct MongoSource {
     config: StreamConfig,
     /// The stages the stream opens with: the host's own, then the user's.
     stages: Vec<Document>,
-    stream: Option<ChangeStream<Document>>,
+    /// Events as the server encoded them: their size is known without encoding them again, and
+    /// they are decoded once, directly.
+    stream: Option<ChangeStream<RawDocumentBuf>>,
     clock: Instant,
 }
 
@@ -182,11 +184,15 @@ impl ChangeSource for MongoSource {
             .bounded(async { watch.await })
             .map_err(|_| deadline_passed())?
             .map_err(|e| classify_stream(&e, &self.connection.redactor))?;
-        self.stream = Some(stream.with_type::<Document>());
+        self.stream = Some(stream.with_type::<RawDocumentBuf>());
         Ok(())
     }
 
     fn next(&mut self) -> std::result::Result<Option<Document>, StreamError> {
+        Ok(self.next_sized()?.map(|(event, _)| event))
+    }
+
+    fn next_sized(&mut self) -> std::result::Result<Option<(Document, usize)>, StreamError> {
         let Some(stream) = self.stream.as_mut() else {
             return Ok(None);
         };
@@ -195,12 +201,22 @@ impl ChangeSource for MongoSource {
             .bounded(stream.next_if_any())
             .map_err(|_| deadline_passed())?
             .map_err(|e| classify_stream(&e, &self.connection.redactor))?;
-        if next.is_none() && !stream.is_alive() {
-            // The server closed the stream (after an invalidate): nothing more will come, but the
-            // await bound still holds so a policy's idle timer keeps its meaning.
-            std::thread::sleep(MAX_AWAIT);
-        }
-        Ok(next)
+        let Some(raw) = next else {
+            if !stream.is_alive() {
+                // The server closed the stream (after an invalidate): nothing more will come, but
+                // the await bound still holds so a policy's idle timer keeps its meaning.
+                std::thread::sleep(MAX_AWAIT);
+            }
+            return Ok(None);
+        };
+        let event = Document::try_from(raw.as_ref()).map_err(|e| {
+            StreamError::Unavailable(ServerError {
+                code: None,
+                code_name: String::new(),
+                message: format!("the change stream returned an event that is not valid BSON: {e}"),
+            })
+        })?;
+        Ok(Some((event, raw.as_bytes().len())))
     }
 
     fn watermark(&self) -> Option<Document> {

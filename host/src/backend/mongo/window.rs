@@ -28,8 +28,10 @@ fn local(connection: &Connection) -> Database {
     )
 }
 
-/// The oldest and newest entries' times, when the oplog can be read.
-pub async fn oplog_window(connection: &Connection) -> Option<Window> {
+/// The oldest and newest entries' times, when the oplog can be read, and the cluster time the
+/// server gossiped on its last reply. Read one after the other: on a run's single connection
+/// they would wait for each other anyway, and a second connection costs more than a round trip.
+pub async fn oplog_window(connection: &Connection) -> (Option<Window>, Option<Timestamp>) {
     let local = local(connection);
     let edge = |direction: i32| {
         let local = local.clone();
@@ -45,7 +47,7 @@ pub async fn oplog_window(connection: &Connection) -> Option<Window> {
                 })
                 .await;
             match reply {
-                Ok(reply) => first_ts(&reply),
+                Ok(reply) => Some(reply),
                 Err(error) => {
                     tracing::debug!(error = %connection.redact(&error.to_string()), "the oplog window cannot be read");
                     None
@@ -53,11 +55,24 @@ pub async fn oplog_window(connection: &Connection) -> Option<Window> {
             }
         }
     };
-    let (oldest, newest) = tokio::join!(edge(1), edge(-1));
-    Some(Window {
-        oldest: oldest?,
-        newest: newest?,
-    })
+    let Some(oldest) = edge(1).await else {
+        return (None, None);
+    };
+    let newest = edge(-1).await;
+    let gossiped = newest.as_ref().and_then(gossiped_cluster_time);
+    let window = match (first_ts(&oldest), newest.as_ref().and_then(first_ts)) {
+        (Some(oldest), Some(newest)) => Some(Window { oldest, newest }),
+        _ => None,
+    };
+    (window, gossiped.or_else(|| gossiped_cluster_time(&oldest)))
+}
+
+/// The cluster time a reply carries (`$clusterTime`, which every replica-set member adds).
+fn gossiped_cluster_time(reply: &Document) -> Option<Timestamp> {
+    reply
+        .get_document("$clusterTime")
+        .ok()
+        .and_then(|c| c.get_timestamp("clusterTime").ok())
 }
 
 fn first_ts(reply: &Document) -> Option<Timestamp> {
@@ -80,10 +95,7 @@ pub async fn cluster_time(connection: &Connection) -> Option<Timestamp> {
         .run_command(doc! { "hello": 1 })
         .await
         .ok()?;
-    let gossiped = reply
-        .get_document("$clusterTime")
-        .ok()
-        .and_then(|c| c.get_timestamp("clusterTime").ok());
+    let gossiped = gossiped_cluster_time(&reply);
     let operation = reply.get_timestamp("operationTime").ok();
     let last_write = reply
         .get_document("lastWrite")
@@ -110,9 +122,18 @@ pub async fn checkpoint_token(
     found.get_document("token").ok().cloned()
 }
 
-/// The figures of `token` against the deployment, read concurrently and within [`READ_WAIT`].
+/// The figures of `token` against the deployment, within [`READ_WAIT`]: the oplog's window, and
+/// the cluster time its replies carry (`hello` is asked only when they carry none, as when the
+/// oplog cannot be read).
 pub async fn position(connection: &Connection, token: Option<&Document>) -> Position {
-    let read = async { tokio::join!(cluster_time(connection), oplog_window(connection)) };
+    let read = async {
+        let (window, gossiped) = oplog_window(connection).await;
+        let now = match gossiped {
+            Some(now) => Some(now),
+            None => cluster_time(connection).await,
+        };
+        (now, window)
+    };
     match tokio::time::timeout(READ_WAIT, read).await {
         Ok((now, window)) => Position::of(token, now, window),
         Err(_) => Position::of(token, None, None),
