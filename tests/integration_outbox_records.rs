@@ -7,6 +7,7 @@
 mod support;
 
 use bson::{Bson, Document, doc};
+use futures_util::TryStreamExt;
 use support::live::*;
 use support::*;
 
@@ -177,6 +178,40 @@ fn replays_after_moving_back_on(live: Live, policy: &[&str], collection: &str) {
             .count(),
         3,
         "{logs}"
+    );
+}
+
+/// Fields whose names read as Extended JSON (`{"$oid": ...}`, `{"$numberLong": ...}`) are data like
+/// any other: the record's event holds them as the server sent them, not turned into the types
+/// they name.
+#[test]
+fn an_event_whose_fields_read_as_extended_json_is_handed_off_as_sent() {
+    let live = Live::start();
+    live.start_consumer();
+    let document = doc! {
+        "_id": "dollar-fields",
+        "x": {"$oid": "0123456789abcdef01234567"},
+        "y": {"$numberLong": "5"},
+        "z": {"$date": 1_i32},
+        "w": {"$binary": {"base64": "AA==", "subType": "00"}},
+    };
+    live.wait(live.coll("orders").insert_one(document.clone()))
+        .unwrap();
+    let out = ok(&live.run(&[]));
+    assert_eq!(out["events_handed_off"], 1, "{out}");
+    // Read back encoded and decoded directly: a serde decoding here would turn the fields into
+    // the types they name, whatever the record holds.
+    let outbox = live.coll(OUTBOX).clone_with_type::<bson::RawDocumentBuf>();
+    let raw: Vec<bson::RawDocumentBuf> = live
+        .wait(async { outbox.find(doc! {}).await?.try_collect().await })
+        .unwrap();
+    assert_eq!(raw.len(), 1);
+    let record = Document::try_from(raw[0].as_ref()).unwrap();
+    let event = record.get_document("event").unwrap();
+    assert_eq!(event.get_document("fullDocument").unwrap(), &document);
+    assert_eq!(
+        event.get_document("documentKey").unwrap(),
+        &doc! {"_id": "dollar-fields"}
     );
 }
 

@@ -105,7 +105,22 @@ fn consumer_with_history(live: &Live) {
 fn planted_differences_are_found_exactly_and_a_repair_clears_them() {
     let live = Live::start();
     consumer_with_history(&live);
-    let clean = report(&reconcile(&live, &[]), 0);
+    let first = reconcile(&live, &[]);
+    // The default log filter (no HANDOFF_LOG): a long command's progress, its last line at
+    // least, and nothing else below a warning.
+    let log = support::stderr(&first);
+    assert!(
+        log.lines()
+            .any(|l| l.contains("INFO handoff::progress") && l.contains("finished=true")),
+        "{log}"
+    );
+    assert!(
+        log.lines()
+            .all(|l| !(l.contains(" INFO ") || l.contains(" DEBUG "))
+                || l.contains("handoff::progress")),
+        "{log}"
+    );
+    let clean = report(&first, 0);
     assert_eq!(counts(&clean), (0, 0, 0), "{clean}");
     assert_eq!(clean["checked"], 8, "{clean}");
     assert_eq!(clean["in_flight"]["count"], 0, "{clean}");
