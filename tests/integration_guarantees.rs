@@ -332,15 +332,7 @@ fn a_duplicate_in_a_batch_names_that_record_and_writes_nothing() {
 
 /// The connections the test server has accepted so far.
 fn connections_created(live: &Live) -> i64 {
-    let status = live
-        .wait(
-            live.coll("unused")
-                .client()
-                .database("admin")
-                .run_command(doc! { "serverStatus": 1 }),
-        )
-        .expect("serverStatus");
-    status
+    live.admin(doc! { "serverStatus": 1 })
         .get_document("connections")
         .and_then(|c| c.get_i64("totalCreated"))
         .expect("connections.totalCreated")

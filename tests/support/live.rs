@@ -235,6 +235,12 @@ impl Live {
         self.rt.block_on(action.into_future())
     }
 
+    /// `command` run on the `admin` database of the deployment.
+    pub fn admin(&self, command: Document) -> Document {
+        self.wait(self.client.database("admin").run_command(command))
+            .expect("admin command")
+    }
+
     pub fn coll(&self, name: &str) -> mongodb::Collection<Document> {
         self.client.database(&self.db).collection(name)
     }

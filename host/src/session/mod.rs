@@ -26,12 +26,13 @@ mod stream;
 #[cfg(test)]
 mod tests;
 
-use crate::domain::stream::bson_size;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
 
 use bson::Document;
+
+use crate::domain::stream::bson_size;
 
 pub use commit::{Decision, MAX_BATCH, MAX_ID_LEN};
 pub use record::{

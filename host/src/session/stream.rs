@@ -176,9 +176,8 @@ impl Session {
             namespace,
             cluster_time,
         };
-        let rest = self.rest_of_split(&event)?;
-        let bytes = event_bytes + rest.iter().map(|(_, bytes)| bytes).sum::<usize>();
-        let rest: Vec<Document> = rest.into_iter().map(|(fragment, _)| fragment).collect();
+        let (rest, rest_bytes) = self.rest_of_split(&event)?;
+        let bytes = event_bytes + rest_bytes;
         tracing::debug!(
             operation_type = %escape_untrusted(&operation_type, 64),
             bytes,
@@ -199,15 +198,16 @@ impl Session {
 
     /// For the first fragment of a split event (`splitEvent: {fragment: 1, of: n}`), the other
     /// `n - 1` fragments, read now: the server sends them one after the other, and the event is
-    /// delivered, committed and resumed from as one. A fragment out of its place ends the run.
-    fn rest_of_split(&mut self, event: &Document) -> Result<Vec<(Document, usize)>, Refusal> {
+    /// delivered, committed and resumed from as one, with their size as BSON. A fragment out of
+    /// its place ends the run.
+    fn rest_of_split(&mut self, event: &Document) -> Result<(Vec<Document>, usize), Refusal> {
         if !self.split_events {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), 0));
         }
         let split =
             split_of(event).map_err(|why| self.fail(HandoffError::StreamFatal(why.into())))?;
         let Some((fragment, of)) = split else {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), 0));
         };
         if fragment != 1 {
             return Err(self.fail(HandoffError::StreamFatal(format!(
@@ -216,9 +216,10 @@ impl Session {
             ))));
         }
         let mut rest = Vec::with_capacity(of as usize - 1);
+        let mut bytes = 0;
         for expected in 2..=of {
             let mut waits = 0;
-            let next = loop {
+            let (next, size) = loop {
                 self.gate()?;
                 match self.source.next_sized() {
                     Ok(Some(next)) => break next,
@@ -234,8 +235,11 @@ impl Session {
                     Err(error) => return Err(self.stream_failure(error)),
                 }
             };
-            match split_of(&next.0) {
-                Ok(Some((fragment, n))) if fragment == expected && n == of => rest.push(next),
+            match split_of(&next) {
+                Ok(Some((fragment, n))) if fragment == expected && n == of => {
+                    rest.push(next);
+                    bytes += size;
+                }
                 _ => {
                     return Err(self.fail(HandoffError::StreamFatal(format!(
                         "The change stream interrupted a split event after fragment {} of {of}; \
@@ -245,7 +249,7 @@ impl Session {
                 }
             }
         }
-        Ok(rest)
+        Ok((rest, bytes))
     }
 
     /// The stream's current resume position, as canonical text.
