@@ -137,7 +137,7 @@ fn a_run_whose_lease_was_taken_over_cannot_commit() {
     let mine = Lease::new(Duration::from_secs(60));
     held_elsewhere(&live);
     let next = doc! {"_data": "82FFFFFFFF000000012B0429296E1404"};
-    let record = doc! {"_id": format!("{CONSUMER}/x"), "consumer": CONSUMER, "source": &consumer.source, "event": {"_id": next.clone()}};
+    let record = bson::rawdoc! {"_id": format!("{CONSUMER}/x"), "consumer": CONSUMER, "source": consumer.source.as_str(), "event": {"_id": {"_data": "82FFFFFFFF000000012B0429296E1404"}}};
     let commit = Commit {
         consumer: &consumer,
         expected: Some(&start),

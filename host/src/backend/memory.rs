@@ -6,7 +6,9 @@ use std::sync::Mutex;
 
 use bson::{DateTime, Document};
 
-use crate::domain::store::{admit, apply_claim, apply_release, compare_and_set, record_ids};
+use crate::domain::store::{
+    admit, apply_claim, apply_release, compare_and_set, decode_record, record_ids,
+};
 use crate::domain::{Applied, CheckpointStore, Claim, Commit, CommitError, Dump};
 
 /// Records of one kind, keyed by `_id`, remembering their commit order.
@@ -87,7 +89,7 @@ impl CheckpointStore for MemoryStore {
         {
             for (id, doc) in ids.iter().zip(docs) {
                 if admit(id, records.by_id.get(id), doc, &mut applied.duplicates)? {
-                    admitted.push((id.clone(), doc.clone()));
+                    admitted.push((id.clone(), decode_record(doc)?));
                 }
             }
         }

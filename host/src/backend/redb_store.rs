@@ -8,7 +8,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use bson::{DateTime, Document};
+use bson::{DateTime, Document, RawDocumentBuf};
 use redb::{
     Database, ReadTransaction, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction,
 };
@@ -44,7 +44,7 @@ fn encode(doc: &Document) -> Result<Vec<u8>, CommitError> {
 fn insert_ordered(
     txn: &WriteTransaction,
     (records, order): (&str, &str),
-    docs: &[Document],
+    docs: &[RawDocumentBuf],
     duplicates: &mut Vec<String>,
 ) -> Result<(), CommitError> {
     if docs.is_empty() {
@@ -71,7 +71,7 @@ fn insert_ordered(
             continue;
         }
         table
-            .insert(id.as_str(), encode(doc)?.as_slice())
+            .insert(id.as_str(), doc.as_bytes())
             .map_err(unavailable)?;
         order.insert(position, id.as_str()).map_err(unavailable)?;
         position += 1;
@@ -326,7 +326,7 @@ mod tests {
                 expected,
                 next,
                 mode: Mode::ResumeAfter,
-                outbox,
+                outbox: outbox.iter().map(|r| r.try_into().unwrap()).collect(),
                 quarantine: vec![],
                 lease: None,
             })

@@ -1,24 +1,23 @@
 //! The consumer's state and the one write that changes it: the checkpoint compare-and-set
 //! together with the outbox and quarantine records, atomically.
 
-use bson::Document;
-
-use bson::{Bson, DateTime};
+use bson::{Bson, DateTime, Document, RawDocument, RawDocumentBuf};
 
 use super::checkpoint::{CONFIG_CHANGES_KEPT, Claim, Mode};
 use super::deployment::Consumer;
 use super::lease::Lease;
 
 /// One atomic step: move the checkpoint from `expected` to `next`, insert the outbox and
-/// quarantine records.
+/// quarantine records. The records are encoded as they are written: a change event's bytes reach
+/// the store as the server sent them, and a record's size is its length.
 #[derive(Clone, Debug)]
 pub struct Commit<'a> {
     pub consumer: &'a Consumer,
     pub expected: Option<&'a Document>,
     pub next: &'a Document,
     pub mode: Mode,
-    pub outbox: Vec<Document>,
-    pub quarantine: Vec<Document>,
+    pub outbox: Vec<RawDocumentBuf>,
+    pub quarantine: Vec<RawDocumentBuf>,
     /// The run's lease: the checkpoint must still be held by its owner, and the commit renews
     /// it. `None` for a caller that holds none (tests, tools).
     pub lease: Option<&'a Lease>,
@@ -208,29 +207,39 @@ fn same_hand_off(stored: &Document, new: &Document) -> bool {
 pub fn admit(
     id: &str,
     stored: Option<&Document>,
-    new: &Document,
+    new: &RawDocument,
     duplicates: &mut Vec<String>,
 ) -> Result<bool, CommitError> {
-    match stored {
-        None => Ok(true),
-        Some(stored) if same_hand_off(stored, new) => {
-            duplicates.push(id.to_string());
-            Ok(false)
-        }
-        Some(_) => Err(CommitError::Duplicate(id.to_string())),
+    let Some(stored) = stored else {
+        return Ok(true);
+    };
+    let new = decode_record(new)?;
+    if same_hand_off(stored, &new) {
+        duplicates.push(id.to_string());
+        Ok(false)
+    } else {
+        Err(CommitError::Duplicate(id.to_string()))
     }
 }
 
+/// A record decoded, for a store that keeps documents.
+pub fn decode_record(record: &RawDocument) -> Result<Document, CommitError> {
+    Document::try_from(record)
+        .map_err(|_| CommitError::Unavailable("a record that is not valid BSON".into()))
+}
+
+/// A record's `_id`, which must be a string.
+pub fn record_id(record: &RawDocument) -> Result<&str, CommitError> {
+    record
+        .get_str("_id")
+        .map_err(|_| CommitError::Unavailable("a record without a string _id".into()))
+}
+
 /// The `_id`s of records, which must be strings.
-pub(crate) fn record_ids(records: &[Document]) -> Result<Vec<String>, CommitError> {
+pub(crate) fn record_ids(records: &[RawDocumentBuf]) -> Result<Vec<String>, CommitError> {
     records
         .iter()
-        .map(|record| {
-            record
-                .get_str("_id")
-                .map(str::to_string)
-                .map_err(|_| CommitError::Unavailable("a record without a string _id".into()))
-        })
+        .map(|record| record_id(record).map(str::to_string))
         .collect()
 }
 

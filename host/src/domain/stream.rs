@@ -1,7 +1,7 @@
 //! A deployment's change stream as the session sees it: where it starts, what fails, and the
 //! trait every source implements.
 
-use bson::Document;
+use bson::{Document, RawBsonRef, RawDocument, RawDocumentBuf};
 
 use super::deployment::Deployment;
 use super::text::escape_untrusted;
@@ -56,10 +56,50 @@ pub enum StreamError {
     ImageMissing(ServerError),
 }
 
-/// A document's size encoded as BSON (0 if it cannot be encoded, which a delivered event always
-/// can).
-pub fn bson_size(document: &Document) -> usize {
-    document.to_vec().map_or(0, |bytes| bytes.len())
+/// How deep an event's documents and arrays may nest: MongoDB stores no document nested more
+/// than 100 levels, and an event wraps one in a few more. Deeper is a server's fabrication, and
+/// refused before any recursive decoding meets it.
+pub const MAX_EVENT_DEPTH: usize = 256;
+
+/// Checks that `document` is well-formed BSON throughout — every element, nested document and
+/// array (a JavaScript scope's included), keys and text valid UTF-8, at most
+/// [`MAX_EVENT_DEPTH`] levels — without decoding it. The walk keeps its own stack: no nesting a
+/// server sends can exhaust the thread's.
+pub fn check_bson(document: &RawDocument) -> Result<(), String> {
+    fn nested<'a>(
+        value: RawBsonRef<'a>,
+        depth: usize,
+        containers: &mut Vec<(RawBsonRef<'a>, usize)>,
+    ) {
+        match value {
+            RawBsonRef::Document(_) | RawBsonRef::Array(_) => containers.push((value, depth + 1)),
+            RawBsonRef::JavaScriptCodeWithScope(code) => {
+                containers.push((RawBsonRef::Document(code.scope), depth + 1));
+            }
+            _ => {}
+        }
+    }
+    let mut containers = vec![(RawBsonRef::Document(document), 1)];
+    while let Some((container, depth)) = containers.pop() {
+        if depth > MAX_EVENT_DEPTH {
+            return Err(format!("nested deeper than {MAX_EVENT_DEPTH} levels"));
+        }
+        match container {
+            RawBsonRef::Document(document) => {
+                for element in document {
+                    let (_, value) = element.map_err(|e| e.to_string())?;
+                    nested(value, depth, &mut containers);
+                }
+            }
+            RawBsonRef::Array(array) => {
+                for item in array {
+                    nested(item.map_err(|e| e.to_string())?, depth, &mut containers);
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 /// MongoDB's `NoMatchingDocument`: in a change stream, a `required` image that is missing.
@@ -102,13 +142,28 @@ pub trait ChangeSource: Send {
     fn open(&mut self, start: Start<Document>) -> Result<(), StreamError>;
     /// The next event, waiting at most the await bound; `None` when none arrived.
     fn next(&mut self) -> Result<Option<Document>, StreamError>;
-    /// As [`ChangeSource::next`], with the event's size as BSON, which the run's bounds count. A
-    /// source that receives the event encoded knows it without encoding it again.
-    fn next_sized(&mut self) -> Result<Option<(Document, usize)>, StreamError> {
-        Ok(self.next()?.map(|event| {
-            let bytes = bson_size(&event);
-            (event, bytes)
-        }))
+    /// As [`ChangeSource::next`], the event encoded as BSON: its length is the size the run's
+    /// bounds count, and its bytes are what the outbox record holds. A source that receives
+    /// events encoded passes them on as received (checked to be well-formed BSON).
+    fn next_raw(&mut self) -> Result<Option<RawDocumentBuf>, StreamError> {
+        let Some(event) = self.next()? else {
+            return Ok(None);
+        };
+        let event = RawDocumentBuf::try_from(&event).map_err(|_| {
+            StreamError::Fatal(ServerError {
+                code: None,
+                code_name: "InvalidBSON".into(),
+                message: "an event cannot be encoded as BSON".into(),
+            })
+        })?;
+        check_bson(&event).map_err(|why| {
+            StreamError::Fatal(ServerError {
+                code: None,
+                code_name: "InvalidBSON".into(),
+                message: format!("an event is not valid BSON: {why}"),
+            })
+        })?;
+        Ok(Some(event))
     }
     /// The stream's resume position as last reported by the server.
     fn watermark(&self) -> Option<Document>;
@@ -118,5 +173,86 @@ pub trait ChangeSource: Send {
     /// then follow; `None` (real time) for a live stream.
     fn virtual_time(&self) -> Option<VirtualTime> {
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bson::rawdoc;
+
+    #[test]
+    fn a_well_formed_event_passes_and_a_flaw_at_any_depth_is_found() {
+        let event = rawdoc! {
+            "_id": { "_data": "8201" },
+            "fullDocument": { "items": [ { "name": "xy" } ], "n": 1_i64 },
+        };
+        assert!(check_bson(&event).is_ok());
+        // The top level still reads; the flaw is three levels down: "xy" turned into bytes that
+        // are not UTF-8.
+        let mut bytes = event.as_bytes().to_vec();
+        let at = bytes
+            .windows(3)
+            .position(|w| w == b"xy\0")
+            .expect("the nested text");
+        bytes[at] = 0xff;
+        let flawed = RawDocument::from_bytes(&bytes).expect("the outer frame is intact");
+        assert!(flawed.get("_id").is_ok());
+        assert!(check_bson(flawed).is_err());
+        // A nested document whose length runs past its parent.
+        let mut bytes = event.as_bytes().to_vec();
+        let at = bytes
+            .windows(6)
+            .position(|w| w == b"items\0")
+            .expect("the array")
+            + 6;
+        bytes[at] = 0x7f;
+        let flawed = RawDocument::from_bytes(&bytes).expect("the outer frame is intact");
+        assert!(check_bson(flawed).is_err());
+    }
+
+    #[test]
+    fn a_scope_of_javascript_code_is_checked_too() {
+        let code = bson::JavaScriptCodeWithScope {
+            code: "f()".into(),
+            scope: bson::doc! { "v": "xy" },
+        };
+        let event = RawDocumentBuf::try_from(&bson::doc! { "c": code }).unwrap();
+        assert!(check_bson(&event).is_ok());
+        let mut bytes = event.as_bytes().to_vec();
+        let at = bytes.windows(3).position(|w| w == b"xy\0").unwrap();
+        bytes[at + 1] = 0xfe;
+        assert!(check_bson(RawDocument::from_bytes(&bytes).unwrap()).is_err());
+    }
+
+    /// `{a: {a: {… {} …}}}`, `depth` documents in all.
+    fn nested(depth: usize) -> Vec<u8> {
+        // Each level around the innermost `{}` is its length, an embedded document's type, the
+        // key `a` and, after its child, the closing byte.
+        let mut bytes = Vec::with_capacity(5 + 8 * depth);
+        for level in (1..depth).rev() {
+            let size = u32::try_from(5 + 8 * level).unwrap();
+            bytes.extend_from_slice(&size.to_le_bytes());
+            bytes.extend_from_slice(&[0x03, b'a', 0]);
+        }
+        bytes.extend_from_slice(&[5, 0, 0, 0, 0]);
+        bytes.extend(std::iter::repeat_n(0u8, depth - 1));
+        bytes
+    }
+
+    #[test]
+    fn nesting_is_bounded_without_exhausting_the_stack() {
+        let at_limit = nested(MAX_EVENT_DEPTH);
+        assert!(check_bson(RawDocument::from_bytes(&at_limit).unwrap()).is_ok());
+        let over = nested(MAX_EVENT_DEPTH + 1);
+        let why = check_bson(RawDocument::from_bytes(&over).unwrap()).unwrap_err();
+        assert!(why.contains("nested deeper"), "{why}");
+        // The innermost document's end byte wrong: found at the bottom.
+        let mut flawed = at_limit.clone();
+        flawed[7 * (MAX_EVENT_DEPTH - 1) + 4] = 1;
+        assert!(check_bson(RawDocument::from_bytes(&flawed).unwrap()).is_err());
+        // 200,000 levels (1.6 MB, as a message may carry): refused, the stack intact.
+        let deep = nested(200_000);
+        assert!(check_bson(RawDocument::from_bytes(&deep).unwrap()).is_err());
     }
 }

@@ -3,12 +3,13 @@
 
 use std::collections::HashSet;
 
-use bson::{Document, doc};
+use bson::raw::cstr;
+use bson::{Document, RawBsonRef, RawDocumentBuf};
 use sha2::{Digest, Sha256};
 
+use super::Session;
 use super::record::{MAX_PAYLOAD_VALUES_PER_COMMIT, MAX_PAYLOADS_PER_COMMIT, Shaped, json_values};
 use super::refusal::Refusal;
-use super::{Session, bson_size};
 use crate::domain::text::escape_untrusted;
 use crate::domain::token::canonical_text;
 use crate::domain::{Commit, CommitError, Mode};
@@ -53,9 +54,9 @@ struct Planned {
     /// The token the checkpoint moves to (a split event's last fragment's).
     token: Document,
     text: String,
-    /// Its outbox records: one, or one per fragment of a split event.
-    outbox: Vec<Document>,
-    quarantine: Vec<Document>,
+    /// Its outbox records: one, or one per fragment of a split event, encoded as written.
+    outbox: Vec<RawDocumentBuf>,
+    quarantine: Vec<RawDocumentBuf>,
     handed_off: Option<String>,
     skipped: bool,
     quarantined: bool,
@@ -216,14 +217,11 @@ impl Session {
                     );
                 }
             }
-            let (Ok(token), Some(checkpoint_token)) = (
-                delivered.event.get_document("_id"),
-                delivered.checkpoint_token(),
-            ) else {
+            let Some(checkpoint_token) = delivered.checkpoint_token() else {
                 return Err(self.reject("the event has no token"));
             };
             let mut step = Planned {
-                token: checkpoint_token.clone(),
+                token: checkpoint_token,
                 text: delivered.text.clone(),
                 invalidate,
                 ..Planned::default()
@@ -232,14 +230,10 @@ impl Session {
                 // Its ID is the one the baseline reports for an invalidation: the SHA-256 of
                 // its token's canonical text.
                 let id = hex::encode(Sha256::digest(delivered.text.as_bytes()));
-                let marker = doc! {
-                    "_id": format!("{}/{id}", self.consumer.consumer),
-                    "consumer": &self.consumer.consumer,
-                    "source": &self.consumer.source,
-                    "marker": "invalidate",
-                    "event": delivered.event.clone(),
-                };
-                step.bytes = bson_size(&marker);
+                let mut marker = self.record_head(&format!("{}/{id}", self.consumer.consumer));
+                marker.append(cstr!("marker"), "invalidate");
+                marker.append(cstr!("event"), delivered.event.as_ref());
+                step.bytes = marker.as_bytes().len();
                 step.outbox = vec![marker];
                 step.marker = true;
             }
@@ -256,7 +250,7 @@ impl Session {
                 }
                 // A split event gets a record per fragment, `<id>.<k>of<n>`, so that each stays
                 // under the document limit and a reader can put the event together again.
-                let fragments: Vec<&Document> = delivered.fragments().collect();
+                let fragments: Vec<_> = delivered.fragments().collect();
                 let count = fragments.len();
                 let part = |k: usize| {
                     if count == 1 {
@@ -265,31 +259,26 @@ impl Session {
                         format!("{key}.{}of{count}", k + 1)
                     }
                 };
-                // A record per fragment: the raw event's (a quarantine record adds its token and
-                // reason, before the event as the baseline's order has it).
-                let per_fragment = |reason: Option<&str>| -> Vec<Document> {
+                // A record per fragment: the raw event's bytes as the server sent them (a
+                // quarantine record adds its token and reason, before the event as the
+                // baseline's order has it).
+                let per_fragment = |reason: Option<&str>| -> Vec<RawDocumentBuf> {
                     fragments
                         .iter()
                         .enumerate()
                         .map(|(k, fragment)| {
-                            let mut record = doc! {
-                                "_id": part(k),
-                                "consumer": &self.consumer.consumer,
-                                "source": &self.consumer.source,
-                            };
+                            let mut record = self.record_head(&part(k));
                             if let Some(reason) = reason {
-                                record.insert(
-                                    "token",
-                                    fragment.get("_id").cloned().unwrap_or_default(),
-                                );
-                                record.insert("reason", reason);
+                                let token = fragment.get("_id").ok().flatten();
+                                record.append(cstr!("token"), token.unwrap_or(RawBsonRef::Null));
+                                record.append(cstr!("reason"), reason);
                             }
-                            record.insert("event", (*fragment).clone());
+                            record.append(cstr!("event"), *fragment);
                             record
                         })
                         .collect()
                 };
-                let records: Vec<Document> = match decision {
+                let records: Vec<RawDocumentBuf> = match decision {
                     Decision::Quarantine { reason, .. } => {
                         let reason: String = reason.chars().take(MAX_REASON_CHARS).collect();
                         per_fragment(Some(&reason))
@@ -298,13 +287,8 @@ impl Session {
                         // The raw event of a split event is too large to keep beside a payload.
                         let mut options = self.outbox_options;
                         options.keep_event &= count == 1;
-                        match shaped.record(
-                            key.clone(),
-                            &self.consumer,
-                            token,
-                            &delivered.event,
-                            options,
-                        ) {
+                        let head = self.record_head(&key);
+                        match shaped.record(head, &delivered.event, options) {
                             Ok(record) => vec![record],
                             Err(why) => {
                                 return Err(self.reject(format!("the record {id}: {why}")));
@@ -314,16 +298,12 @@ impl Session {
                     _ => per_fragment(None),
                 };
                 for record in &records {
-                    let Ok(encoded) = record.to_vec() else {
-                        return Err(
-                            self.reject(format!("the record {id} cannot be encoded as BSON"))
-                        );
-                    };
-                    if encoded.len() > self.bounds.max_record_bytes {
+                    let bytes = record.as_bytes().len();
+                    if bytes > self.bounds.max_record_bytes {
                         let shaped = matches!(decision, Decision::HandOffRecord(_));
-                        return Err(self.record_too_large(id, encoded.len(), shaped));
+                        return Err(self.record_too_large(id, bytes, shaped));
                     }
-                    step.bytes += encoded.len();
+                    step.bytes += bytes;
                 }
                 if hand_off {
                     step.handed_off = Some(id.to_string());
@@ -345,6 +325,16 @@ impl Session {
             plan.push(step);
         }
         Ok(plan)
+    }
+
+    /// The fields every record of this consumer starts with: its `_id`, the consumer and the
+    /// source.
+    fn record_head(&self, id: &str) -> RawDocumentBuf {
+        let mut record = RawDocumentBuf::new();
+        record.append(cstr!("_id"), id);
+        record.append(cstr!("consumer"), self.consumer.consumer.as_str());
+        record.append(cstr!("source"), self.consumer.source.as_str());
+        record
     }
 
     /// A record over MongoDB's document limit: nothing of the commit is written.
@@ -372,11 +362,11 @@ impl Session {
         };
         let next_token = last.token.clone();
         let next_text = last.text.clone();
-        let outbox: Vec<Document> = steps
+        let outbox: Vec<RawDocumentBuf> = steps
             .iter_mut()
             .flat_map(|s| std::mem::take(&mut s.outbox))
             .collect();
-        let quarantine: Vec<Document> = steps
+        let quarantine: Vec<RawDocumentBuf> = steps
             .iter_mut()
             .flat_map(|s| std::mem::take(&mut s.quarantine))
             .collect();

@@ -30,9 +30,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
 
-use bson::Document;
-
-use crate::domain::stream::bson_size;
+use bson::{Document, RawDocument, RawDocumentBuf};
 
 pub use commit::{Decision, MAX_BATCH, MAX_ID_LEN};
 pub use record::{
@@ -81,14 +79,16 @@ impl Default for Bounds {
     }
 }
 
-/// A delivered event, kept until it is committed (and a little after, for `field`).
+/// A delivered event, kept until it is committed (and a little after, for `field`). It is kept
+/// as the server sent it: its records are built from its bytes, and the policy's reads look into
+/// them, so no event is decoded whole.
 struct Delivered {
     /// The canonical text of its token: of its first fragment for a split event.
     text: String,
     /// The event, or its first fragment.
-    event: Document,
+    event: RawDocumentBuf,
     /// The other fragments of a split event (`splitEvent`), in order; empty otherwise.
-    rest: Vec<Document>,
+    rest: Vec<RawDocumentBuf>,
     invalidate: bool,
     /// The event's BSON size (all its fragments').
     bytes: usize,
@@ -96,17 +96,16 @@ struct Delivered {
 
 impl Delivered {
     /// Every fragment of the event (the event alone when it was not split).
-    fn fragments(&self) -> impl Iterator<Item = &Document> {
-        std::iter::once(&self.event).chain(&self.rest)
+    fn fragments(&self) -> impl Iterator<Item = &RawDocument> {
+        std::iter::once(&self.event)
+            .chain(&self.rest)
+            .map(|fragment| fragment.as_ref())
     }
 
     /// The token the checkpoint moves to once the event is committed: its last fragment's.
-    fn checkpoint_token(&self) -> Option<&Document> {
-        self.rest
-            .last()
-            .unwrap_or(&self.event)
-            .get_document("_id")
-            .ok()
+    fn checkpoint_token(&self) -> Option<Document> {
+        let last = self.rest.last().unwrap_or(&self.event);
+        Document::try_from(last.get_document("_id").ok()?).ok()
     }
 }
 

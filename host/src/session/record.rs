@@ -2,9 +2,8 @@
 //! record built from it. Every part comes from untrusted code, so each is bounded and parsed
 //! here before anything is written; a bad part refuses the whole commit.
 
-use bson::{Bson, Document, doc};
-
-use crate::domain::Consumer;
+use bson::raw::cstr;
+use bson::{Bson, Document, RawDocument, RawDocumentBuf, doc};
 
 /// The longest `eventType`, in characters.
 pub const MAX_EVENT_TYPE_LEN: usize = 100;
@@ -141,16 +140,14 @@ fn check_keys(what: &str, value: &Bson) -> Result<(), String> {
 }
 
 impl Shaped {
-    /// The outbox record for `event` (whose token is `token`), or why the policy's parts are
-    /// refused.
+    /// The outbox record for `event`, following `head` (the record's `_id`, consumer and
+    /// source), or why the policy's parts are refused.
     pub fn record(
         &self,
-        key: String,
-        consumer: &Consumer,
-        token: &Document,
-        event: &Document,
+        head: RawDocumentBuf,
+        event: &RawDocument,
         options: OutboxOptions,
-    ) -> Result<Document, String> {
+    ) -> Result<RawDocumentBuf, String> {
         if !super::commit::id_like(&self.event_type, MAX_EVENT_TYPE_LEN) {
             return Err(format!(
                 "an eventType must be 1-{MAX_EVENT_TYPE_LEN} characters from [A-Za-z0-9._:-]"
@@ -169,24 +166,31 @@ impl Shaped {
         if payload.contains_key("_id") {
             return Err("the payload may not hold an `_id` at its top level".into());
         }
-        let mut record = doc! {
-            "_id": key,
-            "consumer": &consumer.consumer,
-            "source": &consumer.source,
+        let mut shaped = doc! {
             "eventType": &self.event_type,
             "schemaVersion": i64::from(self.schema_version),
             "aggregateId": aggregate_id,
         };
         if let Some(version) = aggregate_version {
-            record.insert("aggregateVersion", version);
+            shaped.insert("aggregateVersion", version);
         }
-        record.insert("payload", payload);
-        record.insert("token", token.clone());
+        shaped.insert("payload", payload);
+        let shaped = RawDocumentBuf::try_from(&shaped)
+            .map_err(|_| "the record cannot be encoded as BSON".to_string())?;
+        let mut record = head;
+        for element in &shaped {
+            let (key, value) = element.map_err(|_| "the record cannot be encoded as BSON")?;
+            record.append(key, value);
+        }
+        match event.get("_id") {
+            Ok(Some(token)) => record.append(cstr!("token"), token),
+            _ => return Err("the event has no token".into()),
+        }
         if let Ok(time) = event.get_timestamp("clusterTime") {
-            record.insert("clusterTime", time);
+            record.append(cstr!("clusterTime"), time);
         }
         if options.keep_event {
-            record.insert("event", event.clone());
+            record.append(cstr!("event"), event);
         }
         Ok(record)
     }
@@ -208,26 +212,21 @@ mod tests {
     }
 
     fn build(shape: &Shaped, keep_event: bool) -> Result<Document, String> {
-        let consumer = Consumer {
-            consumer: "c".into(),
-            source: "db.orders".into(),
-        };
-        let token = doc! { "_data": "82" };
-        let event = doc! {
-            "_id": token.clone(),
+        let head = bson::rawdoc! { "_id": "c/e1", "consumer": "c", "source": "db.orders" };
+        let event = bson::rawdoc! {
+            "_id": { "_data": "82" },
             "operationType": "insert",
             "clusterTime": bson::Timestamp { time: 5, increment: 1 },
         };
-        shape.record(
-            "c/e1".into(),
-            &consumer,
-            &token,
+        let record = shape.record(
+            head,
             &event,
             OutboxOptions {
                 keep_event,
                 ..OutboxOptions::default()
             },
-        )
+        )?;
+        Ok(Document::try_from(record.as_ref()).expect("a record decodes"))
     }
 
     #[test]

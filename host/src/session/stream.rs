@@ -1,7 +1,7 @@
 //! The stream side of a session: opening from the checkpoint's own position, delivering events
 //! within the run's bounds, and reading delivered events' fields.
 
-use bson::{Bson, Document};
+use bson::{Bson, Document, RawBsonRef, RawDocument, RawDocumentBuf};
 
 use super::refusal::Refusal;
 use super::{Delivered, Session};
@@ -143,18 +143,23 @@ impl Session {
             return Err(self.reject(format!("the run already read max_events = {max} events")));
         }
         self.keep_lease();
-        let (event, event_bytes) = match self.source.next_sized() {
-            Ok(Some(sized)) => sized,
+        let event = match self.source.next_raw() {
+            Ok(Some(event)) => event,
             Ok(None) => return Ok(None),
             Err(error) => return Err(self.stream_failure(error)),
         };
-        let Ok(token) = event.get_document("_id") else {
+        let event_bytes = event.as_bytes().len();
+        let Some(token) = event
+            .get_document("_id")
+            .ok()
+            .and_then(|token| Document::try_from(token).ok())
+        else {
             return Err(self.fail(HandoffError::StreamFatal(
                 "The change stream delivered an event without a resume token; refusing to continue"
                     .into(),
             )));
         };
-        let text = canonical_text(token);
+        let text = canonical_text(&token);
         let operation_type = event
             .get_str("operationType")
             .unwrap_or_default()
@@ -166,10 +171,10 @@ impl Session {
                 Err(_) => db.to_string(),
             })
         });
-        let cluster_time = match event.get("clusterTime") {
-            Some(Bson::Timestamp(ts)) => Some((ts.time, ts.increment)),
-            _ => None,
-        };
+        let cluster_time = event
+            .get_timestamp("clusterTime")
+            .ok()
+            .map(|ts| (ts.time, ts.increment));
         let view = EventView {
             token: text.clone(),
             operation_type: operation_type.clone(),
@@ -200,7 +205,10 @@ impl Session {
     /// `n - 1` fragments, read now: the server sends them one after the other, and the event is
     /// delivered, committed and resumed from as one, with their size as BSON. A fragment out of
     /// its place ends the run.
-    fn rest_of_split(&mut self, event: &Document) -> Result<(Vec<Document>, usize), Refusal> {
+    fn rest_of_split(
+        &mut self,
+        event: &RawDocument,
+    ) -> Result<(Vec<RawDocumentBuf>, usize), Refusal> {
         if !self.split_events {
             return Ok((Vec::new(), 0));
         }
@@ -219,9 +227,9 @@ impl Session {
         let mut bytes = 0;
         for expected in 2..=of {
             let mut waits = 0;
-            let (next, size) = loop {
+            let next = loop {
                 self.gate()?;
-                match self.source.next_sized() {
+                match self.source.next_raw() {
                     Ok(Some(next)) => break next,
                     // The next fragment is on its way: the server sends an event's fragments
                     // back to back, but one may wait for the next batch.
@@ -237,8 +245,8 @@ impl Session {
             };
             match split_of(&next) {
                 Ok(Some((fragment, n))) if fragment == expected && n == of => {
+                    bytes += next.as_bytes().len();
                     rest.push(next);
-                    bytes += size;
                 }
                 _ => {
                     return Err(self.fail(HandoffError::StreamFatal(format!(
@@ -272,36 +280,35 @@ impl Session {
 }
 
 /// A field of `document` by dotted path, as relaxed Extended JSON text.
-fn field_of(document: &Document, path: &str) -> Option<String> {
+fn field_of(document: &RawDocument, path: &str) -> Option<String> {
     let mut parts = path.split('.');
-    let mut current = document.get(parts.next()?)?;
+    let mut current = document.get(parts.next()?).ok()??;
     for part in parts {
         current = match current {
-            Bson::Document(d) => d.get(part)?,
-            Bson::Array(items) => items.get(part.parse::<usize>().ok()?)?,
+            RawBsonRef::Document(d) => d.get(part).ok()??,
+            RawBsonRef::Array(items) => items.get(part.parse::<usize>().ok()?).ok()??,
             _ => return None,
         };
     }
-    Some(value_text(current))
+    Bson::try_from(current).ok().map(|value| value_text(&value))
 }
 
 /// `splitEvent: {fragment, of}` of an event, when it has one. A malformed one is refused.
-fn split_of(event: &Document) -> Result<Option<(u32, u32)>, &'static str> {
-    let Some(split) = event.get("splitEvent") else {
-        return Ok(None);
+fn split_of(event: &RawDocument) -> Result<Option<(u32, u32)>, &'static str> {
+    let split = match event.get("splitEvent") {
+        Ok(None) => return Ok(None),
+        Ok(Some(RawBsonRef::Document(split))) => split,
+        _ => return Err(MALFORMED_SPLIT),
     };
-    let number = |split: &Document, key: &str| match split.get(key) {
-        Some(Bson::Int32(n)) => u32::try_from(*n).ok(),
-        Some(Bson::Int64(n)) => u32::try_from(*n).ok(),
+    let number = |key: &str| match split.get(key) {
+        Ok(Some(RawBsonRef::Int32(n))) => u32::try_from(n).ok(),
+        Ok(Some(RawBsonRef::Int64(n))) => u32::try_from(n).ok(),
         _ => None,
     };
-    match split {
-        Bson::Document(split) => match (number(split, "fragment"), number(split, "of")) {
-            (Some(fragment), Some(of)) if (1..=of).contains(&fragment) && of <= MAX_FRAGMENTS => {
-                Ok(Some((fragment, of)))
-            }
-            _ => Err(MALFORMED_SPLIT),
-        },
+    match (number("fragment"), number("of")) {
+        (Some(fragment), Some(of)) if (1..=of).contains(&fragment) && of <= MAX_FRAGMENTS => {
+            Ok(Some((fragment, of)))
+        }
         _ => Err(MALFORMED_SPLIT),
     }
 }

@@ -29,7 +29,7 @@ impl CheckpointStore for Counting {
     }
     fn commit(&self, commit: &Commit<'_>) -> Result<Applied, CommitError> {
         let applied = self.inner.commit(commit)?;
-        let bytes = commit.outbox.iter().map(bson_size).sum();
+        let bytes = commit.outbox.iter().map(|r| r.as_bytes().len()).sum();
         self.transactions
             .lock()
             .unwrap()

@@ -15,6 +15,7 @@ use super::MAX_AWAIT;
 use super::connection::Connection;
 use super::errors::classify_stream;
 use crate::domain::config::{BeforeChange, FullDocument, Scope};
+use crate::domain::stream::check_bson;
 use crate::domain::{
     ChangeSource, Collections, Deployment, ServerError, Start, StreamConfig, StreamError,
 };
@@ -189,10 +190,15 @@ impl ChangeSource for MongoSource {
     }
 
     fn next(&mut self) -> std::result::Result<Option<Document>, StreamError> {
-        Ok(self.next_sized()?.map(|(event, _)| event))
+        let Some(raw) = self.next_raw()? else {
+            return Ok(None);
+        };
+        Document::try_from(raw.as_ref())
+            .map(Some)
+            .map_err(|e| not_bson(e.to_string()))
     }
 
-    fn next_sized(&mut self) -> std::result::Result<Option<(Document, usize)>, StreamError> {
+    fn next_raw(&mut self) -> std::result::Result<Option<RawDocumentBuf>, StreamError> {
         let Some(stream) = self.stream.as_mut() else {
             return Ok(None);
         };
@@ -209,14 +215,9 @@ impl ChangeSource for MongoSource {
             }
             return Ok(None);
         };
-        let event = Document::try_from(raw.as_ref()).map_err(|e| {
-            StreamError::Unavailable(ServerError {
-                code: None,
-                code_name: String::new(),
-                message: format!("the change stream returned an event that is not valid BSON: {e}"),
-            })
-        })?;
-        Ok(Some((event, raw.as_bytes().len())))
+        // The event's bytes become the outbox record's: checked whole before anything reads them.
+        check_bson(&raw).map_err(not_bson)?;
+        Ok(Some(raw))
     }
 
     fn watermark(&self) -> Option<Document> {
@@ -230,4 +231,13 @@ impl ChangeSource for MongoSource {
     fn now_ms(&self) -> u64 {
         self.clock.elapsed().as_millis() as u64
     }
+}
+
+/// An event the server sent that is not well-formed BSON: the run stops, nothing is committed.
+fn not_bson(error: String) -> StreamError {
+    StreamError::Unavailable(ServerError {
+        code: None,
+        code_name: String::new(),
+        message: format!("the change stream returned an event that is not valid BSON: {error}"),
+    })
 }

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use bson::{Bson, Document, doc};
+use bson::{Bson, Document, RawDocument, RawDocumentBuf, doc};
 use mongodb::error::PartialBulkWriteResult;
 use mongodb::error::{Error as DriverError, ErrorKind, TRANSIENT_TRANSACTION_ERROR, WriteFailure};
 use mongodb::options::{InsertOneModel, ReturnDocument, UpdateOneModel, WriteModel};
@@ -14,7 +14,7 @@ use super::connection::Connection;
 use super::errors::server_error;
 use super::{MAX_DOCUMENT_BYTES, TRANSACTION_ATTEMPTS, transaction_options};
 use crate::domain::checkpoint::CONFIG_CHANGES_KEPT;
-use crate::domain::store::admit;
+use crate::domain::store::{admit, decode_record};
 use crate::domain::stream::BSON_OBJECT_TOO_LARGE;
 use crate::domain::{Applied, CheckpointStore, Claim, Collections, Commit, CommitError, Dump};
 
@@ -106,13 +106,10 @@ impl MongoStore {
         &self,
         session: &mut ClientSession,
         collection: &Collection<Document>,
-        records: &'r [Document],
+        records: &'r [RawDocumentBuf],
         duplicates: &mut Vec<String>,
-    ) -> std::result::Result<Vec<&'r Document>, Attempt> {
-        let ids: Vec<Bson> = records
-            .iter()
-            .filter_map(|r| r.get("_id").cloned())
-            .collect();
+    ) -> std::result::Result<Vec<&'r RawDocumentBuf>, Attempt> {
+        let ids: Vec<Bson> = records.iter().map(|r| Bson::String(record_id(r))).collect();
         let mut cursor = collection
             .find(doc! { "_id": { "$in": ids } })
             .projection(doc! { "_id": 1, "consumer": 1, "source": 1, "token": 1, "event._id": 1 })
@@ -122,7 +119,7 @@ impl MongoStore {
         let mut stored = std::collections::HashMap::new();
         while let Some(found) = cursor.next(&mut *session).await {
             let found = found.map_err(Attempt::from)?;
-            stored.insert(record_id(&found), found);
+            stored.insert(found.get_str("_id").unwrap_or("").to_string(), found);
         }
         let mut insert = Vec::with_capacity(records.len());
         for record in records {
@@ -143,7 +140,7 @@ impl MongoStore {
         look_first: bool,
     ) -> std::result::Result<Applied, Attempt> {
         let mut applied = Applied::default();
-        let mut writes: [Vec<&Document>; 2] = [Vec::new(), Vec::new()];
+        let mut writes: [Vec<&RawDocumentBuf>; 2] = [Vec::new(), Vec::new()];
         for (collection, records, insert) in [
             (&self.outbox, &commit.outbox, 0),
             (&self.quarantine, &commit.quarantine, 1),
@@ -198,7 +195,9 @@ impl MongoStore {
             if insert.is_empty() {
                 continue;
             }
+            // The records as encoded: the driver sends their bytes without decoding them.
             if let Err(e) = collection
+                .clone_with_type::<RawDocumentBuf>()
                 .insert_many(insert.iter().copied())
                 .ordered(true)
                 .session(&mut *session)
@@ -217,7 +216,7 @@ impl MongoStore {
         session: &mut ClientSession,
         filter: &Document,
         update: &Document,
-        writes: &[Vec<&Document>; 2],
+        writes: &[Vec<&RawDocumentBuf>; 2],
     ) -> std::result::Result<(), Attempt> {
         let mut models: Vec<WriteModel> = Vec::with_capacity(1 + writes[0].len() + writes[1].len());
         models.push(
@@ -230,16 +229,19 @@ impl MongoStore {
         );
         for (collection, insert) in [(&self.outbox, &writes[0]), (&self.quarantine, &writes[1])] {
             let namespace = collection.namespace();
-            models.extend(insert.iter().map(|record| {
-                WriteModel::from(
+            for record in insert {
+                // The driver's model holds a document: the record is decoded once, here.
+                let document = decode_record(record).map_err(Attempt::Final)?;
+                models.push(
                     InsertOneModel::builder()
                         .namespace(namespace.clone())
-                        .document((*record).clone())
-                        .build(),
-                )
-            }));
+                        .document(document)
+                        .build()
+                        .into(),
+                );
+            }
         }
-        let records: Vec<&Document> = writes.iter().flatten().copied().collect();
+        let records: Vec<&RawDocumentBuf> = writes.iter().flatten().copied().collect();
         match self
             .connection
             .client
@@ -277,7 +279,7 @@ fn no_bulk_write(error: &DriverError) -> bool {
 /// Classifies a failed `bulkWrite` whose first operation is the compare-and-set and whose others
 /// insert `records` in order: a missed compare-and-set is a conflict whatever failed after it,
 /// else as [`insert_failure`] for the first failed insert.
-fn bulk_failure(error: DriverError, records: &[&Document]) -> Attempt {
+fn bulk_failure(error: DriverError, records: &[&RawDocumentBuf]) -> Attempt {
     if error.contains_label(TRANSIENT_TRANSACTION_ERROR) {
         return Attempt::Transient(error);
     }
@@ -317,20 +319,20 @@ fn bulk_failure(error: DriverError, records: &[&Document]) -> Attempt {
 }
 
 /// The `_id` of the first record over the document limit, if any.
-fn oversized<'a>(records: impl IntoIterator<Item = &'a Document>) -> Option<String> {
-    records.into_iter().find_map(|record| {
-        let size = bson::serialize_to_vec(record).map_or(usize::MAX, |bytes| bytes.len());
-        (size > MAX_DOCUMENT_BYTES).then(|| record_id(record))
-    })
+fn oversized<'a>(records: impl IntoIterator<Item = &'a RawDocumentBuf>) -> Option<String> {
+    records
+        .into_iter()
+        .find(|record| record.as_bytes().len() > MAX_DOCUMENT_BYTES)
+        .map(|record| record_id(record))
 }
 
-fn record_id(record: &Document) -> String {
+fn record_id(record: &RawDocument) -> String {
     record.get_str("_id").unwrap_or("").to_string()
 }
 
 /// Classifies a failed `insertMany`: the failing record's `_id` for a duplicate key (11000) or a
 /// record over the document limit (10334), a transient error to retry, or a driver error.
-fn insert_failure(error: DriverError, records: &[&Document]) -> Attempt {
+fn insert_failure(error: DriverError, records: &[&RawDocumentBuf]) -> Attempt {
     if error.contains_label(TRANSIENT_TRANSACTION_ERROR) {
         return Attempt::Transient(error);
     }
