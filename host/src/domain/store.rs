@@ -235,11 +235,18 @@ pub fn record_id(record: &RawDocument) -> Result<&str, CommitError> {
         .map_err(|_| CommitError::Unavailable("a record without a string _id".into()))
 }
 
-/// The `_id`s of records, which must be strings.
+/// The `_id`s of records, which must be strings, each record checked to be well-formed BSON (an
+/// embedded store keeps the bytes it is given, and a record it cannot read back would fail every
+/// later read of the consumer).
 pub(crate) fn record_ids(records: &[RawDocumentBuf]) -> Result<Vec<String>, CommitError> {
     records
         .iter()
-        .map(|record| record_id(record).map(str::to_string))
+        .map(|record| {
+            super::stream::check_bson(record).map_err(|why| {
+                CommitError::Unavailable(format!("a record is not valid BSON: {why}"))
+            })?;
+            record_id(record).map(str::to_string)
+        })
         .collect()
 }
 

@@ -63,9 +63,19 @@ pub const MAX_EVENT_DEPTH: usize = 256;
 
 /// Checks that `document` is well-formed BSON throughout — every element, nested document and
 /// array (a JavaScript scope's included), keys and text valid UTF-8, at most
-/// [`MAX_EVENT_DEPTH`] levels — without decoding it. The walk keeps its own stack: no nesting a
-/// server sends can exhaust the thread's.
+/// [`MAX_EVENT_DEPTH`] levels, no key twice at the top level — without decoding it. The walk
+/// keeps its own stack: no nesting a server sends can exhaust the thread's. A top-level key
+/// twice (`_id`, `operationType`, …) would be read one way by the run, which takes the first,
+/// and another by whoever decodes the stored record, which keeps the last; nested data is kept
+/// as sent.
 pub fn check_bson(document: &RawDocument) -> Result<(), String> {
+    let mut keys = std::collections::HashSet::new();
+    for element in document {
+        let (key, _) = element.map_err(|e| e.to_string())?;
+        if !keys.insert(key.as_str()) {
+            return Err("a top-level key appears twice".into());
+        }
+    }
     fn nested<'a>(
         value: RawBsonRef<'a>,
         depth: usize,
@@ -209,6 +219,18 @@ mod tests {
         bytes[at] = 0x7f;
         let flawed = RawDocument::from_bytes(&bytes).expect("the outer frame is intact");
         assert!(check_bson(flawed).is_err());
+    }
+
+    #[test]
+    fn a_top_level_key_twice_is_refused_and_nested_data_is_kept_as_sent() {
+        let mut twice = rawdoc! { "_id": { "_data": "8201" }, "operationType": "insert" };
+        twice.append(bson::raw::cstr!("_id"), rawdoc! { "_data": "8202" });
+        let why = check_bson(&twice).unwrap_err();
+        assert!(why.contains("twice"), "{why}");
+        let mut document = rawdoc! { "a": 1 };
+        document.append(bson::raw::cstr!("a"), 2);
+        let nested = rawdoc! { "_id": { "_data": "8201" }, "fullDocument": document };
+        assert!(check_bson(&nested).is_ok());
     }
 
     #[test]

@@ -212,21 +212,68 @@ mod tests {
     }
 
     fn build(shape: &Shaped, keep_event: bool) -> Result<Document, String> {
+        let record = build_raw(shape, keep_event)?;
+        Ok(Document::try_from(record.as_ref()).expect("a record decodes"))
+    }
+
+    fn build_raw(shape: &Shaped, keep_event: bool) -> Result<RawDocumentBuf, String> {
         let head = bson::rawdoc! { "_id": "c/e1", "consumer": "c", "source": "db.orders" };
         let event = bson::rawdoc! {
             "_id": { "_data": "82" },
             "operationType": "insert",
             "clusterTime": bson::Timestamp { time: 5, increment: 1 },
         };
-        let record = shape.record(
+        shape.record(
             head,
             &event,
             OutboxOptions {
                 keep_event,
                 ..OutboxOptions::default()
             },
-        )?;
-        Ok(Document::try_from(record.as_ref()).expect("a record decodes"))
+        )
+    }
+
+    #[test]
+    fn a_shaped_record_keeps_its_fields_in_order_each_once() {
+        let keys = |record: &RawDocumentBuf| -> Vec<String> {
+            record
+                .iter()
+                .map(|element| element.unwrap().0.as_str().to_string())
+                .collect()
+        };
+        let full = build_raw(&shaped(r#"{"n": 1}"#), true).unwrap();
+        assert_eq!(
+            keys(&full),
+            [
+                "_id",
+                "consumer",
+                "source",
+                "eventType",
+                "schemaVersion",
+                "aggregateId",
+                "aggregateVersion",
+                "payload",
+                "token",
+                "clusterTime",
+                "event"
+            ]
+        );
+        let mut lean = shaped(r#"{"n": 1}"#);
+        lean.aggregate_version = None;
+        assert_eq!(
+            keys(&build_raw(&lean, false).unwrap()),
+            [
+                "_id",
+                "consumer",
+                "source",
+                "eventType",
+                "schemaVersion",
+                "aggregateId",
+                "payload",
+                "token",
+                "clusterTime"
+            ]
+        );
     }
 
     #[test]

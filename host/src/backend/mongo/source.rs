@@ -235,7 +235,8 @@ impl ChangeSource for MongoSource {
 
 /// An event the server sent that is not well-formed BSON: the run stops, nothing is committed.
 fn not_bson(error: String) -> StreamError {
-    StreamError::Unavailable(ServerError {
+    // The same event comes back on every retry: the stream cannot pass it.
+    StreamError::Fatal(ServerError {
         code: None,
         code_name: String::new(),
         message: format!("the change stream returned an event that is not valid BSON: {error}"),
