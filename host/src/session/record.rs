@@ -241,39 +241,29 @@ mod tests {
                 .map(|element| element.unwrap().0.as_str().to_string())
                 .collect()
         };
+        let order = [
+            "_id",
+            "consumer",
+            "source",
+            "eventType",
+            "schemaVersion",
+            "aggregateId",
+            "aggregateVersion",
+            "payload",
+            "token",
+            "clusterTime",
+            "event",
+        ];
         let full = build_raw(&shaped(r#"{"n": 1}"#), true).unwrap();
-        assert_eq!(
-            keys(&full),
-            [
-                "_id",
-                "consumer",
-                "source",
-                "eventType",
-                "schemaVersion",
-                "aggregateId",
-                "aggregateVersion",
-                "payload",
-                "token",
-                "clusterTime",
-                "event"
-            ]
-        );
+        assert_eq!(keys(&full), order);
+        // Without a version and the kept event, the others keep their order.
         let mut lean = shaped(r#"{"n": 1}"#);
         lean.aggregate_version = None;
-        assert_eq!(
-            keys(&build_raw(&lean, false).unwrap()),
-            [
-                "_id",
-                "consumer",
-                "source",
-                "eventType",
-                "schemaVersion",
-                "aggregateId",
-                "payload",
-                "token",
-                "clusterTime"
-            ]
-        );
+        let expected: Vec<&str> = order
+            .into_iter()
+            .filter(|key| !["aggregateVersion", "event"].contains(key))
+            .collect();
+        assert_eq!(keys(&build_raw(&lean, false).unwrap()), expected);
     }
 
     #[test]
