@@ -516,3 +516,48 @@ fn a_refused_policy_creates_no_state_folder() {
     fails(&output, 9, "not a WebAssembly component");
     assert!(!s.path("x").exists());
 }
+
+/// The embedded store is held by one process at a time, so a run's lease there only records the
+/// holder: a run killed after claiming it, before committing anything, leaves no lease behind and
+/// the next run hands off at once instead of waiting for the lease to expire.
+#[test]
+fn a_run_killed_before_its_first_commit_leaves_no_lease_in_the_state_store() {
+    use std::io::{BufRead, BufReader};
+    let s = Scratch::new();
+    let fixture = s.fixture("demo.jsonl", &demo_lines());
+    let mut child = handoff()
+        .arg("replay")
+        .arg(&fixture)
+        .arg("--state")
+        .arg(s.state())
+        .args(["--policy", handoff_test_policies::SPIN_FOREVER])
+        .args(["--policy-slice-ms", "60000"])
+        .env("HANDOFF_LOG", "handoff::startup=debug")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    // The policy's first host call comes after the claim; the policy then computes forever.
+    let stderr = child.stderr.take().expect("stderr");
+    let called = BufReader::new(stderr)
+        .lines()
+        .map_while(Result::ok)
+        .any(|line| line.contains("policy called the host"));
+    child.kill().expect("SIGKILL");
+    let _ = child.wait();
+    assert!(called, "the spinning run never reached the policy");
+
+    {
+        use handoff::domain::CheckpointStore;
+        let dump = store(&s).dump("orders-to-outbox").expect("dump");
+        let checkpoint = dump.checkpoint.expect("the checkpoint the run created");
+        assert!(dump.outbox.is_empty());
+        assert!(
+            !checkpoint.contains_key("owner") && !checkpoint.contains_key("leaseUntil"),
+            "the killed run's claim outlived it: {checkpoint}"
+        );
+    }
+    let out = ok(&replay(&fixture, &s.state(), &[]));
+    assert_eq!(out["status"], "HANDED_OFF");
+    assert_eq!(out["events_handed_off"], 4);
+}

@@ -4,13 +4,19 @@
 //! document as BSON under its `_id`; a companion table per record collection keeps the commit
 //! order. Every commit is one redb write transaction with immediate durability, so a crash at any
 //! point leaves either the whole step or none of it.
+//!
+//! One process at a time holds the file (redb's lock), so the lease a run claims here only records
+//! the holder: the claim is committed without waiting for the disk, and the run's first durable
+//! write (a commit, or the release at its end) makes it durable. A process killed before either
+//! leaves the store as it found it instead of holding the consumer for the lease's length.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use bson::{DateTime, Document, RawDocumentBuf};
 use redb::{
-    Database, ReadTransaction, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction,
+    Database, Durability, ReadTransaction, ReadableDatabase, ReadableTable, TableDefinition,
+    WriteTransaction,
 };
 
 use crate::domain::store::{admit, apply_claim, apply_release, compare_and_set, record_ids};
@@ -154,13 +160,17 @@ impl RedbStore {
     }
 
     /// Replaces the consumer's checkpoint with what `change` makes of it (`None`: leave it), in
-    /// one transaction; a missing checkpoint is a conflict.
+    /// one transaction committed with `durability`; a missing checkpoint is a conflict.
     fn update_checkpoint(
         &self,
         consumer: &str,
+        durability: Durability,
         change: impl FnOnce(&Document) -> Result<Option<Document>, CommitError>,
     ) -> Result<(), CommitError> {
-        let txn = self.db.begin_write().map_err(unavailable)?;
+        let mut txn = self.db.begin_write().map_err(unavailable)?;
+        // Refused only for persistent savepoints, which this store never makes: the transaction
+        // then stays durable.
+        let _ = txn.set_durability(durability);
         {
             let mut table = txn
                 .open_table(self.checkpoint_table())
@@ -257,11 +267,16 @@ impl CheckpointStore for RedbStore {
     }
 
     fn claim(&self, consumer: &str, claim: &Claim) -> Result<(), CommitError> {
-        self.update_checkpoint(consumer, |stored| apply_claim(stored, claim).map(Some))
+        // Not durable by itself (see the module's note): the next durable commit writes it.
+        self.update_checkpoint(consumer, Durability::None, |stored| {
+            apply_claim(stored, claim).map(Some)
+        })
     }
 
     fn release(&self, consumer: &str, owner: &str, at: DateTime) -> Result<(), CommitError> {
-        self.update_checkpoint(consumer, |stored| Ok(apply_release(stored, owner, at)))
+        self.update_checkpoint(consumer, Durability::Immediate, |stored| {
+            Ok(apply_release(stored, owner, at))
+        })
     }
 
     fn dump(&self, consumer: &str) -> Result<Dump, CommitError> {

@@ -155,7 +155,7 @@ impl ArtifactCache {
         // (the header binds it to the engine's compatibility hash and to this policy, and its
         // digest was verified just now), read from a file owned by this user that no one else can
         // write, in a folder no one else can write. wasmtime checks its own header and version too.
-        match unsafe { Component::deserialize(engine, code) } {
+        match unsafe { Component::deserialize(engine, &code[HEADER_LEN..]) } {
             Ok(component) => {
                 tracing::debug!(path = %self.dir.join(&name).display(), "loaded the compiled policy from the cache");
                 Lookup::Hit(component)
@@ -257,7 +257,8 @@ impl ArtifactCache {
         Ok(())
     }
 
-    /// Reads and verifies an artifact; returns its code, `None` if there is none.
+    /// Reads and verifies an artifact; returns the whole file (its code follows the header's
+    /// `HEADER_LEN` bytes), `None` if there is none.
     fn read_artifact(
         &self,
         dir: &File,
@@ -295,7 +296,6 @@ impl ArtifactCache {
         verify(&bytes, policy, &self.engine_key)?;
         // Recently used: trimming evicts the artifacts used least recently.
         let _ = file.set_modified(SystemTime::now());
-        bytes.drain(..HEADER_LEN);
         Ok(Some(bytes))
     }
 
