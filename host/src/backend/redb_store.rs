@@ -2,8 +2,8 @@
 //!
 //! The file mirrors the MongoDB layout: a table per collection, named like it, holding each
 //! document as BSON under its `_id`; a companion table per record collection keeps the commit
-//! order. Every commit is one redb write transaction with immediate durability, so a crash at any
-//! point leaves either the whole step or none of it.
+//! order. Every commit (and the lease's renewal and release) is one redb write transaction with
+//! immediate durability, so a crash at any point leaves either the whole step or none of it.
 //!
 //! One process at a time holds the file (redb's lock), so the lease a run claims here only records
 //! the holder: the claim is committed without waiting for the disk, and the run's first durable
@@ -168,8 +168,8 @@ impl RedbStore {
         change: impl FnOnce(&Document) -> Result<Option<Document>, CommitError>,
     ) -> Result<(), CommitError> {
         let mut txn = self.db.begin_write().map_err(unavailable)?;
-        // Refused only for persistent savepoints, which this store never makes: the transaction
-        // then stays durable.
+        // Refused only for persistent savepoints and in redb's multi-process modes, neither of
+        // which this store uses; a refused setting leaves the transaction durable.
         let _ = txn.set_durability(durability);
         {
             let mut table = txn
