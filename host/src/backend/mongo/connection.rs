@@ -29,6 +29,9 @@ pub struct Connection {
     /// The server's `transactionLifetimeLimitSeconds`, asked the first time a commit meets a
     /// transient error (a routine run never needs it).
     pub(super) transaction_lifetime: tokio::sync::OnceCell<Duration>,
+    /// How long `replSetGetConfig` took to answer, on the connection `hello` opened: what one more
+    /// round trip to the server costs.
+    pub(super) round_trip: Duration,
 }
 
 /// How many connections a client may hold.
@@ -170,9 +173,11 @@ impl Connection {
                 ));
             }
         };
+        let asked = Instant::now();
         let config = runtime
             .block_on(async { admin.run_command(doc! { "replSetGetConfig": 1 }).await })
             .map_err(|e| classify_connect(&e, &redactor))?;
+        let round_trip = asked.elapsed();
         let replica_set_id = config
             .get_document("config")
             .ok()
@@ -190,6 +195,10 @@ impl Connection {
                 )
             })?;
         tracing::info!(set_name = %set_name, "connected to the replica set");
+        tracing::debug!(
+            round_trip_us = round_trip.as_micros() as u64,
+            "round trip to the deployment"
+        );
         Ok(Arc::new(Connection {
             runtime,
             client,
@@ -200,6 +209,7 @@ impl Connection {
             redactor,
             deadline: std::sync::OnceLock::new(),
             transaction_lifetime: tokio::sync::OnceCell::new(),
+            round_trip,
         }))
     }
 

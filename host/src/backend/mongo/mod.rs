@@ -8,8 +8,9 @@
 //! `hello` must name a replica set, `replSetGetConfig` must give `settings.replicaSetId`. The stream
 //! uses `fullDocument: updateLookup` and a 1 s max await. Each commit is one transaction
 //! (checkpoint compare-and-set on `{_id, token, source}` and the outbox and quarantine records: one
-//! ordered `bulkWrite` on MongoDB 8.0 and later, else an `update` and one ordered `insertMany` per
-//! collection), retried on `TransientTransactionError` and
+//! ordered `bulkWrite` on MongoDB 8.0 and later, else, or when decoding a large batch's records
+//! for the driver's `bulkWrite` model would cost more than the round trips it saves, an `update`
+//! and one ordered `insertMany` per collection), retried on `TransientTransactionError` and
 //! `UnknownTransactionCommitResult` a bounded number of times; a failed attempt never leaves its
 //! transaction open. Change events are kept as the BSON documents the server sent, never rebuilt
 //! through JSON.
