@@ -39,6 +39,8 @@ pub struct Mongo {
     inputs: Inputs,
     config: StreamConfig,
     connection: Option<Arc<Connection>>,
+    /// The run's store, kept for the checkpoint's token its lease's release read.
+    store: Option<Arc<MongoStore>>,
 }
 
 impl Mongo {
@@ -48,6 +50,7 @@ impl Mongo {
             inputs: inputs.clone(),
             config: config.clone(),
             connection: None,
+            store: None,
         }
     }
 
@@ -79,21 +82,33 @@ impl Backends for Mongo {
         connection.limit_to(deadline);
         let source = self.source(connection.clone());
         let inputs = &self.inputs;
-        let store = MongoStore::new(connection, &inputs.database, &inputs.collections());
-        Ok((Box::new(source), Arc::new(store)))
+        let store = Arc::new(MongoStore::new(
+            connection,
+            &inputs.database,
+            &inputs.collections(),
+        ));
+        self.store = Some(store.clone());
+        Ok((Box::new(source), store))
     }
 
+    /// The checkpoint's token is the one the lease's release returned, else read now.
     fn position(&mut self, consumer: &str) -> Option<Position> {
         let connection = self.connection.clone()?;
+        let released = self.store.take().and_then(|store| store.released_token());
         let inputs = &self.inputs;
         let read = async {
-            let token = window::checkpoint_token(
-                &connection,
-                &inputs.database,
-                &inputs.checkpoint_collection,
-                consumer,
-            )
-            .await;
+            let token = match released {
+                Some(token) => token,
+                None => {
+                    window::checkpoint_token(
+                        &connection,
+                        &inputs.database,
+                        &inputs.checkpoint_collection,
+                        consumer,
+                    )
+                    .await
+                }
+            };
             window::position(&connection, token.as_ref()).await
         };
         let position = connection

@@ -41,6 +41,9 @@ pub struct MongoStore {
     /// Whether commits use `bulkWrite` (MongoDB 8.0 and later); cleared once the driver finds
     /// the server older.
     bulk_write: AtomicBool,
+    /// The checkpoint's token as the lease's release left it (`Some(None)`: a checkpoint without
+    /// a token); unset until a release found the lease.
+    released: std::sync::Mutex<Option<Option<Document>>>,
 }
 
 impl MongoStore {
@@ -57,7 +60,23 @@ impl MongoStore {
             connection,
             retries: AtomicU32::new(0),
             bulk_write: AtomicBool::new(true),
+            released: std::sync::Mutex::new(None),
         }
+    }
+
+    /// The checkpoint's token as the lease's release left it, read in the same command; `None`
+    /// when no release found the lease (a run that never held it, or lost it, or could not reach
+    /// the server to give it back).
+    pub fn released_token(&self) -> Option<Option<Document>> {
+        self.released.lock().ok()?.clone()
+    }
+
+    /// The filter and update that end `owner`'s lease at `at`, if it still holds it.
+    fn lease_end(consumer: &str, owner: &str, at: bson::DateTime) -> (Document, Document) {
+        (
+            doc! { "_id": consumer, "owner": owner },
+            doc! { "$set": { "leaseUntil": at }, "$inc": { "revision": 1_i64 } },
+        )
     }
 
     /// A failed store operation: a missing privilege (`Unauthorized`, code 13), else an outage.
@@ -548,14 +567,39 @@ impl CheckpointStore for MongoStore {
     ) -> std::result::Result<(), CommitError> {
         // A run stopped by its deadline still gives its lease back, if it can within a second
         // (a transaction its deadline interrupted may hold the checkpoint longer: then the lease
-        // expires by itself).
-        let release = self.checkpoints.update_one(
-            doc! { "_id": consumer, "owner": owner },
-            doc! { "$set": { "leaseUntil": at }, "$inc": { "revision": 1_i64 } },
-        );
-        self.connection
+        // expires by itself). The same command returns the checkpoint's token, which the
+        // figures read at the end need.
+        if let Ok(mut released) = self.released.lock() {
+            *released = None;
+        }
+        let (filter, update) = MongoStore::lease_end(consumer, owner, at);
+        let release = self
+            .checkpoints
+            .find_one_and_update(filter, update)
+            .projection(doc! { "token": 1 })
+            .return_document(ReturnDocument::After);
+        let found = self
+            .connection
             .bounded_past_deadline(async { release.await }, RELEASE_GRACE)
             .map_err(|_| CommitError::Unavailable("ending the lease took too long".into()))?
+            .map_err(|e| self.unavailable(&e))?;
+        if let (Some(checkpoint), Ok(mut released)) = (found, self.released.lock()) {
+            *released = Some(checkpoint.get_document("token").ok().cloned());
+        }
+        Ok(())
+    }
+
+    fn renew(
+        &self,
+        consumer: &str,
+        owner: &str,
+        until: bson::DateTime,
+    ) -> std::result::Result<(), CommitError> {
+        let (filter, update) = MongoStore::lease_end(consumer, owner, until);
+        let renew = self.checkpoints.update_one(filter, update);
+        self.connection
+            .bounded_past_deadline(async { renew.await }, RELEASE_GRACE)
+            .map_err(|_| CommitError::Unavailable("extending the lease took too long".into()))?
             .map(|_| ())
             .map_err(|e| self.unavailable(&e))
     }
