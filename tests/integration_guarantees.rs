@@ -2,7 +2,8 @@
 //! always uses majority writes, majority or snapshot reads and the primary, whatever the URI
 //! asks; an event or a record over MongoDB's 16 MiB document limit stops the run with its own
 //! exit code and nothing written; large events are inserted a batch at a time; a typical run
-//! keeps to its round trips on one connection.
+//! keeps to its round trips on one connection, and its figures still come when the lease's release
+//! returns no checkpoint.
 
 mod support;
 
@@ -373,6 +374,51 @@ fn connections_created(live: &Live) -> i64 {
         .get_document("connections")
         .and_then(|c| c.get_i64("totalCreated"))
         .expect("connections.totalCreated")
+}
+
+/// When the lease's release returns no checkpoint (it failed, or another run took the lease),
+/// the figures read at the end read the checkpoint themselves and still measure from its token.
+#[test]
+fn the_figures_read_the_checkpoint_when_the_lease_release_returns_none() {
+    let live = Live::with_config(mongo_sim::Config::default());
+    assert_eq!(support::ok(&live.run(&[]))["status"], "IDLE");
+    live.insert(0..3);
+    // The run's first findAndModify (its checkpoint) passes; the second, the release, fails.
+    live.fail_point(
+        doc! {"skip": 1, "times": 1}.into(),
+        doc! {"failCommands": ["findAndModify"], "errorCode": 2},
+    );
+    live.server().clear_received_commands();
+    let run = live.run(&[]);
+    let outputs = support::ok(&run);
+    assert_eq!(live.fail_point_off(), 1, "the release was refused");
+    assert_eq!(outputs["events_handed_off"], 3, "{outputs}");
+    let sent = live.received_from_handoff();
+    let checkpoint_finds = sent
+        .iter()
+        .filter(|c| command_name(c) == "find" && c.get_str("collection").ok() == Some(CHECKPOINTS))
+        .count();
+    assert_eq!(checkpoint_finds, 1, "{sent:?}");
+    // The margin runs from the stored token to the oplog's oldest entry.
+    let oldest = live
+        .wait(
+            live.client
+                .database("local")
+                .collection::<Document>("oplog.rs")
+                .find_one(doc! {})
+                .sort(doc! {"$natural": 1}),
+        )
+        .expect("oplog read")
+        .expect("an oplog entry");
+    let oldest = oldest.get_timestamp("ts").expect("ts");
+    let token = live.checkpoint_token();
+    let at = handoff::domain::token::cluster_time(&token).expect("token time");
+    assert_eq!(
+        outputs["oplog_margin_seconds"].as_i64(),
+        Some(i64::from(at.time) - i64::from(oldest.time)),
+        "{outputs}"
+    );
+    assert!(outputs["lag_seconds"].is_i64(), "{outputs}");
 }
 
 #[test]
