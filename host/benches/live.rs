@@ -23,9 +23,8 @@
 //! scheduler free instead. Only the warm start of `handoff replay`, which talks to no server, is
 //! also measured with the main thread let onto every CPU (the server's threads stay pinned).
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use bson::{Bson, Document, doc};
@@ -59,6 +58,10 @@ const STARTS: usize = 15;
 const CHECKPOINTS: &str = "checkpoints";
 /// Set in the environment of this program's child that runs the plain driver loop.
 const RAW_LOOP: &str = "HANDOFF_BENCH_RAW_LOOP";
+/// Set in the environment of this program's child that runs and measures one run.
+const MEASURE: &str = "HANDOFF_BENCH_MEASURE";
+/// How the measuring child's line of figures begins.
+const MEASURED: &str = "handoff-bench-measured";
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Contender {
@@ -137,24 +140,64 @@ fn python() -> PathBuf {
     python
 }
 
-/// Runs `command` to its end, measuring its wall time and peak resident set (`wait4`).
-#[expect(
-    clippy::zombie_processes,
-    reason = "the child is reaped by wait4, which also reports its resource use"
-)]
-fn measure(command: &mut Command) -> (Measured, String, String) {
-    command.stdout(Stdio::piped()).stderr(Stdio::piped());
+/// Runs `command` to its end, measuring its wall time and peak resident set, through a small
+/// child of this program (see [`measuring_child`]): a process's peak resident set starts at its
+/// parent's (exec keeps the larger of the old and the new address space's), and this process
+/// holds the test server and all its data.
+fn measure(command: &Command) -> (Measured, String, String) {
+    let mut spawner = Command::new(std::env::current_exe().expect("this program"));
+    spawner
+        .env(MEASURE, "1")
+        .arg(command.get_program())
+        .args(command.get_args());
+    for (name, value) in command.get_envs() {
+        match value {
+            Some(value) => spawner.env(name, value),
+            None => spawner.env_remove(name),
+        };
+    }
+    let output = spawner.output().expect("spawn the measuring child");
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let mut stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    // The measuring child's line comes last, after the run's own output.
+    let line = stderr.trim_end().rfind('\n').map_or(0, |i| i + 1);
+    let figures: Vec<u64> = stderr[line..]
+        .strip_prefix(MEASURED)
+        .map(|rest| {
+            rest.split_whitespace()
+                .filter_map(|f| f.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(
+        output.status.success() && figures.len() == 3,
+        "the measuring child failed:\n{stdout}\n{stderr}"
+    );
+    stderr.truncate(line);
+    let (status, wall_ns, max_rss_kib) = (figures[0], figures[1], figures[2]);
+    assert_eq!(status, 0, "a run failed:\n{stdout}\n{stderr}");
+    (
+        Measured {
+            wall: Duration::from_nanos(wall_ns),
+            max_rss_kib,
+        },
+        stdout,
+        stderr,
+    )
+}
+
+/// The measuring child: runs its arguments as a command with its own standard streams, then
+/// writes `MEASURED <exit code> <wall ns> <peak resident set KiB>` as the last line on stderr
+/// (an exit code of 256 + the signal for a run a signal ended). The run starts from this small
+/// process, so its peak resident set is its own (at least this process's, which is printed as
+/// the floor).
+fn measuring_child() -> ! {
+    let mut args = std::env::args_os().skip(1);
+    let program = args.next().expect("a program to measure");
+    let mut command = Command::new(program);
+    command.args(args).env_remove(MEASURE);
     let started = Instant::now();
-    let mut child = command.spawn().expect("spawn");
-    let mut out = child.stdout.take().expect("stdout");
-    let mut err = child.stderr.take().expect("stderr");
-    let reader = std::thread::spawn(move || {
-        let mut text = String::new();
-        let _ = err.read_to_string(&mut text);
-        text
-    });
-    let mut stdout = String::new();
-    let _ = out.read_to_string(&mut stdout);
+    let child = command.spawn().expect("spawn");
     let mut status = 0;
     // SAFETY: rusage is plain data the kernel fills; the pid is this process's own child, which
     // is waited for here and nowhere else.
@@ -162,20 +205,14 @@ fn measure(command: &mut Command) -> (Measured, String, String) {
     let pid = child.id() as libc::pid_t;
     let waited = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
     let wall = started.elapsed();
-    let stderr = reader.join().unwrap_or_default();
     assert_eq!(waited, pid, "wait4 failed");
-    assert!(
-        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
-        "a run failed (status {status}):\n{stdout}\n{stderr}"
-    );
-    (
-        Measured {
-            wall,
-            max_rss_kib: usage.ru_maxrss as u64,
-        },
-        stdout,
-        stderr,
-    )
+    let code = if libc::WIFEXITED(status) {
+        libc::WEXITSTATUS(status)
+    } else {
+        256 + libc::WTERMSIG(status)
+    };
+    eprintln!("{MEASURED} {code} {} {}", wall.as_nanos(), usage.ru_maxrss);
+    std::process::exit(0)
 }
 
 impl Bench {
@@ -305,7 +342,7 @@ impl Bench {
 
     /// One run of `contender` over the `events` prepared in `db`, checked.
     fn run(&self, contender: Contender, db: &str, events: u32) -> Measured {
-        let (measured, stdout, _) = measure(&mut self.command(contender, db, events));
+        let (measured, stdout, _) = measure(&self.command(contender, db, events));
         let stored = self.rt.block_on(async {
             let outbox: Collection<Document> = self
                 .client
@@ -526,6 +563,9 @@ fn online_cpus() -> usize {
 }
 
 fn main() {
+    if std::env::var_os(MEASURE).is_some() {
+        measuring_child();
+    }
     if std::env::var_os(RAW_LOOP).is_some() {
         raw_loop();
         return;
@@ -609,12 +649,16 @@ fn main() {
          (whole idle run {:.0} ms)",
         live_wall / 1000.0
     );
+    // A run's peak includes what its measuring parent held when it started the run: the floor.
+    let floor = measure(&Command::new("true")).0.max_rss_kib as f64 / 1024.0;
     println!(
         "peak resident set of a {EVENTS}-event run: baseline {:.1} MiB, handoff {:.1} MiB, \
-         handoff batched {:.1} MiB",
+         handoff batched {:.1} MiB, plain loop {:.1} MiB (floor: {floor:.1} MiB, what `true` \
+         shows started the same way)",
         rss(0),
         rss(1),
-        rss(2)
+        rss(2),
+        rss(3)
     );
 
     println!("goals:");
