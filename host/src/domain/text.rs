@@ -47,13 +47,15 @@ fn needs_escape(c: char) -> bool {
         )
 }
 
-/// Replaces what looks like a raw resume token (a run of 16 or more uppercase hex digits, the
-/// shape of a token's `_data`) so that a printed line never carries one.
+/// Replaces what looks like a raw resume token (a run of 16 or more uppercase hex digits with at
+/// least one letter, the shape of a token's `_data`) so that a printed line never carries one. A
+/// run of decimal digits alone is not a token: a long number, or the digits inside a lowercase
+/// hex digest such as an event ID, is printed as it is.
 pub fn scrub_tokens(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     let mut run = String::new();
     let flush = |run: &mut String, out: &mut String| {
-        if run.len() >= 16 {
+        if run.len() >= 16 && run.bytes().any(|b| b.is_ascii_uppercase()) {
             out.push_str("<token>");
         } else {
             out.push_str(run);
@@ -82,6 +84,20 @@ mod tests {
             r#"saw {"_data": "826AE70DA0000000012B0429296E1404"} at 2026, id 6c44a91c"#,
         );
         assert_eq!(line, r#"saw {"_data": "<token>"} at 2026, id 6c44a91c"#);
+        // Against lowercase text too: the token's uppercase run is still replaced.
+        assert_eq!(
+            scrub_tokens("x826AE70DA0000000012B0429296E1404abc"),
+            "x<token>abc"
+        );
+    }
+
+    #[test]
+    fn digests_and_long_numbers_are_not_tokens() {
+        // An event ID whose digest holds a run of 18 decimal digits, and a 19-digit number.
+        let id = "orders/f8999fc22ebe45f1efbb89ff328864201670618036ba2ea3adf28d8c0566b81c";
+        assert_eq!(scrub_tokens(id), id);
+        let number = "value 9223372036854775807 too large";
+        assert_eq!(scrub_tokens(number), number);
     }
 
     #[test]
