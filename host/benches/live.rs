@@ -159,16 +159,18 @@ fn measure(command: &Command) -> (Measured, String, String) {
     let output = spawner.output().expect("spawn the measuring child");
     let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
     let mut stderr = String::from_utf8_lossy(&output.stderr).into_owned();
-    // The measuring child's line comes last, after the run's own output.
-    let line = stderr.trim_end().rfind('\n').map_or(0, |i| i + 1);
-    let figures: Vec<u64> = stderr[line..]
-        .strip_prefix(MEASURED)
-        .map(|rest| {
-            rest.split_whitespace()
+    // The measuring child's figures come last, after the run's own output (which may not end
+    // its last line).
+    let (line, figures): (usize, Vec<u64>) = match stderr.rfind(MEASURED) {
+        Some(at) => (
+            at,
+            stderr[at + MEASURED.len()..]
+                .split_whitespace()
                 .filter_map(|f| f.parse().ok())
-                .collect()
-        })
-        .unwrap_or_default();
+                .collect(),
+        ),
+        None => (stderr.len(), Vec::new()),
+    };
     assert!(
         output.status.success() && figures.len() == 3,
         "the measuring child failed:\n{stdout}\n{stderr}"
