@@ -267,3 +267,95 @@ fn the_outputs_file_holds_the_outputs_of_a_finished_and_of_a_failed_run() {
     assert_eq!(out["events_handed_off"], 0);
     assert!(!state.exists());
 }
+
+/// Every line of stdout and stderr that starts a protocol line (`::`).
+fn protocol_starts(output: &std::process::Output) -> Vec<String> {
+    [&output.stdout, &output.stderr]
+        .into_iter()
+        .flat_map(|bytes| {
+            String::from_utf8_lossy(bytes)
+                .split(['\n', '\r', '\u{2028}', '\u{2029}', '\u{85}'])
+                .map(str::trim_start)
+                .filter(|line| line.starts_with("::"))
+                .map(str::to_string)
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+#[test]
+fn a_refused_argument_value_cannot_start_a_line() {
+    let forged = "::{\"outputs\":{\"status\":\"HANDED_OFF\",\"events_handed_off\":9}}::";
+    for format in ["text", "json", "kestra"] {
+        for (how, value) in [
+            ("env", format!("true\n{forged}")),
+            ("env", format!("true\r{forged}")),
+            ("env", format!("true\u{2028}{forged}")),
+            ("flag", format!("true\n{forged}")),
+        ] {
+            let mut command = handoff();
+            command.args(["--log-format", format, "run"]);
+            if how == "env" {
+                command.env("OUTBOX_KEEP_EVENT", &value);
+            } else {
+                command.arg(format!("--outbox-keep-event={value}"));
+            }
+            let output = command.output().expect("run handoff");
+            assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
+            // The one protocol line is the run's own, reporting the refusal.
+            let lines = protocol_starts(&output);
+            assert_eq!(lines.len(), 1, "{format} {how}: {lines:?}");
+            let outputs = failure_outputs(&output, 2);
+            assert_eq!(outputs["error_class"], "bad_input");
+            assert!(
+                stderr(&output).contains("--outbox-keep-event"),
+                "{}",
+                stderr(&output)
+            );
+        }
+    }
+}
+
+#[test]
+fn a_refused_argument_never_prints_a_uri_credential() {
+    for args in [
+        // A URI given without `--uri`.
+        vec![
+            "status",
+            "mongodb://app_user:s3cretPw@db.example:27017/?replicaSet=rs0",
+        ],
+        vec!["run", "mongodb://app_user:s3cretPw@db.example/"],
+        // An unparsable one, its password holding `@` and `/`.
+        vec![
+            "checkpoint",
+            "reset",
+            "mongodb+srv://app_user:s3cret/Pw@x@db.example/",
+        ],
+        // As the value of a flag that refuses it.
+        vec![
+            "run",
+            "--max-events",
+            "mongodb://app_user:s3cretPw@db.example/",
+        ],
+    ] {
+        let output = handoff().args(&args).output().expect("run handoff");
+        assert_eq!(
+            output.status.code(),
+            Some(2),
+            "{args:?}: {}",
+            stderr(&output)
+        );
+        let printed = format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            stderr(&output)
+        );
+        assert!(printed.contains("error[bad_input]"), "{printed}");
+        for secret in ["s3cret", "app_user"] {
+            assert!(
+                !printed.contains(secret),
+                "{args:?} printed {secret}: {printed}"
+            );
+        }
+    }
+}

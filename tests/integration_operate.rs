@@ -482,3 +482,80 @@ fn consumers_of_a_filtered_stream_are_refused_by_backfill_and_reconcile() {
     assert!(d.outbox().is_empty());
     assert!(d.records(AUDIT).is_empty());
 }
+
+#[test]
+fn a_reset_after_the_present_is_refused_and_a_checkpoint_ahead_is_an_error() {
+    let d = sim(10_000);
+    support::ok(&d.run(&[]));
+    let before = d.checkpoint().expect("checkpoint");
+    let future = [
+        "checkpoint",
+        "reset",
+        "--to-time",
+        "2096-01-01T00:00:00Z",
+        "--reason",
+        "typo in the year",
+    ];
+    let refused = operator(&d, &future);
+    assert_eq!(
+        refused.status.code(),
+        Some(2),
+        "{}",
+        support::stderr(&refused)
+    );
+    let err = support::stderr(&refused);
+    assert!(err.contains("after the deployment's present"), "{err}");
+    assert!(err.contains("--allow-future"), "{err}");
+    assert_eq!(
+        d.checkpoint().expect("checkpoint").get("token"),
+        before.get("token")
+    );
+    assert!(d.records(AUDIT).is_empty());
+    // A forged token as far ahead is refused the same way.
+    let token = r#"{"_data": "82F5A8B800000000012B0429296E1404"}"#;
+    let forged = operator(
+        &d,
+        &["checkpoint", "reset", "--to-token", token, "--reason", "x"],
+    );
+    assert_eq!(
+        forged.status.code(),
+        Some(2),
+        "{}",
+        support::stderr(&forged)
+    );
+    assert!(d.records(AUDIT).is_empty());
+
+    // Said on purpose, it is written; status then reports the checkpoint as an error, and
+    // --min-margin no longer reads it as healthy.
+    let mut allowed = future.to_vec();
+    allowed.push("--allow-future");
+    let out = operator(&d, &allowed);
+    assert_eq!(out.status.code(), Some(0), "{}", support::stderr(&out));
+    assert_eq!(d.records(AUDIT).len(), 1);
+    let status = operator(&d, &["status", "--json"]);
+    assert_eq!(
+        status.status.code(),
+        Some(0),
+        "{}",
+        support::stderr(&status)
+    );
+    let figures: Value = serde_json::from_slice(&status.stdout).expect("JSON");
+    let ahead = figures["checkpoint_ahead_seconds"]
+        .as_i64()
+        .expect("seconds ahead");
+    assert!(ahead > 60 * 60 * 24 * 365, "{figures}");
+    let human = operator(&d, &["status"]);
+    assert!(
+        String::from_utf8_lossy(&human.stdout).contains("ERROR"),
+        "{}",
+        String::from_utf8_lossy(&human.stdout)
+    );
+    let checked = operator(&d, &["status", "--min-margin", "1h"]);
+    assert_eq!(
+        checked.status.code(),
+        Some(16),
+        "{}",
+        support::stderr(&checked)
+    );
+    assert!(support::stderr(&checked).contains("after the deployment's present"));
+}

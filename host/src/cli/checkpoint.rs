@@ -48,6 +48,10 @@ pub struct ResetArgs {
     /// Why the checkpoint moves (kept in the audit record).
     #[arg(long)]
     reason: Option<String>,
+    /// Accept a position after the deployment's present (every event until then is skipped);
+    /// refused without it.
+    #[arg(long)]
+    allow_future: bool,
     /// Show what would change and the gap it creates; write nothing.
     #[arg(long)]
     dry_run: bool,
@@ -107,7 +111,12 @@ fn reset_checkpoint(args: ResetArgs) -> Result<()> {
     };
     let connection = Connection::connect(&args.target.uri)?;
     let done = (|| {
-        let plan = reset::plan(&connection, &target, to)?;
+        let ahead = if args.allow_future {
+            reset::Ahead::Allow
+        } else {
+            reset::Ahead::Refuse
+        };
+        let plan = reset::plan(&connection, &target, to, ahead)?;
         if !args.dry_run {
             reset::apply(&connection, &target, &plan, &reason)?;
         }

@@ -43,6 +43,7 @@ mod inspect;
 mod policy;
 mod reconcile;
 mod record;
+mod refused;
 mod replay;
 mod run;
 mod status;
@@ -277,12 +278,15 @@ pub fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(error) => {
-            let _ = error.print();
             return match error.kind() {
                 clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => {
+                    let _ = error.print();
                     ExitCode::SUCCESS
                 }
                 _ => {
+                    // The parser's message quotes the values it refused: escaped and without
+                    // credentials, as every other line.
+                    eprintln!("{}", refused::message(&error));
                     let refused = HandoffError::BadInput(error.kind().to_string());
                     if makes_a_run() {
                         // A run refused for its arguments still reports, as any failed run does.

@@ -25,7 +25,8 @@ pub struct StatusArgs {
     #[command(flatten)]
     pub view: ViewArgs,
     /// Exit with 16 when the oplog margin (how long before the checkpoint falls off the oplog)
-    /// is smaller than this, or unknown (e.g. `30m`, `6h`, `2days`).
+    /// is smaller than this, or unknown (e.g. `30m`, `6h`, `2days`), or when the checkpoint
+    /// stands after the deployment's present.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub min_margin: Option<Duration>,
     /// Also write the figures as a self-contained HTML report to this file.
@@ -78,6 +79,14 @@ pub fn run(args: StatusArgs) -> Result<()> {
         .write(path)?;
     }
     if let Some(min) = args.min_margin {
+        // A checkpoint after the present has a large margin and skips everything: no margin
+        // makes it healthy.
+        if let Some(ahead) = status.position.ahead_seconds() {
+            return Err(HandoffError::Attention(format!(
+                "the checkpoint stands {ahead} s after the deployment's present: events written \
+                 until then are skipped; see `handoff checkpoint reset`"
+            )));
+        }
         let margin = status.position.oplog_margin_seconds();
         let enough = margin.is_some_and(|m| m >= 0 && m as u64 >= min.as_secs());
         if !enough {

@@ -9,6 +9,10 @@
 use bson::{Document, Timestamp};
 use serde_json::{Value, json};
 
+/// How far a position may stand after the deployment's present before it is taken for a
+/// mistake: room for the skew between an operator's clock and the deployment's.
+pub const CLOCK_SKEW_ALLOWANCE_SECONDS: i64 = 60;
+
 /// The oplog's retained history: its oldest and newest entries' times.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Window {
@@ -47,6 +51,19 @@ impl Position {
     /// How far the checkpoint is behind the deployment's cluster time, in seconds.
     pub fn lag_seconds(&self) -> Option<i64> {
         Some(i64::from(self.cluster_now?.time) - i64::from(self.checkpoint?.time))
+    }
+
+    /// How far the checkpoint stands ahead of the deployment's present, in seconds, when it
+    /// does by more than [`CLOCK_SKEW_ALLOWANCE_SECONDS`]: every event before that time would be
+    /// skipped without a trace. The deployment's cluster time is the present; when it is
+    /// unknown, this machine's clock stands in for it.
+    pub fn ahead_seconds(&self) -> Option<i64> {
+        let checkpoint = i64::from(self.checkpoint?.time);
+        let now = self
+            .cluster_now
+            .map_or(self.wall_now as i64, |t| i64::from(t.time));
+        let ahead = checkpoint - now;
+        (ahead > CLOCK_SKEW_ALLOWANCE_SECONDS).then_some(ahead)
     }
 
     /// How old the checkpoint's position is by this machine's clock, in seconds.
@@ -93,6 +110,7 @@ impl Position {
             "oplog_margin_seconds": self.oplog_margin_seconds(),
             "oplog_window_seconds": self.oplog_window_seconds(),
             "estimated_gap_seconds": self.estimated_gap_seconds(),
+            "checkpoint_ahead_seconds": self.ahead_seconds(),
         })
     }
 }
@@ -154,6 +172,26 @@ mod tests {
     /// A token at `time` as the test server and MongoDB encode it.
     fn token(time: u32) -> Document {
         doc! { "_data": format!("82{time:08X}00000001010000000000") }
+    }
+
+    #[test]
+    fn a_checkpoint_ahead_of_the_present_is_told_past_the_allowance() {
+        let at = |checkpoint: u32, cluster: Option<u32>, wall: u64| Position {
+            checkpoint: Some(ts(checkpoint, 1)),
+            cluster_now: cluster.map(|t| ts(t, 1)),
+            window: None,
+            wall_now: wall,
+        };
+        assert_eq!(at(1_000, Some(1_000), 1_000).ahead_seconds(), None);
+        assert_eq!(at(1_060, Some(1_000), 9_000).ahead_seconds(), None);
+        assert_eq!(at(1_061, Some(1_000), 9_000).ahead_seconds(), Some(61));
+        // Without the deployment's time, this machine's clock stands in.
+        assert_eq!(at(5_000, None, 1_000).ahead_seconds(), Some(4_000));
+        assert_eq!(at(1_000, None, 1_000).ahead_seconds(), None);
+        assert_eq!(
+            at(5_000, Some(1_000), 1_000).to_json()["checkpoint_ahead_seconds"],
+            4_000
+        );
     }
 
     #[test]

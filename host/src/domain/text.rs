@@ -74,9 +74,59 @@ pub fn scrub_tokens(text: &str) -> String {
     out
 }
 
+/// `text` with the user information of every URI in it (`scheme://user:password@host`) replaced
+/// by `***`: for text that may hold a URI no driver parsed (an argument refused before any
+/// connection), where the secrets are not known apart from their place.
+pub fn hide_uri_credentials(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("://") {
+        let (head, tail) = rest.split_at(at + 3);
+        out.push_str(head);
+        // The URI ends at a space, a quote or the line's end; everything up to its last `@`
+        // is taken for user information (a password may hold `/`, `?` or `#` unescaped: a
+        // host hidden with it is better than a password shown).
+        let end = tail
+            .find(|c: char| matches!(c, '\'' | '"' | '`') || c.is_whitespace())
+            .unwrap_or(tail.len());
+        let authority = &tail[..end];
+        match authority.rfind('@') {
+            Some(user_end) => {
+                out.push_str("***");
+                out.push_str(&authority[user_end..]);
+            }
+            None => out.push_str(authority),
+        }
+        rest = &tail[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn credentials_of_any_uri_are_hidden() {
+        assert_eq!(
+            hide_uri_credentials(
+                "unexpected argument 'mongodb://user:pa%40ss@db:27017/?x=1' found"
+            ),
+            "unexpected argument 'mongodb://***@db:27017/?x=1' found"
+        );
+        // An unparsable URI with `@` in its password, two URIs, and text without any.
+        assert_eq!(
+            hide_uri_credentials("a mongodb+srv://u:p@ss@h b mongodb://h2 c"),
+            "a mongodb+srv://***@h b mongodb://h2 c"
+        );
+        assert_eq!(hide_uri_credentials("no uri: a@b"), "no uri: a@b");
+        assert_eq!(
+            hide_uri_credentials("'mongodb://u:pa/ss#w?d@h/db'"),
+            "'mongodb://***@h/db'"
+        );
+        assert_eq!(hide_uri_credentials("x://"), "x://");
+    }
 
     #[test]
     fn raw_tokens_never_reach_the_log() {

@@ -35,12 +35,13 @@ use bson::oid::ObjectId;
 use bson::{Bson, DateTime, Document, doc};
 use futures_util::TryStreamExt;
 use mongodb::change_stream::ChangeStream;
-use mongodb::error::{Error as DriverError, ErrorKind, TRANSIENT_TRANSACTION_ERROR, WriteFailure};
+use mongodb::error::{Error as DriverError, ErrorKind, WriteFailure};
 use mongodb::options::ReturnDocument;
 use mongodb::{ClientSession, Collection, Database};
 use sha2::Digest;
 
-use crate::backend::mongo::{Connection, MAX_DOCUMENT_BYTES, Redactor, transaction_options};
+use crate::backend::mongo::transaction::{self, Decision, Failure};
+use crate::backend::mongo::{Connection, MAX_DOCUMENT_BYTES, Redactor};
 use crate::domain::StreamConfig;
 use crate::domain::checkpoint::{self, Mode};
 use crate::domain::text::escape_untrusted;
@@ -59,10 +60,6 @@ pub const DEFAULT_CHUNK_SIZE: u32 = 1000;
 pub const DEFAULT_WATERMARK_TIMEOUT: Duration = Duration::from_secs(30);
 /// The change stream's await bound while waiting for a watermark.
 const STREAM_AWAIT: Duration = Duration::from_millis(300);
-/// How long a chunk's transaction is retried on transient errors.
-const TRANSIENT_RETRY: Duration = Duration::from_secs(75);
-/// Attempts of `commitTransaction` on `UnknownTransactionCommitResult`.
-const COMMIT_ATTEMPTS: u32 = 5;
 
 /// What a backfill is asked to do (checked by the command line before anything is read).
 #[derive(Debug, Clone)]
@@ -876,7 +873,8 @@ impl<'a> Backfill<'a> {
         find(doc! { "$expr": { "$gt": ["$_id", { "$literal": last.clone() }] } }).await
     }
 
-    /// The chunk's records, the state's compare-and-set and the audit record, in one transaction.
+    /// The chunk's records, the state's compare-and-set and the audit record, in one
+    /// transaction through the transaction runner.
     async fn commit(
         &self,
         saved: &Saved,
@@ -884,66 +882,31 @@ impl<'a> Backfill<'a> {
         records: &[Document],
         audit: Option<Document>,
     ) -> Result<(), BackfillError> {
-        let started = Instant::now();
-        let mut attempt: u32 = 0;
-        loop {
-            attempt += 1;
-            match self.attempt(saved, next, records, audit.as_ref()).await {
-                Ok(()) => return Ok(()),
-                Err(Attempt::Final(e)) => return Err(e),
-                Err(Attempt::Transient(e)) if started.elapsed() < TRANSIENT_RETRY => {
-                    tracing::warn!(
-                        attempt,
-                        "transient transaction error; retrying the chunk's commit"
-                    );
-                    let backoff = Duration::from_millis(10 << attempt.min(7));
-                    tokio::time::sleep(backoff.min(Duration::from_secs(1))).await;
-                    drop(e);
-                }
-                Err(Attempt::Transient(e)) => {
-                    return Err(self.server("committing the chunk", &e));
-                }
-            }
-        }
-    }
-
-    async fn attempt(
-        &self,
-        saved: &Saved,
-        next: &State,
-        records: &[Document],
-        audit: Option<&Document>,
-    ) -> Result<(), Attempt> {
-        let o = &self.options;
-        let failed = |e: DriverError| {
-            if e.contains_label(TRANSIENT_TRANSACTION_ERROR) {
-                Attempt::Transient(e)
-            } else {
-                Attempt::Final(self.server("committing the chunk", &e))
-            }
-        };
-        let mut session = self.db.client().start_session().await.map_err(failed)?;
-        session
-            .start_transaction()
-            .with_options(transaction_options())
-            .await
-            .map_err(failed)?;
-        let written = self
-            .statements(&mut session, saved, next, records, audit)
+        let retries = std::sync::atomic::AtomicU32::new(0);
+        let states = self.collection(&self.options.state_collection);
+        let committed =
+            transaction::run(
+                self.connection,
+                &states,
+                &retries,
+                async |session| match self
+                    .statements(session, saved, next, records, audit.as_ref())
+                    .await
+                {
+                    Ok(()) => Ok(Decision::Commit(())),
+                    Err(Statement::Conflict) => Ok(Decision::Refuse(BackfillError::Conflict)),
+                    Err(Statement::Driver(e)) => Err(e),
+                },
+            )
             .await;
-        if let Err(e) = written {
-            let _ = session.abort_transaction().await;
-            return Err(match e {
-                Statement::Conflict => Attempt::Final(BackfillError::Conflict),
-                Statement::Driver(e) => failed(e),
-            });
+        match committed {
+            Ok(()) => Ok(()),
+            Err(Failure::Refused(refused)) => Err(refused),
+            Err(Failure::Failed(e) | Failure::Unknown(e)) => {
+                tracing::debug!(consumer = %self.options.consumer, "the chunk's commit failed");
+                Err(self.server("committing the chunk", &e))
+            }
         }
-        crate::backend::mongo::commit_retrying(&mut session, COMMIT_ATTEMPTS, || {})
-            .await
-            .map_err(|e| {
-                tracing::debug!(consumer = %o.consumer, "the chunk's commit failed");
-                failed(e)
-            })
     }
 
     async fn statements(
@@ -1013,11 +976,6 @@ enum Chunk {
         /// Rows dropped for a stream event between the watermarks.
         dropped: usize,
     },
-}
-
-enum Attempt {
-    Transient(DriverError),
-    Final(BackfillError),
 }
 
 enum Statement {

@@ -35,6 +35,7 @@ use sha2::{Digest as _, Sha256};
 use super::audit::AuditEntry;
 use super::outbox_view::{self, Entry, OutboxView, Position, Said, key_text};
 use super::progress::{Progress, Sink};
+use crate::backend::mongo::transaction::{self, Decision, Failure};
 use crate::backend::mongo::{Connection, Redactor};
 use crate::domain::checkpoint::{self, Mode};
 use crate::domain::text::escape_untrusted;
@@ -49,8 +50,6 @@ const STREAM_WAIT: Duration = Duration::from_secs(120);
 const AWAIT: Duration = Duration::from_millis(100);
 /// The longest key text printed.
 const KEY_CHARS: usize = 200;
-/// Attempts of a repair transaction on a transient error.
-const ATTEMPTS: u32 = 5;
 
 /// The `_id` type classes, each read on its own (`$gt` compares within a class only).
 const CLASSES: &[&[&str]] = &[
@@ -704,6 +703,7 @@ async fn run(connection: &Connection, redactor: &Redactor, options: &Options) ->
     {
         report.repair = Some(
             repair(
+                connection,
                 &database,
                 &source,
                 options,
@@ -762,6 +762,7 @@ pub fn correction_record(
 /// in the first.
 #[allow(clippy::too_many_arguments)]
 async fn repair(
+    connection: &Connection,
     database: &Database,
     source: &Collection<Document>,
     options: &Options,
@@ -803,7 +804,6 @@ async fn repair(
         ..Repaired::default()
     };
     let progress = Progress::to("repair", Some(differences.len() as u64), options.progress);
-    let client = database.client();
     for batch in differences.chunks(REPAIR_BATCH) {
         // The position first, then the documents: a change after it comes later in the stream.
         let (position, at) = position_after(source, batch, errors).await?;
@@ -828,7 +828,7 @@ async fn repair(
             })
             .collect();
         let (written, present) = commit_batch(
-            client,
+            connection,
             &outbox,
             &audit_records,
             &records,
@@ -879,10 +879,10 @@ async fn position_after(
     }
 }
 
-/// One transaction: the records not yet stored (and the audit record), retried on transient
-/// errors. Returns (written, already present).
+/// One transaction through the transaction runner: the records not yet stored (and the audit
+/// record). Returns (written, already present).
 async fn commit_batch(
-    client: &mongodb::Client,
+    connection: &Connection,
     outbox: &Collection<Document>,
     audit_records: &Collection<Document>,
     records: &[Document],
@@ -890,103 +890,76 @@ async fn commit_batch(
     errors: &Errors<'_>,
 ) -> Result<(u64, u64)> {
     let what = "handing off correction records";
-    let mut attempt = 0;
-    loop {
-        attempt += 1;
-        let mut session = client
-            .start_session()
+    let retries = std::sync::atomic::AtomicU32::new(0);
+    let committed = transaction::run(connection, outbox, &retries, async |session| {
+        statements(session, outbox, audit_records, records, audit)
             .await
-            .map_err(|e| errors.of(what, &e))?;
-        let outcome = attempt_batch(&mut session, outbox, audit_records, records, audit).await;
-        match outcome {
-            Ok(counts) => return Ok(counts),
-            Err(error)
-                if attempt < ATTEMPTS
-                    && (error.contains_label("TransientTransactionError")
-                        || error.contains_label("UnknownTransactionCommitResult")) =>
-            {
-                tracing::debug!(attempt, "correction transaction retried");
-                tokio::time::sleep(Duration::from_millis(100 * u64::from(attempt))).await;
-            }
-            Err(error) => return Err(errors.of(what, &error)),
-        }
+            .map(Decision::<_, std::convert::Infallible>::Commit)
+    })
+    .await;
+    match committed {
+        Ok(counts) => Ok(counts),
+        Err(Failure::Refused(never)) => match never {},
+        Err(Failure::Failed(error)) => Err(errors.of(what, &error)),
+        Err(Failure::Unknown(error)) => Err(HandoffError::Unavailable(format!(
+            "{what}: the commit's outcome is unknown ({}); running the repair again writes \
+             only what is missing",
+            escape_untrusted(&errors.redactor.clean(&error.to_string()), 500)
+        ))),
     }
 }
 
-async fn attempt_batch(
+/// The statements of a repair transaction: the records whose `_id` the outbox does not hold yet
+/// are inserted, the audit record once.
+async fn statements(
     session: &mut ClientSession,
     outbox: &Collection<Document>,
     audit_records: &Collection<Document>,
     records: &[Document],
     audit: Option<&Document>,
 ) -> std::result::Result<(u64, u64), DriverError> {
-    session
-        .start_transaction()
-        .with_options(crate::backend::mongo::transaction_options())
+    let ids: Vec<Bson> = records
+        .iter()
+        .filter_map(|r| r.get("_id").cloned())
+        .collect();
+    let mut stored = HashSet::new();
+    let mut cursor = outbox
+        .find(doc! { "_id": { "$in": ids } })
+        .projection(doc! { "_id": 1 })
+        .session(&mut *session)
         .await?;
-    let result = async {
-        let ids: Vec<Bson> = records
-            .iter()
-            .filter_map(|r| r.get("_id").cloned())
-            .collect();
-        let mut stored = HashSet::new();
-        let mut cursor = outbox
-            .find(doc! { "_id": { "$in": ids } })
+    while let Some(found) = cursor.next(&mut *session).await {
+        if let Some(Bson::String(id)) = found?.get("_id") {
+            stored.insert(id.clone());
+        }
+    }
+    drop(cursor);
+    let fresh: Vec<&Document> = records
+        .iter()
+        .filter(|r| !matches!(r.get("_id"), Some(Bson::String(id)) if stored.contains(id)))
+        .collect();
+    // A retried first transaction whose commit went through has its audit record already.
+    if let Some(audit) = audit {
+        let held = audit_records
+            .find_one(doc! { "_id": audit.get("_id").cloned().unwrap_or(Bson::Null) })
             .projection(doc! { "_id": 1 })
             .session(&mut *session)
             .await?;
-        while let Some(found) = cursor.next(&mut *session).await {
-            if let Some(Bson::String(id)) = found?.get("_id") {
-                stored.insert(id.clone());
-            }
-        }
-        drop(cursor);
-        let fresh: Vec<&Document> = records
-            .iter()
-            .filter(|r| !matches!(r.get("_id"), Some(Bson::String(id)) if stored.contains(id)))
-            .collect();
-        // A retried first transaction whose commit went through has its audit record already.
-        if let Some(audit) = audit {
-            let held = audit_records
-                .find_one(doc! { "_id": audit.get("_id").cloned().unwrap_or(Bson::Null) })
-                .projection(doc! { "_id": 1 })
-                .session(&mut *session)
-                .await?;
-            if held.is_none() {
-                audit_records
-                    .insert_one(audit)
-                    .session(&mut *session)
-                    .await?;
-            }
-        }
-        if !fresh.is_empty() {
-            outbox
-                .insert_many(fresh.iter().copied())
-                .ordered(true)
+        if held.is_none() {
+            audit_records
+                .insert_one(audit)
                 .session(&mut *session)
                 .await?;
         }
-        Ok::<_, DriverError>((fresh.len() as u64, stored.len() as u64))
     }
-    .await;
-    match result {
-        Ok(counts) => {
-            let mut tries = 0;
-            loop {
-                match session.commit_transaction().await {
-                    Ok(()) => return Ok(counts),
-                    Err(e) if e.contains_label("UnknownTransactionCommitResult") && tries < 3 => {
-                        tries += 1;
-                    }
-                    Err(e) => return Err(e),
-                }
-            }
-        }
-        Err(error) => {
-            let _ = session.abort_transaction().await;
-            Err(error)
-        }
+    if !fresh.is_empty() {
+        outbox
+            .insert_many(fresh.iter().copied())
+            .ordered(true)
+            .session(&mut *session)
+            .await?;
     }
+    Ok((fresh.len() as u64, stored.len() as u64))
 }
 
 impl Report {

@@ -10,6 +10,7 @@ use bson::{Bson, Document, Timestamp, doc};
 use serde_json::{Value, json};
 
 use super::audit::AuditEntry;
+use crate::backend::mongo::transaction::{self, Decision, Failure};
 use crate::backend::mongo::{Connection, window};
 use crate::domain::checkpoint::{self, Mode};
 use crate::domain::position::{Position, iso, time_json};
@@ -199,8 +200,17 @@ async fn stream_position(
         })
 }
 
+/// Whether a position after the deployment's present is accepted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ahead {
+    /// Refused: such a position skips every event until then without a trace.
+    Refuse,
+    /// Accepted on the operator's word (`--allow-future`).
+    Allow,
+}
+
 /// Reads the checkpoint and the new position: what the reset would do.
-pub fn plan(connection: &Connection, target: &Target<'_>, to: To) -> Result<Plan> {
+pub fn plan(connection: &Connection, target: &Target<'_>, to: To, ahead: Ahead) -> Result<Plan> {
     let source = format!("{}.{}", target.database, target.collection);
     connection.block_on(async {
         let current = connection
@@ -263,6 +273,28 @@ pub fn plan(connection: &Connection, target: &Target<'_>, to: To) -> Result<Plan
                     _ => "--to-time",
                 },
                 iso(window.oldest)
+            )));
+        }
+        // A position after the present would pass over every event written until then, and
+        // a run would find nothing wrong: refused unless the operator says it is meant.
+        let target_position = Position {
+            checkpoint: to_time,
+            ..before.clone()
+        };
+        if let Some(seconds) = target_position.ahead_seconds()
+            && ahead == Ahead::Refuse
+        {
+            return Err(HandoffError::BadInput(format!(
+                "{} stands {seconds} s after the deployment's present ({}): every event written \
+                 until then would be skipped without a trace; check the time (it is UTC), or \
+                 pass --allow-future if that is what is meant",
+                match &to {
+                    To::Token(..) => "--to-token",
+                    _ => "--to-time",
+                },
+                before
+                    .cluster_now
+                    .map_or_else(|| "by this machine's clock".to_string(), iso)
             )));
         }
         Ok(Plan {
@@ -333,75 +365,61 @@ pub fn apply(
                 .into(),
         )
     };
-    connection.block_on(async {
-        let failed = |e: mongodb::error::Error| unavailable("the reset was not written", &e, connection);
-        let mut session = connection.transaction().await.map_err(failed)?;
-        let written = async {
-            match &plan.current {
-                Some(current) => {
-                    let mut filter = doc! { "_id": target.consumer };
-                    filter.insert("token", current.get("token").cloned().unwrap_or(Bson::Null));
-                    match current.get("mode") {
-                        Some(mode) => filter.insert("mode", mode.clone()),
-                        None => filter.insert("mode", doc! { "$exists": false }),
-                    };
-                    match revision(current) {
-                        Some(r) => filter.insert("revision", r),
-                        None => filter.insert("revision", doc! { "$exists": false }),
-                    };
-                    let updated = checkpoints
-                        .update_one(
-                            filter,
-                            doc! {
-                                "$set": { "token": plan.to_token.clone(), "mode": plan.to_mode.as_str() },
-                                "$inc": { "revision": 1_i64 },
-                            },
-                        )
-                        .session(&mut session)
-                        .await?;
-                    if updated.matched_count != 1 {
-                        return Ok(false);
-                    }
-                }
-                // A plan always holds the checkpoint it read (a missing one is refused).
-                None => return Ok(false),
+    // A plan always holds the checkpoint it read (a missing one is refused).
+    let Some(current) = &plan.current else {
+        return Err(conflict());
+    };
+    let mut filter = doc! { "_id": target.consumer };
+    filter.insert("token", current.get("token").cloned().unwrap_or(Bson::Null));
+    match current.get("mode") {
+        Some(mode) => filter.insert("mode", mode.clone()),
+        None => filter.insert("mode", doc! { "$exists": false }),
+    };
+    match revision(current) {
+        Some(r) => filter.insert("revision", r),
+        None => filter.insert("revision", doc! { "$exists": false }),
+    };
+    let update = doc! {
+        "$set": { "token": plan.to_token.clone(), "mode": plan.to_mode.as_str() },
+        "$inc": { "revision": 1_i64 },
+    };
+    let record = entry.document();
+    let retries = std::sync::atomic::AtomicU32::new(0);
+    let written = connection.block_on(transaction::run(
+        connection,
+        &checkpoints,
+        &retries,
+        async |session| {
+            let updated = checkpoints
+                .update_one(filter.clone(), update.clone())
+                .session(&mut *session)
+                .await?;
+            if updated.matched_count != 1 {
+                return Ok(Decision::Refuse(()));
             }
-            audit.insert_one(entry.document()).session(&mut session).await?;
-            Ok::<_, mongodb::error::Error>(true)
+            match audit.insert_one(&record).session(&mut *session).await {
+                Ok(_) => Ok(Decision::Commit(())),
+                // The audit record of a commit that went through unseen: the checkpoint
+                // moved since, and this reset is done or overtaken.
+                Err(error) if is_duplicate_key(&error) => Ok(Decision::Refuse(())),
+                Err(error) => Err(error),
+            }
+        },
+    ));
+    match written {
+        Ok(()) => {}
+        Err(Failure::Refused(())) => return Err(conflict()),
+        Err(Failure::Failed(error)) => {
+            return Err(unavailable("the reset was not written", &error, connection));
         }
-        .await;
-        match written {
-            Ok(true) => {}
-            Ok(false) => {
-                let _ = session.abort_transaction().await;
-                return Err(conflict());
-            }
-            Err(error) => {
-                let _ = session.abort_transaction().await;
-                if is_duplicate_key(&error) || error.contains_label("TransientTransactionError") {
-                    return Err(conflict());
-                }
-                return Err(failed(error));
-            }
+        Err(Failure::Unknown(error)) => {
+            return Err(HandoffError::Unavailable(format!(
+                "the reset's commit did not complete ({}): it may or may not have been \
+                 applied; look at `handoff status` and the audit collection before retrying",
+                connection.redact(&error.to_string())
+            )));
         }
-        crate::backend::mongo::commit_retrying(
-            &mut session,
-            crate::backend::mongo::TRANSACTION_ATTEMPTS,
-            || {},
-        )
-        .await
-        .map_err(|e| {
-            if e.contains_label("TransientTransactionError") {
-                conflict()
-            } else {
-                HandoffError::Unavailable(format!(
-                    "the reset's commit did not complete ({}): it may or may not have been \
-                     applied; look at `handoff status` and the audit collection before retrying",
-                    connection.redact(&e.to_string())
-                ))
-            }
-        })
-    })?;
+    }
     tracing::warn!(
         consumer = %plan.consumer,
         to_mode = plan.to_mode.as_str(),

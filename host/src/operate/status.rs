@@ -199,6 +199,16 @@ impl Status {
                 ),
             ),
         ];
+        if let Some(ahead) = p.ahead_seconds() {
+            rows.push((
+                "ERROR",
+                format!(
+                    "the checkpoint stands {ahead} s after the deployment's present: every event \
+                     written until then is skipped without a trace; move it back with \
+                     `handoff checkpoint reset --to now` (or --to-time), then reconcile"
+                ),
+            ));
+        }
         if p.fell_off() == Some(true) {
             rows.push((
                 "WARNING",

@@ -24,6 +24,8 @@
 //! - `errors`: driver errors as server errors and the run's failure classes;
 //! - `source`: the watched collection's change stream ([`ChangeSource`](crate::domain::ChangeSource));
 //! - `store`: the checkpoint and record transaction ([`CheckpointStore`](crate::domain::CheckpointStore));
+//! - `transaction`: the one transaction runner every write goes through (runs, resets, backfill,
+//!   reconcile's repair);
 //! - `window`: the deployment's cluster time and oplog window (lag and margin figures).
 
 mod connection;
@@ -31,6 +33,7 @@ mod errors;
 mod redaction;
 mod source;
 mod store;
+pub mod transaction;
 pub mod window;
 
 use std::time::Duration;

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bson::{Bson, Document, RawDocument, RawDocumentBuf, doc};
 use mongodb::error::PartialBulkWriteResult;
@@ -10,9 +10,10 @@ use mongodb::error::{Error as DriverError, ErrorKind, TRANSIENT_TRANSACTION_ERRO
 use mongodb::options::{InsertOneModel, ReturnDocument, UpdateOneModel, WriteModel};
 use mongodb::{ClientSession, Collection};
 
+use super::MAX_DOCUMENT_BYTES;
 use super::connection::Connection;
 use super::errors::server_error;
-use super::{MAX_DOCUMENT_BYTES, TRANSACTION_ATTEMPTS, transaction_options};
+use super::transaction::{self, Decision, Failure};
 use crate::domain::checkpoint::CONFIG_CHANGES_KEPT;
 use crate::domain::store::{admit, decode_record};
 use crate::domain::stream::BSON_OBJECT_TOO_LARGE;
@@ -87,41 +88,6 @@ impl MongoStore {
         } else {
             CommitError::Unavailable(detail.to_string())
         }
-    }
-
-    /// One attempt of the transaction. Whatever fails, the attempt's transaction is not left
-    /// open on the server. With `look_first`, the records' `_id`s are looked up in the
-    /// transaction before the inserts, so that records already stored for the same event are
-    /// left out (the attempt after a duplicate key; the common case costs no extra round trip).
-    async fn attempt(
-        &self,
-        commit: &Commit<'_>,
-        look_first: bool,
-    ) -> std::result::Result<Applied, Attempt> {
-        let mut session = self
-            .connection
-            .client
-            .start_session()
-            .await
-            .map_err(Attempt::from)?;
-        session
-            .start_transaction()
-            .with_options(transaction_options())
-            .await
-            .map_err(Attempt::from)?;
-        let applied = match self.statements(&mut session, commit, look_first).await {
-            Ok(applied) => applied,
-            Err(failure) => {
-                // The driver still holds the transaction as in progress: abort it on the server.
-                let _ = session.abort_transaction().await;
-                return Err(failure);
-            }
-        };
-        let committed = commit_with_retries(&mut session, &self.retries).await;
-        if committed.is_err() {
-            abandon(&mut session, &self.checkpoints).await;
-        }
-        committed.map(|()| applied)
     }
 
     /// The records of `records` to insert, leaving out those whose `_id` the collection holds
@@ -405,45 +371,6 @@ fn insert_failure(error: DriverError, records: &[&RawDocumentBuf]) -> Attempt {
     }
 }
 
-/// `commitTransaction`, retried alone on `UnknownTransactionCommitResult`, each retry counted.
-async fn commit_with_retries(
-    session: &mut ClientSession,
-    retries: &AtomicU32,
-) -> std::result::Result<(), Attempt> {
-    super::commit_retrying(session, TRANSACTION_ATTEMPTS, || {
-        retries.fetch_add(1, Ordering::Relaxed);
-    })
-    .await
-    .map_err(Attempt::from)
-}
-
-/// Ends on the server a transaction whose commit failed. Once a commit was attempted the driver
-/// refuses `abortTransaction`; a new transaction number on the same session makes the server
-/// abort the old transaction, and that new transaction, opened by a read, is then aborted. (A
-/// transaction that did commit is not affected.) If the server cannot be reached now, the
-/// session is ended when the connection closes, or the server expires the transaction.
-async fn abandon(session: &mut ClientSession, checkpoints: &Collection<Document>) {
-    if session
-        .start_transaction()
-        .with_options(transaction_options())
-        .await
-        .is_err()
-    {
-        return;
-    }
-    let ended = checkpoints
-        .find_one(doc! { "_id": Bson::Null })
-        .session(&mut *session)
-        .await;
-    let _ = session.abort_transaction().await;
-    match ended {
-        Ok(_) => tracing::debug!("the failed commit's transaction was ended on the server"),
-        Err(_) => tracing::debug!(
-            "the failed commit's transaction could not be ended now; the session ends at close"
-        ),
-    }
-}
-
 enum Attempt {
     /// Nothing was written and the reason is gone: start the commit again, not counted as a
     /// retry.
@@ -495,35 +422,33 @@ impl CheckpointStore for MongoStore {
             })?
     }
 
+    /// One transaction through the transaction runner. With `look_first` (the attempt after a
+    /// record's `_id` was found taken), the records' `_id`s are looked up in the transaction
+    /// before the inserts, so that records already stored for the same event are left out; the
+    /// common case costs no extra round trip.
     fn commit(&self, commit: &Commit<'_>) -> std::result::Result<Applied, CommitError> {
         let retried = async {
-            let started = Instant::now();
-            let mut attempt: u32 = 0;
             let mut look_first = false;
-            loop {
-                attempt += 1;
-                match self.attempt(commit, look_first).await {
-                    Ok(applied) => return Ok(applied),
-                    // A record's `_id` is taken: look at what holds it, in a new transaction.
+            let committed = transaction::run(
+                &self.connection,
+                &self.checkpoints,
+                &self.retries,
+                async |session| match self.statements(session, commit, look_first).await {
+                    Ok(applied) => Ok(Decision::Commit(applied)),
                     Err(Attempt::Final(CommitError::Duplicate(_))) if !look_first => {
                         look_first = true;
+                        Ok(Decision::Again)
                     }
-                    Err(Attempt::Again) => {}
-                    Err(Attempt::Final(e)) => return Err(e),
-                    Err(Attempt::Transient(e))
-                        if started.elapsed() < self.connection.transient_retry_window().await =>
-                    {
-                        let code = server_error(&e, &self.connection.redactor).code;
-                        tracing::warn!(attempt, ?code, "transient transaction error; retrying");
-                        self.retries.fetch_add(1, Ordering::Relaxed);
-                        let backoff = Duration::from_millis(10 << attempt.min(7));
-                        tokio::time::sleep(backoff.min(Duration::from_secs(1))).await;
-                    }
-                    Err(Attempt::Transient(e) | Attempt::Driver(e)) => {
-                        return Err(self.unavailable(&e));
-                    }
-                }
-            }
+                    Err(Attempt::Again) => Ok(Decision::Again),
+                    Err(Attempt::Final(e)) => Ok(Decision::Refuse(e)),
+                    Err(Attempt::Transient(e) | Attempt::Driver(e)) => Err(e),
+                },
+            )
+            .await;
+            committed.map_err(|failure| match failure {
+                Failure::Refused(e) => e,
+                Failure::Failed(e) | Failure::Unknown(e) => self.unavailable(&e),
+            })
         };
         self.connection
             .bounded(retried)
