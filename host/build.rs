@@ -1,6 +1,6 @@
-//! Builds the shipped policy components (`guest/default`, `guest/batching`, `guest/quarantine`)
-//! for wasm32-wasip2 and embeds them with their digests: the default runs when no policy is
-//! given, and `handoff policy export NAME` writes any of them.
+//! Builds the shipped policy components (`guest/default`, `guest/batching`, `guest/quarantine`,
+//! `guest/domain-events`) for wasm32-wasip2 and embeds them with their digests: the default runs
+//! when no policy is given, and `handoff policy export NAME` writes any of them.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -16,6 +16,7 @@ fn main() {
             "guest/default",
             "guest/batching",
             "guest/quarantine",
+            "guest/domain-events",
             "guest/sdk",
             "wit",
             "Cargo.lock",
@@ -24,13 +25,14 @@ fn main() {
     let target_dir = handoff_guest_build::target_dir(&workspace);
     let out_dir = PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR"));
     // One build each: the policies share the SDK, and separate builds keep their exports apart.
-    for name in ["default", "batching", "quarantine"] {
+    for name in ["default", "batching", "quarantine", "domain-events"] {
         let release = handoff_guest_build::build(
             &workspace,
             &target_dir,
             &["-p", &format!("handoff-{name}-policy"), "--lib"],
         );
-        let wasm = release.join(format!("handoff_{name}_policy.wasm"));
+        let artifact = name.replace('-', "_");
+        let wasm = release.join(format!("handoff_{artifact}_policy.wasm"));
         let bytes =
             std::fs::read(&wasm).unwrap_or_else(|e| panic!("reading {}: {e}", wasm.display()));
         std::fs::write(out_dir.join(format!("{name}-policy.wasm")), &bytes).expect("write policy");

@@ -484,15 +484,26 @@ fn every_shipped_policy_is_exported_and_passes_its_own_cases() {
     let s = Scratch::new();
     let listed = policy(&["export", "--list"]);
     assert!(listed.status.success(), "{}", stderr(&listed));
-    for name in ["default", "batching", "quarantine"] {
-        assert!(
-            stdout(&listed).lines().any(|l| l.starts_with(name)),
-            "{}",
-            stdout(&listed)
-        );
+    for name in ["default", "batching", "quarantine", "domain-events"] {
+        // One line each: the name, its digest and what it does.
+        let line = stdout(&listed)
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(name))
+            .map(str::to_string);
+        let line = line.unwrap_or_else(|| panic!("{name} not listed: {}", stdout(&listed)));
+        assert!(line.split_whitespace().count() > 3, "{line}");
         let file = s.path(&format!("exported/{name}.wasm"));
         let output = policy(&["export", name, file.to_str().unwrap()]);
         assert!(output.status.success(), "{}", stderr(&output));
+        let digest = line.split_whitespace().nth(1).unwrap();
+        assert!(stdout(&output).starts_with(digest), "{}", stdout(&output));
+        let output = policy(&["check", file.to_str().unwrap()]);
+        assert!(
+            output.status.success() && stdout(&output).contains("this host runs it"),
+            "{name}: {}{}",
+            stdout(&output),
+            stderr(&output)
+        );
         let cases = workspace().join("guest").join(name).join("cases");
         let output = policy(&[
             "test",
@@ -508,6 +519,11 @@ fn every_shipped_policy_is_exported_and_passes_its_own_cases() {
         );
         assert!(stdout(&output).contains(" passed, 0 failed"));
     }
+    // The exported domain-events policy is the component built from `guest/domain-events`.
+    assert_eq!(
+        std::fs::read(s.path("exported/domain-events.wasm")).unwrap(),
+        std::fs::read(handoff_test_policies::DOMAIN_EVENTS).unwrap()
+    );
     // The default is the same bytes under both commands.
     let old = s.path("exported/old.wasm");
     assert!(
@@ -524,7 +540,7 @@ fn every_shipped_policy_is_exported_and_passes_its_own_cases() {
     let output = policy(&["export", "nope", missing.to_str().unwrap()]);
     assert_eq!(output.status.code(), Some(2));
     assert!(
-        stderr(&output).contains("default, batching, quarantine"),
+        stderr(&output).contains("default, batching, quarantine, domain-events"),
         "{}",
         stderr(&output)
     );

@@ -180,3 +180,64 @@ fn a_bad_partition_is_refused_and_another_is_a_configuration_change() {
         "partition: checkpoint 0/2, this run 1/2",
     );
 }
+
+#[test]
+fn no_reason_moves_a_consumer_to_another_partition() {
+    let live = Live::start();
+    support::ok(&live.run(&["--partition", "0/2"]));
+    support::ok(&live.run(&["--consumer-id", "whole"]));
+    let checkpoint_of = |consumer: &str| {
+        live.wait(live.coll(CHECKPOINTS).find_one(doc! {"_id": consumer}))
+            .unwrap()
+            .unwrap()
+    };
+    let before = [checkpoint_of(CONSUMER), checkpoint_of("whole")];
+    for (consumer, partition, difference) in [
+        (CONSUMER, Some("1/2"), "checkpoint 0/2, this run 1/2"),
+        (CONSUMER, Some("0/4"), "checkpoint 0/2, this run 0/4"),
+        (CONSUMER, None, "checkpoint 0/2, this run none"),
+        ("whole", Some("0/2"), "checkpoint none, this run 0/2"),
+    ] {
+        let mut args = vec![
+            "--consumer-id",
+            consumer,
+            "--accept-config-change",
+            "more throughput",
+        ];
+        if let Some(partition) = partition {
+            args.extend(["--partition", partition]);
+        }
+        let refused = live.run(&args);
+        support::fails(&refused, 4, difference);
+        let message = support::stderr(&refused);
+        assert!(
+            message.contains("part of a consumer's identity")
+                && message.contains("new consumer ID"),
+            "{message}"
+        );
+    }
+    // Nothing was recorded: each checkpoint still stands for its own partition, unchanged.
+    let after = [checkpoint_of(CONSUMER), checkpoint_of("whole")];
+    for (before, after) in before.iter().zip(&after) {
+        assert_eq!(after.get("config"), before.get("config"));
+        assert_eq!(after.get("token"), before.get("token"));
+        assert!(after.get("configChanges").is_none(), "{after}");
+    }
+
+    // Another change within the same partition is accepted with a reason, and recorded.
+    let refused = live.run(&["--partition", "0/2", "--full-document", "default"]);
+    support::fails(&refused, 4, "--accept-config-change");
+    support::ok(&live.run(&[
+        "--partition",
+        "0/2",
+        "--full-document",
+        "default",
+        "--accept-config-change",
+        "no lookups",
+    ]));
+    let changes = checkpoint_of(CONSUMER)
+        .get_array("configChanges")
+        .unwrap()
+        .clone();
+    assert_eq!(changes.len(), 1);
+}

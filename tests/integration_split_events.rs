@@ -1,7 +1,8 @@
 //! Events over 16 MiB: without `--split-large-events` the run stops with their own class and says
 //! to enable it; with it, an event's fragments are handed off as one event, one record each, in
-//! one transaction, and runs killed at any moment while they are read or committed lose and
-//! duplicate nothing.
+//! one transaction, runs killed at any moment while they are read or committed lose and
+//! duplicate nothing, and an event handed off again after a reset, split otherwise or whole, is a
+//! duplicate.
 
 mod support;
 
@@ -28,6 +29,35 @@ fn big_update(live: &Live, key: i32, fill: char) {
 }
 
 const SPLIT: [&str; 1] = ["--split-large-events"];
+
+/// `checkpoint reset` of the consumer back to `token` (resumeAfter): every event after it is
+/// handed off again.
+fn reset_to(live: &Live, token: &Document) {
+    let token =
+        serde_json::to_string(&Bson::Document(token.clone()).into_relaxed_extjson()).unwrap();
+    let output = support::handoff()
+        .args(["checkpoint", "reset", "--to-token", &token])
+        .args(["--mode", "resumeAfter", "--reason", "hand off again"])
+        .env("MONGODB_URI", live.uri())
+        .env("SOURCE_DATABASE", &live.db)
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", support::stderr(&output));
+}
+
+/// A first, idle run with `args`: where the consumer starts.
+fn start_consumer(live: &Live, args: &[&str]) -> Document {
+    assert_eq!(support::ok(&live.run(args))["status"], "IDLE");
+    live.checkpoint_token()
+}
+
+/// The `_id`s of the outbox records, in insertion order.
+fn outbox_ids(live: &Live) -> Vec<String> {
+    live.outbox()
+        .iter()
+        .map(|r| r.get_str("_id").unwrap().to_string())
+        .collect()
+}
 
 /// The records of each event, by event ID, with their fragment numbers.
 fn by_event(outbox: &[Document]) -> HashMap<String, Vec<(u32, u32, Document)>> {
@@ -199,4 +229,88 @@ fn runs_killed_among_split_events_lose_and_duplicate_nothing() {
     }
     eprintln!("{kills} runs killed among the split events");
     assert!(kills >= 1, "no run was killed: the test tested nothing");
+}
+
+#[test]
+fn an_event_split_otherwise_after_a_reset_is_a_duplicate() {
+    let live = Live::start();
+    // Pre-images make the update larger when a run asks for them.
+    live.wait(
+        live.client.database(&live.db).run_command(
+            doc! {"create": "orders", "changeStreamPreAndPostImages": {"enabled": true}},
+        ),
+    )
+    .unwrap();
+    let start = start_consumer(&live, &SPLIT);
+    big_update(&live, 1, 'u');
+    let first = support::ok(&live.run(&SPLIT));
+    assert_eq!(first["events_handed_off"], 2);
+    let before = outbox_ids(&live);
+    let events = by_event(&live.outbox());
+    assert_eq!(
+        events.values().map(Vec::len).max(),
+        Some(2),
+        "the update in two fragments: {before:?}"
+    );
+
+    // Handed off again with its pre-image, the update is split in three: its ID (its first
+    // fragment's token) is the same, and the event is not written again.
+    reset_to(&live, &start);
+    let again = support::ok(&live.run(&[
+        "--split-large-events",
+        "--full-document-before-change",
+        "whenAvailable",
+        "--accept-config-change",
+        "pre-images",
+    ]));
+    assert_eq!(again["events_handed_off"], 2, "{again}");
+    assert_eq!(again["duplicates_suppressed"], 2, "{again}");
+    assert_eq!(outbox_ids(&live), before);
+}
+
+#[test]
+fn an_event_split_or_whole_after_a_reset_is_a_duplicate_under_the_same_id() {
+    let live = Live::start();
+    let policy = ["--policy", handoff_test_policies::KEYED_IDS];
+    let lookup = |full_document: &'static str| -> Vec<&'static str> {
+        let mut args = policy.to_vec();
+        args.extend([
+            "--split-large-events",
+            "--full-document",
+            full_document,
+            "--accept-config-change",
+            "document lookups",
+        ]);
+        args
+    };
+    // Without the looked-up document, an update of `a` is about 9 MiB: whole.
+    let start = start_consumer(&live, &lookup("default"));
+    big_update(&live, 1, 'a');
+    let first = support::ok(&live.run(&lookup("default")));
+    assert_eq!(first["events_handed_off"], 2);
+    let stored_whole = outbox_ids(&live);
+    assert_eq!(stored_whole.len(), 2, "{stored_whole:?}");
+
+    // Stored whole, handed off again in fragments (the document looked up makes it 18 MiB).
+    reset_to(&live, &start);
+    let again = support::ok(&live.run(&lookup("updateLookup")));
+    assert_eq!(again["duplicates_suppressed"], 2, "{again}");
+    assert_eq!(outbox_ids(&live), stored_whole);
+
+    // Another update stored in fragments, handed off again whole.
+    big_update(&live, 2, 'b');
+    support::ok(&live.run(&lookup("updateLookup")));
+    let stored = outbox_ids(&live);
+    let events = by_event(&live.outbox());
+    assert_eq!(events.len(), 4, "{stored:?}");
+    assert_eq!(
+        stored.len(),
+        5,
+        "the second update in two fragments: {stored:?}"
+    );
+    reset_to(&live, &start);
+    let again = support::ok(&live.run(&lookup("default")));
+    assert_eq!(again["events_handed_off"], 4, "{again}");
+    assert_eq!(again["duplicates_suppressed"], 4, "{again}");
+    assert_eq!(outbox_ids(&live), stored);
 }

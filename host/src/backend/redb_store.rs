@@ -19,7 +19,9 @@ use redb::{
     WriteTransaction,
 };
 
-use crate::domain::store::{admit, apply_claim, apply_release, compare_and_set, record_ids};
+use crate::domain::store::{
+    admit_events, apply_claim, apply_release, compare_and_set, lookups, record_ids,
+};
 use crate::domain::{Applied, CheckpointStore, Claim, Collections, Commit, CommitError, Dump};
 use crate::error::HandoffError;
 
@@ -45,8 +47,9 @@ fn encode(doc: &Document) -> Result<Vec<u8>, CommitError> {
     doc.to_vec().map_err(unavailable)
 }
 
-/// Inserts records in commit order. A record whose `_id` exists with the same event token is
-/// skipped and added to `duplicates`; with another token it aborts the whole transaction.
+/// Inserts records in commit order. An event the table holds under its ID, whole or in
+/// fragments, is skipped and added to `duplicates` (see [`admit_events`]); a record there of
+/// another event aborts the whole transaction.
 fn insert_ordered(
     txn: &WriteTransaction,
     (records, order): (&str, &str),
@@ -67,13 +70,20 @@ fn insert_ordered(
         .last()
         .map_err(unavailable)?
         .map_or(0, |(key, _)| key.value() + 1);
-    for (id, doc) in ids.iter().zip(docs) {
-        let stored = table
-            .get(id.as_str())
-            .map_err(unavailable)?
-            .map(|guard| decode(guard.value()))
-            .transpose()?;
-        if !admit(id, stored.as_ref(), doc, duplicates)? {
+    let mut held = Vec::new();
+    for lookup in lookups(docs)? {
+        if let Some(guard) = table.get(lookup.key.as_str()).map_err(unavailable)? {
+            held.push(decode(guard.value())?);
+        }
+        let range = lookup.fragments.start.as_str()..lookup.fragments.end.as_str();
+        for entry in table.range(range).map_err(unavailable)? {
+            let (_, guard) = entry.map_err(unavailable)?;
+            held.push(decode(guard.value())?);
+        }
+    }
+    let admitted = admit_events(docs, &held, duplicates)?;
+    for ((id, doc), insert) in ids.iter().zip(docs).zip(admitted) {
+        if !insert {
             continue;
         }
         table
@@ -364,5 +374,22 @@ mod tests {
         let dump = store.dump("c").unwrap();
         assert_eq!(dump.outbox, [record("8201")]);
         assert_eq!(dump.checkpoint.unwrap().get_document("token").unwrap(), &t2);
+    }
+
+    #[test]
+    fn a_split_event_is_one_event_however_split() {
+        let dir = tempfile::tempdir().unwrap();
+        let collections = Collections {
+            checkpoints: "cp".into(),
+            outbox: "ob".into(),
+            quarantine: "qb".into(),
+        };
+        let store = RedbStore::open(
+            &dir.path().join("s.redb"),
+            &collections,
+            Duration::from_secs(1),
+        )
+        .unwrap();
+        crate::backend::checks::a_split_event_is_one_event_however_split(&store);
     }
 }

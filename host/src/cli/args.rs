@@ -149,7 +149,7 @@ pub struct StreamArgs {
     pub full_document_before_change: String,
     /// This run's share of the source, `I/N` (0 <= I < N <= 1024): N runs with their own
     /// consumer IDs and I = 0..N-1 hand off every event exactly once between them, all events
-    /// of one document key by the same run, in order.
+    /// of one document key by the same run, in order. A consumer keeps its partition for good.
     #[arg(long, env = "PARTITION", value_name = "I/N")]
     pub partition: Option<String>,
     /// Receive events over 16 MiB as fragments ($changeStreamSplitLargeEvent, MongoDB 7.0 and
@@ -167,7 +167,7 @@ pub struct StreamArgs {
     )]
     pub split_large_events: bool,
     /// Continue a consumer whose checkpoint records another stream configuration; the change,
-    /// with this reason, is recorded on the checkpoint.
+    /// with this reason, is recorded on the checkpoint. Another partition is never accepted.
     #[arg(long, env = "ACCEPT_CONFIG_CHANGE", value_name = "REASON")]
     pub accept_config_change: Option<String>,
     /// How long the run's lease on its consumer lasts after each commit renews it, in seconds: a

@@ -82,10 +82,10 @@ pub enum PolicyCommand {
         file: Option<PathBuf>,
     },
     /// Writes a shipped policy component to FILE (e.g. to upload as a namespace file): default,
-    /// batching or quarantine; `--list` shows what each does.
+    /// batching, quarantine or domain-events; `--list` shows what each does.
     #[command(after_help = concat!("Example:\n  handoff policy export batching handoff/policy.wasm\n\n", exit_codes!()))]
     Export {
-        /// The shipped policy: default, batching or quarantine.
+        /// The shipped policy: default, batching, quarantine or domain-events.
         #[arg(required_unless_present = "list")]
         name: Option<String>,
         /// Where to write the `.wasm` file.
@@ -185,7 +185,7 @@ pub fn run(command: PolicyCommand) -> Result<()> {
             for shipped in SHIPPED {
                 let source = PolicySource::shipped(shipped.name)?;
                 println!(
-                    "{:<11} {}  {}",
+                    "{:<13} {}  {}",
                     shipped.name, source.sha256, shipped.summary
                 );
             }

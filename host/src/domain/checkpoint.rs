@@ -3,7 +3,7 @@
 
 use bson::{Bson, DateTime, Document, doc};
 
-use super::config::StreamConfig;
+use super::config::{Partition, StreamConfig};
 use super::lease::{Holder, Lease};
 use super::text::escape_untrusted;
 use crate::error::{HandoffError, Result};
@@ -132,16 +132,26 @@ pub fn claim(loaded: &Checkpoint, binding: &Binding<'_>) -> Result<Claim> {
         )));
     }
     let recorded = loaded.config.clone().unwrap_or_default();
-    // Events are dealt to partitions by the count: another count (or none) would hand some
-    // events off twice and leave others to no one, which no reason can accept.
-    let count = |c: &StreamConfig| c.partition.map(|p| p.count);
-    if count(&recorded) != count(binding.config) {
-        return Err(HandoffError::Mismatch(
-            "The consumer's checkpoint was written for another partitioning (partition count); \
-             repartitioning a running consumer would hand events off twice or not at all. \
-             Start new consumers for the new partitions"
-                .into(),
-        ));
+    // A partition is part of the consumer's identity: its checkpoint stands for the events of
+    // that share of the source only. Another index, count, or a partition added or removed would
+    // hand some events off twice and leave others to no one, which no reason can accept.
+    if recorded.partition != binding.config.partition {
+        let share = |p: Option<Partition>| {
+            p.map_or_else(
+                || "none".to_string(),
+                |p| format!("{}/{}", p.index, p.count),
+            )
+        };
+        return Err(HandoffError::Mismatch(format!(
+            "The consumer's checkpoint was written for another partition (partition: checkpoint \
+             {}, this run {}). A partition is part of a consumer's identity: moving a consumer to \
+             another partition or partition count would hand some events off twice and others \
+             not at all, so no --accept-config-change reason accepts it. Run with the recorded \
+             partition, or give each partition of the new layout a new consumer ID (e.g. \
+             orders-1-of-4), created before the source is written to",
+            share(recorded.partition),
+            share(binding.config.partition)
+        )));
     }
     let differences = binding.config.differences(&recorded);
     let change = match (differences.is_empty(), binding.accept_change) {
@@ -450,32 +460,65 @@ mod tests {
             accepted.set.get_document("config").unwrap(),
             &images.to_document()
         );
-        // Another partition count is refused, reason or not.
-        let mut partitioned = baseline.clone();
-        partitioned.config = Some(StreamConfig {
-            partition: Some(crate::domain::config::Partition { index: 0, count: 4 }),
-            ..StreamConfig::default()
-        });
-        for count in [None, Some(8)] {
+        // Another partition (index or count), or a partition added or removed, is refused,
+        // reason or not.
+        let share = |index, count| Some(Partition { index, count });
+        for (recorded, other, difference) in [
+            (share(0, 4), share(1, 4), "checkpoint 0/4, this run 1/4"),
+            (share(0, 4), share(0, 8), "checkpoint 0/4, this run 0/8"),
+            (share(0, 4), None, "checkpoint 0/4, this run none"),
+            (None, share(0, 2), "checkpoint none, this run 0/2"),
+        ] {
+            let mut partitioned = baseline.clone();
+            partitioned.config = Some(StreamConfig {
+                partition: recorded,
+                ..StreamConfig::default()
+            });
             let other = StreamConfig {
-                partition: count.map(|count| crate::domain::config::Partition { index: 0, count }),
+                partition: other,
                 ..StreamConfig::default()
             };
-            let refused = claim(
-                &partitioned,
-                &Binding {
-                    config: &other,
-                    accept_change: Some("more throughput"),
-                    lease: &mine,
-                    now,
-                },
-            )
-            .unwrap_err();
-            assert!(
-                matches!(&refused, HandoffError::Mismatch(m) if m.contains("repartitioning")),
-                "{refused}"
-            );
+            for reason in [None, Some("more throughput")] {
+                let refused = claim(
+                    &partitioned,
+                    &Binding {
+                        config: &other,
+                        accept_change: reason,
+                        lease: &mine,
+                        now,
+                    },
+                )
+                .unwrap_err();
+                assert!(
+                    matches!(&refused, HandoffError::Mismatch(m)
+                        if m.contains(difference)
+                            && m.contains("part of a consumer's identity")
+                            && m.contains("new consumer ID")),
+                    "{refused}"
+                );
+            }
         }
+        // Within the same partition, another configuration is accepted with a reason.
+        let mut partitioned = baseline.clone();
+        partitioned.config = Some(StreamConfig {
+            partition: share(1, 4),
+            ..StreamConfig::default()
+        });
+        let same_share = StreamConfig {
+            partition: share(1, 4),
+            ..images.clone()
+        };
+        let accepted = claim(
+            &partitioned,
+            &Binding {
+                config: &same_share,
+                accept_change: Some("pre-images enabled on orders"),
+                lease: &mine,
+                now,
+            },
+        )
+        .unwrap();
+        assert!(accepted.change.is_some());
         // The same configuration with a reason changes nothing.
         let mut bound = baseline.clone();
         bound.config = Some(images.clone());

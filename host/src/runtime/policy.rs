@@ -110,6 +110,10 @@ pub const SHIPPED: &[Shipped] = &[
         "quarantine",
         "events whose fullDocument.schemaVersion is not supported go to the quarantine"
     ),
+    shipped!(
+        "domain-events",
+        "records shaped as domain events (OrderCreated, OrderUpdated, OrderDeleted), the default's IDs"
+    ),
 ];
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -319,7 +323,10 @@ mod tests {
             "each shipped policy is its own"
         );
         let error = PolicySource::shipped("nope").err().unwrap().to_string();
-        assert!(error.contains("default, batching, quarantine"), "{error}");
+        assert!(
+            error.contains("default, batching, quarantine, domain-events"),
+            "{error}"
+        );
     }
 
     #[test]

@@ -1,5 +1,7 @@
 //! Paths of the test policy components, built from `examples/` for wasm32-wasip2 by `build.rs`:
 //! - `PREFIXED_IDS`: a well-behaved second policy (outbox IDs `<prefix>-<op>-<digest>`);
+//! - `KEYED_IDS`: outbox IDs of the document key and cluster time, the same however an event
+//!   was split;
 //! - `SPIN_FOREVER`, `MEMORY_HOG`, `DEEP_RECURSION`, `TRAP`: policies the sandbox must stop;
 //! - `FORGED_TOKEN`, `SKIP_AHEAD`, `FALSE_REPORT`, `HUGE_ID`, `MOVE_BACKWARDS`, `HOARD`: decisions
 //!   the host must refuse;

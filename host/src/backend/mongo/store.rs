@@ -15,7 +15,7 @@ use super::connection::Connection;
 use super::errors::server_error;
 use super::transaction::{self, Decision, Failure};
 use crate::domain::checkpoint::CONFIG_CHANGES_KEPT;
-use crate::domain::store::{admit, decode_record};
+use crate::domain::store::{SPLIT_EVENTS_WRITTEN, admit_events, decode_record, lookups};
 use crate::domain::stream::BSON_OBJECT_TOO_LARGE;
 use crate::domain::{Applied, CheckpointStore, Claim, Collections, Commit, CommitError, Dump};
 
@@ -42,6 +42,10 @@ pub struct MongoStore {
     /// Whether commits use `bulkWrite` (MongoDB 8.0 and later); cleared once the driver finds
     /// the server older.
     bulk_write: AtomicBool,
+    /// Whether the consumer has written a split event's records (its checkpoint's
+    /// `splitEventsWritten`): an event may then be held in fragments under other `_id`s than its
+    /// records', which a duplicate key would not reveal, so every commit looks first.
+    split_events: AtomicBool,
     /// The checkpoint's token as the lease's release left it (`Some(None)`: a checkpoint without
     /// a token); unset until a release found the lease.
     released: std::sync::Mutex<Option<Option<Document>>>,
@@ -61,6 +65,7 @@ impl MongoStore {
             connection,
             retries: AtomicU32::new(0),
             bulk_write: AtomicBool::new(true),
+            split_events: AtomicBool::new(false),
             released: std::sync::Mutex::new(None),
         }
     }
@@ -90,8 +95,9 @@ impl MongoStore {
         }
     }
 
-    /// The records of `records` to insert, leaving out those whose `_id` the collection holds
-    /// for the same event (added to `duplicates`); one held for another event is a conflict.
+    /// The records of `records` to insert, leaving out those of events the collection holds
+    /// under their IDs, whole or in fragments (their IDs added to `duplicates`); a record held
+    /// there for another event is a conflict.
     async fn not_yet_stored<'r>(
         &self,
         session: &mut ClientSession,
@@ -99,26 +105,34 @@ impl MongoStore {
         records: &'r [RawDocumentBuf],
         duplicates: &mut Vec<String>,
     ) -> std::result::Result<Vec<&'r RawDocumentBuf>, Attempt> {
-        let ids: Vec<Bson> = records.iter().map(|r| Bson::String(record_id(r))).collect();
+        let lookups = lookups(records).map_err(Attempt::Final)?;
+        let keys: Vec<Bson> = lookups
+            .iter()
+            .map(|l| Bson::String(l.key.clone()))
+            .collect();
+        let mut clauses = vec![Bson::Document(doc! { "_id": { "$in": keys } })];
+        clauses.extend(lookups.into_iter().map(|l| {
+            Bson::Document(doc! { "_id": { "$gte": l.fragments.start, "$lt": l.fragments.end } })
+        }));
         let mut cursor = collection
-            .find(doc! { "_id": { "$in": ids } })
-            .projection(doc! { "_id": 1, "consumer": 1, "source": 1, "token": 1, "event._id": 1 })
+            .find(doc! { "$or": clauses })
+            .projection(doc! {
+                "_id": 1, "consumer": 1, "source": 1, "token": 1,
+                "event._id": 1, "event.splitEvent": 1,
+            })
             .session(&mut *session)
             .await
             .map_err(Attempt::from)?;
-        let mut stored = std::collections::HashMap::new();
+        let mut stored = Vec::new();
         while let Some(found) = cursor.next(&mut *session).await {
-            let found = found.map_err(Attempt::from)?;
-            stored.insert(found.get_str("_id").unwrap_or("").to_string(), found);
+            stored.push(found.map_err(Attempt::from)?);
         }
-        let mut insert = Vec::with_capacity(records.len());
-        for record in records {
-            let id = record_id(record);
-            if admit(&id, stored.get(&id), record, duplicates).map_err(Attempt::Final)? {
-                insert.push(record);
-            }
-        }
-        Ok(insert)
+        let admitted = admit_events(records, &stored, duplicates).map_err(Attempt::Final)?;
+        Ok(records
+            .iter()
+            .zip(admitted)
+            .filter_map(|(record, insert)| insert.then_some(record))
+            .collect())
     }
 
     /// The compare-and-set and the record inserts, inside the session's transaction: one
@@ -154,6 +168,9 @@ impl MongoStore {
             .map_or(Bson::Null, |t| Bson::Document(t.clone()));
         let mut filter = doc! { "_id": &commit.consumer.consumer, "token": expected, "source": &commit.consumer.source };
         let mut set = doc! { "token": commit.next.clone(), "mode": commit.mode.as_str() };
+        if commit.holds_fragments() {
+            set.insert(SPLIT_EVENTS_WRITTEN, true);
+        }
         if let Some(lease) = commit.lease {
             filter.insert("owner", &lease.owner);
             set.insert("leaseUntil", lease.until(bson::DateTime::now()));
@@ -400,7 +417,8 @@ impl CheckpointStore for MongoStore {
         on_insert.remove("_id");
         // One round trip: the upsert returns the checkpoint as it now stands (acknowledged by a
         // majority, like every write here).
-        self.connection
+        let checkpoint = self
+            .connection
             .bounded(async {
                 self.checkpoints
                     .find_one_and_update(
@@ -419,16 +437,24 @@ impl CheckpointStore for MongoStore {
                 CommitError::Unavailable(
                     "the run deadline passed while loading the checkpoint".into(),
                 )
-            })?
+            })??;
+        if checkpoint.get_bool(SPLIT_EVENTS_WRITTEN).unwrap_or(false) {
+            self.split_events.store(true, Ordering::Relaxed);
+        }
+        Ok(checkpoint)
     }
 
     /// One transaction through the transaction runner. With `look_first` (the attempt after a
-    /// record's `_id` was found taken), the records' `_id`s are looked up in the transaction
-    /// before the inserts, so that records already stored for the same event are left out; the
-    /// common case costs no extra round trip.
+    /// record's `_id` was found taken, or any attempt once split events are about), what the
+    /// collections hold under the IDs of the commit's events (whole or in fragments) is looked
+    /// up in the transaction before the inserts, so that events already stored are left out;
+    /// the common case costs no extra round trip.
     fn commit(&self, commit: &Commit<'_>) -> std::result::Result<Applied, CommitError> {
         let retried = async {
-            let mut look_first = false;
+            // A split event may be held under other `_id`s than its records' (another split, or
+            // none): a duplicate key would not show it.
+            let split_events = commit.holds_fragments();
+            let mut look_first = split_events || self.split_events.load(Ordering::Relaxed);
             let committed = transaction::run(
                 &self.connection,
                 &self.checkpoints,
@@ -445,6 +471,9 @@ impl CheckpointStore for MongoStore {
                 },
             )
             .await;
+            if committed.is_ok() && split_events {
+                self.split_events.store(true, Ordering::Relaxed);
+            }
             committed.map_err(|failure| match failure {
                 Failure::Refused(e) => e,
                 Failure::Failed(e) | Failure::Unknown(e) => self.unavailable(&e),
