@@ -725,3 +725,101 @@ fn policy_build_watch_rebuilds_when_a_source_changes() {
         "each build reports its failure: {err}"
     );
 }
+
+/// `policy build` runs each language's toolchain without the shell's secrets: here every
+/// toolchain program is a script that records the environment it was given.
+#[test]
+fn policy_build_keeps_secrets_out_of_the_toolchains_environment() {
+    use std::os::unix::fs::PermissionsExt;
+    let s = Scratch::new();
+    let bin = s.path("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let record = s.path("seen-env");
+    let recorder = format!(
+        "#!/bin/sh\n{{ echo \"== $(basename \"$0\") $*\"; env; }} >> '{}'\n\
+         case \"$1\" in --version) echo 'componentize-py 9.9.9' ;; esac\nexit 0\n",
+        record.display()
+    );
+    for program in ["cargo", "componentize-py", "node", "npm"] {
+        let path = bin.join(program);
+        std::fs::write(&path, &recorder).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let rust = s.path("rust-policy");
+    std::fs::create_dir_all(&rust).unwrap();
+    std::fs::write(rust.join("Cargo.toml"), "[package]\nname = \"p\"\n").unwrap();
+    let python = s.path("python-policy");
+    std::fs::create_dir_all(python.join("wit")).unwrap();
+    for file in ["policy.py", "handoff_policy.py", "wit/policy.wit"] {
+        std::fs::write(python.join(file), "").unwrap();
+    }
+    std::fs::write(
+        python.join("pyproject.toml"),
+        "[tool.handoff]\ncomponentize-py = \"9.9.9\"\n",
+    )
+    .unwrap();
+    let javascript = s.path("javascript-policy");
+    std::fs::create_dir_all(&javascript).unwrap();
+    std::fs::write(javascript.join("package.json"), "{}\n").unwrap();
+
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    for (project, tools) in [
+        (&rust, &["cargo"][..]),
+        (
+            &python,
+            &["componentize-py --version", "componentize-py -d"],
+        ),
+        (
+            &javascript,
+            &["node --version", "npm --version", "npm install"],
+        ),
+    ] {
+        let output = handoff()
+            .args(["policy", "build"])
+            .arg(project)
+            .env("PATH", &path)
+            .env(
+                "MONGODB_URI",
+                "mongodb://app:hunter2@db.example/?replicaSet=rs0",
+            )
+            .env("AWS_SECRET_ACCESS_KEY", "hunter2")
+            .env("CARGO_REGISTRIES_PRIVATE_TOKEN", "hunter2")
+            .env("HANDOFF_OPERATOR", "hunter2")
+            .env("CARGO_HOME", "/opt/cargo")
+            .env("LC_ALL", "C")
+            .output()
+            .unwrap();
+        // None of the fakes builds a component: the build fails after they ran.
+        assert_ne!(output.status.code(), Some(0), "{}", stderr(&output));
+        let seen = std::fs::read_to_string(&record).unwrap_or_else(|e| {
+            panic!(
+                "{}: no toolchain ran ({e}): {}",
+                project.display(),
+                stderr(&output)
+            )
+        });
+        std::fs::remove_file(&record).unwrap();
+        for tool in tools {
+            assert!(
+                seen.contains(&format!("== {tool}")),
+                "{tool} did not run: {seen}"
+            );
+        }
+        assert!(
+            !seen.contains("hunter2"),
+            "a secret reached the toolchain: {seen}"
+        );
+        assert!(!seen.contains("MONGODB_URI"), "{seen}");
+        for kept in [
+            format!("PATH={path}"),
+            "CARGO_HOME=/opt/cargo".into(),
+            "LC_ALL=C".into(),
+        ] {
+            assert!(seen.contains(&kept), "{kept} missing: {seen}");
+        }
+    }
+}

@@ -313,4 +313,63 @@ fn an_event_split_or_whole_after_a_reset_is_a_duplicate_under_the_same_id() {
     assert_eq!(again["events_handed_off"], 4, "{again}");
     assert_eq!(again["duplicates_suppressed"], 4, "{again}");
     assert_eq!(outbox_ids(&live), stored);
+
+/// A document whose one field fills 16 MiB: its insert event cannot be split, since no fragment
+/// can hold that field beside a token.
+const UNSPLITTABLE: usize = (16 << 20) - 64;
+
+/// An event with a field too large for any fragment (MongoDB's 7182500) stops the run with the
+/// class of events too large, saying what can be done instead of splitting; nothing is written.
+#[test]
+fn an_event_too_large_for_any_fragment_stops_the_run_as_too_large() {
+    let live = Live::start();
+    assert_eq!(support::ok(&live.run(&SPLIT))["status"], "IDLE");
+    let before = live.checkpoint_token();
+    live.wait(
+        live.coll("orders")
+            .insert_one(doc! {"_id": 1, "a": "x".repeat(UNSPLITTABLE)}),
+    )
+    .unwrap();
+    let output = live.run(&SPLIT);
+    let out = support::fails(&output, 13, "code 7182500");
+    assert_eq!(out["error_class"], "event_too_large");
+    let guidance = out["guidance"].as_str().unwrap();
+    assert!(
+        guidance.contains("a field too large for any fragment"),
+        "{guidance}"
+    );
+    assert!(guidance.contains("$project"), "{guidance}");
+    assert!(
+        !guidance.contains("Run with --split-large-events"),
+        "the run already splits: {guidance}"
+    );
+    assert_eq!(live.outbox_len(), 0);
+    assert_eq!(live.checkpoint_token(), before);
+}
+
+/// A recorded stream failing with 7182500 is classified the same way.
+#[test]
+fn a_recorded_stream_that_cannot_split_an_event_fails_as_too_large() {
+    let s = support::Scratch::new();
+    let fixture = s.fixture(
+        "unsplittable.jsonl",
+        &[
+            support::deployment(support::REPLICA_SET_ID),
+            support::event(1, "insert"),
+            serde_json::json!({"$error": {"code": 7182500, "codeName": "Location7182500",
+                "errmsg": "Splitting change event failed"}}),
+        ],
+    );
+    let output = support::replay(&fixture, &s.state(), &[]);
+    let out = support::fails(&output, 13, "code 7182500");
+    assert!(
+        out["guidance"]
+            .as_str()
+            .unwrap()
+            .contains("a field too large for any fragment"),
+        "{out}"
+    );
+    let (checkpoint, outbox) = support::inspect(&s.state());
+    assert_eq!(outbox.len(), 1, "the event before it stands");
+    assert_eq!(checkpoint["token"], support::token(1));
 }

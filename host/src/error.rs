@@ -16,6 +16,14 @@ pub const EVENT_TOO_LARGE_GUIDANCE: &str = "The change event exceeds MongoDB's 1
      or reduce the document that produced it, or exclude it or its large fields from the stream with a pipeline \
      ($match / $project), accepting the change (--accept-config-change).";
 
+/// What to do about an event `$changeStreamSplitLargeEvent` cannot split (MongoDB error 7182500):
+/// one of its fields alone is too large for a fragment, so fragments cannot carry it either.
+pub const FRAGMENT_TOO_LARGE_GUIDANCE: &str = "A change event holds a field too large for any fragment: \
+     $changeStreamSplitLargeEvent (--split-large-events) cannot split it below MongoDB's 16 MiB document limit; \
+     the checkpoint was not moved and nothing was written, so every run stops at this event. \
+     Reduce the document that produced it, or leave its large field out of the stream with a pipeline \
+     ($project / $unset, or $match to exclude the event), accepting the change (--accept-config-change).";
+
 /// What to do about a pre- or post-image the stream requires and the server does not hold.
 pub const IMAGE_MISSING_GUIDANCE: &str = "The change stream requires a pre- or post-image (--full-document required or \
      --full-document-before-change required) that MongoDB does not hold for this event: the checkpoint was not moved, so \
@@ -58,7 +66,8 @@ pub enum HandoffError {
     #[error("{0}")]
     Authentication(String),
     /// A change event, or the outbox / quarantine record that carries it, is over MongoDB's
-    /// 16 MiB document limit (code 10334). Nothing was written.
+    /// 16 MiB document limit (code 10334), or cannot be split below it (code 7182500). Nothing
+    /// was written.
     #[error("{0}")]
     EventTooLarge(String),
     /// The stream requires a pre- or post-image the server does not hold for an event

@@ -180,15 +180,23 @@ pub struct StreamArgs {
 const MAX_REASON: usize = 500;
 
 /// An operator's reason (kept in the checkpoint or an audit record): 1-500 printable
-/// characters, trimmed.
+/// characters, trimmed. Control characters, line and paragraph separators, zero-width
+/// characters and bidirectional controls are refused: the record must read as it was written.
 pub fn reason_text(flag: &str, reason: &str) -> Result<String> {
     let reason = reason.trim();
-    if reason.is_empty()
-        || reason.chars().count() > MAX_REASON
-        || reason.chars().any(char::is_control)
-    {
+    if reason.is_empty() || reason.chars().count() > MAX_REASON {
         return Err(HandoffError::BadInput(format!(
             "{flag} needs a reason of 1-{MAX_REASON} printable characters"
+        )));
+    }
+    if let Some(c) = reason
+        .chars()
+        .find(|c| handoff::domain::text::needs_escape(*c))
+    {
+        return Err(HandoffError::BadInput(format!(
+            "{flag} holds the character U+{:04X}: a reason takes no control, line or paragraph \
+             separator, zero-width or bidirectional-control characters",
+            c as u32
         )));
     }
     Ok(reason.to_string())
@@ -433,5 +441,46 @@ impl AuditArgs {
             ));
         }
         Ok(name.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reason_is_printable_text_that_reads_as_written() {
+        assert_eq!(
+            reason_text("--reason", "  history lost, INC-42 é ").unwrap(),
+            "history lost, INC-42 é"
+        );
+        for hidden in [
+            "a\u{202e}b",
+            "a\u{2066}b\u{2069}",
+            "a\u{200b}b",
+            "a\u{200f}b",
+            "a\u{feff}b",
+            "a\u{2060}b",
+            "a\u{2028}b",
+            "a\u{2029}b",
+            "a\u{85}b",
+            "a\u{1b}[2Kb",
+            "a\nb",
+            "a\tb",
+        ] {
+            let error = reason_text("--reason", hidden).unwrap_err().to_string();
+            assert!(
+                error.starts_with("--reason holds the character U+"),
+                "{error}"
+            );
+            // The message names the character; it does not carry it.
+            assert!(
+                !error.chars().any(handoff::domain::text::needs_escape),
+                "{error:?}"
+            );
+        }
+        for empty_or_long in [" ", &"x".repeat(MAX_REASON + 1)] {
+            assert!(reason_text("--reason", empty_or_long).is_err());
+        }
     }
 }

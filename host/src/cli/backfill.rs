@@ -141,9 +141,8 @@ pub fn run(args: BackfillArgs) -> Result<()> {
     connection.close();
     let summary = outcome?;
     if args.view.json {
-        println!("{}", summary.to_json());
+        out!("{}", summary.to_json())
     } else {
-        print!("{}", summary.human());
+        handoff::output::write_stdout(&summary.human())
     }
-    Ok(())
 }

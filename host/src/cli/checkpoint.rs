@@ -127,12 +127,12 @@ fn reset_checkpoint(args: ResetArgs) -> Result<()> {
     if args.view.json {
         let mut value = plan.to_json();
         value["applied"] = serde_json::json!(!args.dry_run);
-        println!("{value}");
+        out!("{value}")?;
     } else {
         for (label, value) in plan.rows() {
-            println!("{label:<10} {value}");
+            out!("{label:<10} {value}")?;
         }
-        println!(
+        out!(
             "{:<10} {}",
             "result",
             if args.dry_run {
@@ -140,7 +140,7 @@ fn reset_checkpoint(args: ResetArgs) -> Result<()> {
             } else {
                 "checkpoint moved; audit record written"
             }
-        );
+        )?;
     }
     Ok(())
 }

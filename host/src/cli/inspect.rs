@@ -65,7 +65,7 @@ pub fn run(args: InspectArgs) -> Result<()> {
         .chain(dump.quarantine)
     {
         let line = Bson::Document(doc).into_relaxed_extjson();
-        writeln!(out, "{line}").map_err(|e| HandoffError::Internal(e.into()))?;
+        writeln!(out, "{line}").map_err(handoff::output::stdout_failed)?;
     }
-    Ok(())
+    out.flush().map_err(handoff::output::stdout_failed)
 }

@@ -25,7 +25,7 @@ macro_rules! exit_codes {
   7    invalid token: the saved token cannot resume with its mode
   8    stream fatal: the server ended the stream for good
   9    policy: the policy failed, broke a rule or is not a usable component
-  10   unavailable: the deployment or the store cannot be reached (retry)
+  10   unavailable: the deployment or the store cannot be reached, or stdout written (retry)
   11   authentication: the server refused the credentials
   12   stopped by SIGTERM/SIGINT after the last commit (what it committed stands)
   13   event too large: a change event or its record is over 16 MiB
@@ -33,6 +33,14 @@ macro_rules! exit_codes {
   15   image missing: the stream requires a pre-/post-image MongoDB does not hold
   16   attention: a check found something to act on (status --min-margin; reconcile differences)
   130, 143  a second SIGINT / SIGTERM ended the process at once"
+    };
+}
+
+/// `println!` for a command's output: a closed or full stdout is the command's failure (an
+/// `unavailable` error to return with `?`), never a panic.
+macro_rules! out {
+    ($($arg:tt)*) => {
+        handoff::output::write_stdout(&format!("{}\n", format_args!($($arg)*)))
     };
 }
 
@@ -48,12 +56,13 @@ mod replay;
 mod run;
 mod status;
 
+use std::io::Write as _;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
 use handoff::domain::StopSignal;
-use handoff::domain::text::escape_untrusted;
+use handoff::domain::text::{escape_name, escape_untrusted};
 use handoff::error::HandoffError;
 use handoff::output::file::OutputsFile;
 use handoff::output::kestra::{Kestra, KestraLogs};
@@ -86,7 +95,7 @@ fn run_reported(
     consumer_id: &str,
     body: impl FnOnce() -> Result<Finished, FailedRun>,
 ) -> handoff::error::Result<Outcome> {
-    let consumer_id = escape_untrusted(consumer_id, 64);
+    let consumer_id = escape_name(consumer_id, 64);
     let file = match output
         .outputs_file
         .as_deref()
@@ -103,10 +112,12 @@ fn run_reported(
     match body() {
         Ok(finished) => {
             let outputs = RunOutputs::of(&finished);
-            output::emit(&Kestra, &outputs);
+            // The outputs file is written whatever became of stdout.
+            let printed = output::try_emit(&Kestra, &outputs);
             if let Some(file) = &file {
                 file.write(&outputs)?;
             }
+            printed?;
             Ok(if finished.summary.stopped {
                 Outcome::Stopped
             } else {
@@ -115,7 +126,10 @@ fn run_reported(
         }
         Err(failed) => {
             let outputs = RunOutputs::failed(&failed, &consumer_id);
-            output::emit(&Kestra, &outputs);
+            // The run's own failure is the one to report, whatever became of stdout.
+            if let Err(error) = output::try_emit(&Kestra, &outputs) {
+                tracing::error!(%error, "the outputs of the failed run could not be printed");
+            }
             if let Some(file) = &file
                 && let Err(error) = file.write(&outputs)
             {
@@ -254,9 +268,12 @@ fn init_logging(format: LogFormat) {
                 .unwrap_or_default(),
         ),
     };
-    // Colours only on a terminal: a workflow engine stores the bytes as they are.
+    // Colours only on a terminal: a workflow engine stores the bytes as they are. A log line
+    // that cannot be written (a closed or full stream) is dropped: reporting it on stderr would
+    // panic when stderr is the stream that failed.
     let fmt = tracing_subscriber::fmt::layer()
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .log_internal_errors(false)
         .with_writer(std::io::stderr);
     let output: Boxed = match format {
         LogFormat::Text => Box::new(fmt),
@@ -264,6 +281,7 @@ fn init_logging(format: LogFormat) {
         LogFormat::Kestra => Box::new(
             tracing_subscriber::fmt::layer()
                 .with_ansi(false)
+                .log_internal_errors(false)
                 .with_writer(std::io::stdout)
                 .event_format(KestraLogs),
         ),
@@ -323,7 +341,7 @@ pub fn main() -> ExitCode {
     if matches!(&cli.command, Command::Run(_) | Command::Replay(_))
         && let Err(error) = stop_signal()
     {
-        eprintln!("error[{}]: {error}", error.kind());
+        let _ = writeln!(std::io::stderr(), "error[{}]: {error}", error.kind());
         return error.to_exit_code();
     }
     match &cli.command {
@@ -357,17 +375,19 @@ pub fn main() -> ExitCode {
             // A closed pipe is an error to report, not a panic.
             clap_complete::Generator::try_generate(&shell, &command, &mut std::io::stdout())
                 .map(|()| Outcome::Done)
-                .map_err(|e| HandoffError::Internal(e.into()))
+                .map_err(output::stdout_failed)
         }
         Command::Man => clap_mangen::Man::new(<Cli as clap::CommandFactory>::command())
             .render(&mut std::io::stdout())
             .map(|()| Outcome::Done)
-            .map_err(|e| HandoffError::Internal(e.into())),
+            .map_err(output::stdout_failed),
     };
     match result {
         Ok(Outcome::Done) => ExitCode::SUCCESS,
         Ok(Outcome::Stopped) => {
-            eprintln!(
+            // A closed or full stderr leaves the exit code to tell (no panic).
+            let _ = writeln!(
+                std::io::stderr(),
                 "stopped: a signal ended the run after its last commit; the next run continues from it"
             );
             ExitCode::from(handoff::error::STOPPED_EXIT_CODE)
@@ -375,7 +395,8 @@ pub fn main() -> ExitCode {
         Err(error) => {
             // Messages carry server and policy text, escaped where it entered; escaping again
             // here guarantees that no line of ours can be made to start a protocol line.
-            eprintln!(
+            let _ = writeln!(
+                std::io::stderr(),
                 "error[{}]: {}",
                 error.kind(),
                 escape_untrusted(&error.to_string(), 8192)

@@ -1,5 +1,6 @@
 //! `handoff policy …`: writing, checking and testing policy components.
 
+use std::io::Write as _;
 use std::path::PathBuf;
 
 use clap::Subcommand;
@@ -120,7 +121,7 @@ pub fn run(command: PolicyCommand) -> Result<()> {
             let mut case = Case::load(&case_dir)?;
             let outcome = case.run(&runtime, &policy)?;
             case.update(&outcome.actual)?;
-            println!("created {}", root.display());
+            out!("created {}", root.display())?;
             Ok(())
         }
         PolicyCommand::Check { file } => check_file(&file),
@@ -132,9 +133,9 @@ pub fn run(command: PolicyCommand) -> Result<()> {
             loop {
                 let seen = build::sources(&dir);
                 if let Err(e) = once() {
-                    eprintln!("error: {e}");
+                    let _ = writeln!(std::io::stderr(), "error: {e}");
                 }
-                println!("watching {} for changes (Ctrl-C to stop)", dir.display());
+                out!("watching {} for changes (Ctrl-C to stop)", dir.display())?;
                 while build::sources(&dir) == seen {
                     std::thread::sleep(build::WATCH_EVERY);
                 }
@@ -167,12 +168,11 @@ pub fn run(command: PolicyCommand) -> Result<()> {
             })?;
             match cache.load(runtime.engine(), &source.sha256) {
                 Lookup::Hit(_) => {
-                    println!(
+                    out!(
                         "{}  {}",
                         source.sha256,
                         cache.artifact_path(&source.sha256).display()
-                    );
-                    Ok(())
+                    )
                 }
                 Lookup::Miss | Lookup::Refused => Err(HandoffError::BadInput(format!(
                     "the cache folder {} cannot hold the compiled policy (see the warning above): \
@@ -184,10 +184,12 @@ pub fn run(command: PolicyCommand) -> Result<()> {
         PolicyCommand::Export { list: true, .. } => {
             for shipped in SHIPPED {
                 let source = PolicySource::shipped(shipped.name)?;
-                println!(
+                out!(
                     "{:<13} {}  {}",
-                    shipped.name, source.sha256, shipped.summary
-                );
+                    shipped.name,
+                    source.sha256,
+                    shipped.summary
+                )?;
             }
             Ok(())
         }
@@ -211,8 +213,7 @@ fn export(source: &PolicySource, file: &std::path::Path) -> Result<()> {
     }
     std::fs::write(file, &source.bytes)
         .map_err(|e| HandoffError::BadInput(format!("cannot write {}: {e}", file.display())))?;
-    println!("{}  {}", source.sha256, file.display());
-    Ok(())
+    out!("{}  {}", source.sha256, file.display())
 }
 
 /// Prints what `policy check` finds in `file`; the refusal, if any, is the error.
@@ -220,15 +221,12 @@ fn check_file(file: &std::path::Path) -> Result<()> {
     let source = PolicySource::from_file(file)?;
     let report = check::check(&source)?;
     for line in &report.lines {
-        println!("{line}");
+        out!("{line}")?;
     }
     match report.refusal {
-        None => {
-            println!("verdict:   this host runs it");
-            Ok(())
-        }
+        None => out!("verdict:   this host runs it"),
         Some(refusal) => {
-            println!("verdict:   refused");
+            out!("verdict:   refused")?;
             Err(refusal)
         }
     }
@@ -244,8 +242,10 @@ pub enum TestFormat {
 
 /// Asks on the terminal whether to accept a case's new results.
 fn confirm(case: &str) -> Result<bool> {
-    use std::io::Write;
-    eprint!("write these results as the expectations of {case}? [y/N] ");
+    let _ = write!(
+        std::io::stderr(),
+        "write these results as the expectations of {case}? [y/N] "
+    );
     std::io::stderr().flush().ok();
     let mut answer = String::new();
     std::io::stdin()
@@ -291,7 +291,7 @@ fn test(
     let loaded = runtime.load(&source)?;
     let human = format == TestFormat::Human;
     if human {
-        println!("policy {} ({})", source.origin, &source.sha256[..16]);
+        out!("policy {} ({})", source.origin, &source.sha256[..16])?;
     }
     // Human output prints a line per case already; the machine formats keep stdout clean, so
     // their progress goes to stderr (a terminal line, or structured log lines).
@@ -317,7 +317,7 @@ fn test(
             None => Verdict::Passed,
             Some(diff) if update => {
                 // The diff is shown before the question, whatever the format.
-                eprintln!("{} differs:\n{diff}", outcome.name);
+                let _ = writeln!(std::io::stderr(), "{} differs:\n{diff}", outcome.name);
                 if yes || confirm(&outcome.name)? {
                     case.update(&outcome.actual)?;
                     Verdict::Updated { diff }
@@ -332,14 +332,12 @@ fn test(
         };
         if human {
             match &verdict {
-                Verdict::Passed => println!("ok       {}", outcome.name),
-                Verdict::Updated { .. } => println!("updated  {}", outcome.name),
-                Verdict::Declined { .. } => {
-                    println!(
-                        "FAILED   {} (update declined: nothing written)",
-                        outcome.name
-                    )
-                }
+                Verdict::Passed => out!("ok       {}", outcome.name)?,
+                Verdict::Updated { .. } => out!("updated  {}", outcome.name)?,
+                Verdict::Declined { .. } => out!(
+                    "FAILED   {} (update declined: nothing written)",
+                    outcome.name
+                )?,
                 Verdict::Failed {
                     diff,
                     had_expectations,
@@ -349,7 +347,7 @@ fn test(
                     } else {
                         " (no expectations yet: run with --update)"
                     };
-                    println!("FAILED   {}{why}\n{diff}", outcome.name);
+                    out!("FAILED   {}{why}\n{diff}", outcome.name)?;
                 }
             }
         }
@@ -362,9 +360,9 @@ fn test(
     }
     progress.finish();
     match format {
-        TestFormat::Human => println!("{} passed, {} failed", summary.passed(), summary.failed()),
-        TestFormat::Json => println!("{}", summary.json()),
-        TestFormat::Junit => print!("{}", summary.junit()?),
+        TestFormat::Human => out!("{} passed, {} failed", summary.passed(), summary.failed())?,
+        TestFormat::Json => out!("{}", summary.json())?,
+        TestFormat::Junit => handoff::output::write_stdout(&summary.junit()?)?,
     }
     let failed = summary.failed();
     if failed > 0 {

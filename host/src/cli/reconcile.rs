@@ -7,6 +7,7 @@ use handoff::backend::mongo::{Connection, Redactor};
 use handoff::error::{HandoffError, Result};
 use handoff::operate::progress::Sink;
 use handoff::operate::reconcile::{self, Options};
+use handoff::operate::report::Report as Page;
 
 #[derive(Args)]
 #[command(after_help = concat!(
@@ -58,7 +59,8 @@ pub struct ReconcileArgs {
     /// Why the repair is made (1-500 printable characters), kept in the audit record.
     #[arg(long, requires = "repair", value_name = "TEXT")]
     pub reason: Option<String>,
-    /// Also write the report as a self-contained HTML page to this file.
+    /// Also write the report as a self-contained HTML page to this file (checked before
+    /// anything is read or written: its directory must exist and be writable).
     #[arg(long, value_name = "FILE")]
     pub html: Option<std::path::PathBuf>,
 }
@@ -108,19 +110,24 @@ impl ReconcileArgs {
 
 pub fn run(args: ReconcileArgs) -> Result<()> {
     let options = args.options()?;
+    if let Some(path) = &args.html {
+        Page::check_path(path)?;
+    }
     let connection = Connection::connect(&args.target.uri)?;
     let redactor = Redactor::for_uri(&args.target.uri).unwrap_or_default();
     let outcome = reconcile::reconcile(&connection, &redactor, &options);
     connection.close();
     let report = outcome?;
-    if args.view.json {
-        println!("{}", report.to_json());
+    // The HTML report is written whatever became of stdout.
+    let printed = if args.view.json {
+        out!("{}", report.to_json())
     } else {
-        print!("{}", report.human());
-    }
+        handoff::output::write_stdout(&report.human())
+    };
     if let Some(path) = &args.html {
         report.html().write(path)?;
     }
+    printed?;
     let differences = report.differences();
     if differences > 0 && report.repair.is_none() {
         return Err(HandoffError::Attention(format!(

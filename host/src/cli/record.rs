@@ -1,5 +1,6 @@
 //! `handoff record --out FILE.jsonl`: a live change stream captured as a policy test fixture.
 
+use std::io::Write as _;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -53,6 +54,10 @@ pub fn run(args: RecordArgs) -> Result<()> {
     drop(source);
     connection.close();
     let count = recorded?;
-    eprintln!("recorded {count} event(s) into {}", args.out.display());
+    let _ = writeln!(
+        std::io::stderr(),
+        "recorded {count} event(s) into {}",
+        args.out.display()
+    );
     Ok(())
 }

@@ -29,7 +29,8 @@ pub struct StatusArgs {
     /// stands after the deployment's present.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub min_margin: Option<Duration>,
-    /// Also write the figures as a self-contained HTML report to this file.
+    /// Also write the figures as a self-contained HTML report to this file (checked before
+    /// anything is read: its directory must exist and be writable).
     #[arg(long, value_name = "FILE")]
     pub html: Option<PathBuf>,
 }
@@ -44,6 +45,9 @@ fn parse_duration(text: &str) -> std::result::Result<Duration, String> {
 pub fn run(args: StatusArgs) -> Result<()> {
     let t = &args.target;
     t.inputs()?;
+    if let Some(path) = &args.html {
+        Report::check_path(path)?;
+    }
     let connection = Connection::connect(&t.uri)?;
     let status = Status::read(
         &connection,
@@ -57,13 +61,17 @@ pub fn run(args: StatusArgs) -> Result<()> {
     );
     connection.close();
     let status = status?;
-    if args.view.json {
-        println!("{}", status.to_json());
+    // The HTML report is written whatever became of stdout.
+    let printed = if args.view.json {
+        out!("{}", status.to_json())
     } else {
-        for (label, value) in status.rows() {
-            println!("{label:<16} {value}");
-        }
-    }
+        let rows: String = status
+            .rows()
+            .into_iter()
+            .map(|(label, value)| format!("{label:<16} {value}\n"))
+            .collect();
+        handoff::output::write_stdout(&rows)
+    };
     if let Some(path) = &args.html {
         Report {
             title: format!("handoff status: {}", status.consumer),
@@ -78,6 +86,7 @@ pub fn run(args: StatusArgs) -> Result<()> {
         }
         .write(path)?;
     }
+    printed?;
     if let Some(min) = args.min_margin {
         // A checkpoint after the present has a large margin and skips everything: no margin
         // makes it healthy.

@@ -46,8 +46,9 @@ pub enum StreamError {
     Fatal(ServerError),
     #[error("{0}")]
     Unavailable(ServerError),
-    /// An event is over the 16 MiB document limit (`BSONObjectTooLarge`, 10334): the server
-    /// cannot return it, so the stream cannot pass it.
+    /// An event is over the 16 MiB document limit (`BSONObjectTooLarge`, 10334), or one of its
+    /// fields is too large for a fragment of a split event (7182500): the server cannot return
+    /// it, so the stream cannot pass it.
     #[error("{0}")]
     TooLarge(ServerError),
     /// The stream requires a pre- or post-image (`required`) that the server does not hold
@@ -118,6 +119,10 @@ pub const NO_MATCHING_DOCUMENT: i32 = 47;
 /// MongoDB's `BSONObjectTooLarge`: a document (a change event, an inserted record) over 16 MiB.
 pub const BSON_OBJECT_TOO_LARGE: i32 = 10334;
 
+/// MongoDB's error when `$changeStreamSplitLargeEvent` cannot split an event: one of its fields
+/// does not fit in a fragment, so a fragment would still be over 16 MiB.
+pub const FRAGMENT_TOO_LARGE: i32 = 7182500;
+
 impl StreamError {
     /// Classifies a server error code the way drivers and operators do.
     pub fn from_server(error: ServerError) -> StreamError {
@@ -125,7 +130,7 @@ impl StreamError {
             Some(286) => StreamError::HistoryLost(error),
             Some(260) => StreamError::InvalidToken(error),
             Some(280) => StreamError::Fatal(error),
-            Some(BSON_OBJECT_TOO_LARGE) => StreamError::TooLarge(error),
+            Some(BSON_OBJECT_TOO_LARGE | FRAGMENT_TOO_LARGE) => StreamError::TooLarge(error),
             Some(NO_MATCHING_DOCUMENT) => StreamError::ImageMissing(error),
             _ => StreamError::Unavailable(error),
         }

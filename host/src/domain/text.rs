@@ -4,7 +4,8 @@
 //! error message, all reach stdout or stderr, where the workflow engine reads every line that
 //! starts with `::` as a protocol line (Kestra reads stderr too). Such text is printed only after
 //! [`escape_untrusted`]: control and line-breaking characters escaped, raw resume tokens replaced,
-//! length bounded. Only the host ever starts a line.
+//! length bounded. Validated names (a consumer ID) go through [`escape_name`], which never takes
+//! them for tokens. Only the host ever starts a line.
 
 /// Marks text cut at its bound.
 const ELLIPSIS: &str = "…";
@@ -18,8 +19,18 @@ pub fn escape_untrusted(text: &str, max_chars: usize) -> String {
     let mut kept: String = text.chars().take(max_chars).collect();
     let cut = kept.len() < text.len();
     kept = scrub_tokens(&kept);
-    let mut out = String::with_capacity(kept.len() + 8);
-    for c in kept.chars() {
+    let mut out = escape_chars(&kept);
+    if cut {
+        out.push_str(ELLIPSIS);
+    }
+    out
+}
+
+/// `text` with every character of [`needs_escape`] written as `\u{…}` (`\n`, `\r`, `\t` as
+/// themselves escaped), nothing else changed and nothing cut.
+pub fn escape_chars(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
         match c {
             '\n' => out.push_str("\\n"),
             '\r' => out.push_str("\\r"),
@@ -28,34 +39,43 @@ pub fn escape_untrusted(text: &str, max_chars: usize) -> String {
             c => out.push(c),
         }
     }
-    if cut {
-        out.push_str(ELLIPSIS);
-    }
     out
 }
 
-/// Characters that could end a line, move the cursor, reorder text or hide in a terminal.
-fn needs_escape(c: char) -> bool {
+/// Characters that could end a line, move the cursor, reorder text or hide in a terminal:
+/// control characters, line and paragraph separators, zero-width characters and bidirectional
+/// marks, embeddings, overrides and isolates.
+pub fn needs_escape(c: char) -> bool {
     c.is_control()
         || matches!(
             c,
             '\u{2028}' | '\u{2029}' // line and paragraph separators
+                | '\u{061c}' // Arabic letter mark (bidirectional)
+                | '\u{180e}' // Mongolian vowel separator (zero-width)
                 | '\u{200b}'..='\u{200f}' // zero-width and direction marks
                 | '\u{202a}'..='\u{202e}' // bidirectional embeddings and overrides
+                | '\u{2060}'..='\u{2064}' // word joiner and invisible operators
                 | '\u{2066}'..='\u{2069}' // bidirectional isolates
                 | '\u{feff}' // byte-order mark
         )
 }
 
-/// Replaces what looks like a raw resume token (a run of 16 or more uppercase hex digits with at
-/// least one letter, the shape of a token's `_data`) so that a printed line never carries one. A
-/// run of decimal digits alone is not a token: a long number, or the digits inside a lowercase
-/// hex digest such as an event ID, is printed as it is.
+/// The fewest hex digits taken for a resume token's `_data`: MongoDB's is KeyString hex that
+/// begins with the timestamp's type byte `82` and its 8 bytes (18 digits), followed by at least
+/// the token's version and kind (a high-water mark's, the shortest, is 30 digits).
+const MIN_TOKEN_DIGITS: usize = 24;
+
+/// Replaces what holds a raw resume token, so that a printed line never carries one: a run of
+/// uppercase hex digits in which `82` is followed by at least [`MIN_TOKEN_DIGITS`] digits in all
+/// (the run is replaced whole, whatever is glued to either end of the token). Anything else is
+/// printed as it is: a name such as a consumer ID (it starts with a letter, so a token in it
+/// needs `82` after the start and 22 more digits), a long number, or the digits of a lowercase
+/// hex digest such as an event ID.
 pub fn scrub_tokens(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     let mut run = String::new();
     let flush = |run: &mut String, out: &mut String| {
-        if run.len() >= 16 && run.bytes().any(|b| b.is_ascii_uppercase()) {
+        if holds_token(run) {
             out.push_str("<token>");
         } else {
             out.push_str(run);
@@ -103,6 +123,32 @@ pub fn hide_uri_credentials(text: &str) -> String {
     out
 }
 
+/// Whether a run of uppercase hex digits holds a token's `_data`: `82` with at least
+/// [`MIN_TOKEN_DIGITS`] digits from it to the run's end.
+fn holds_token(run: &str) -> bool {
+    run.len() >= MIN_TOKEN_DIGITS
+        && run
+            .match_indices("82")
+            .any(|(at, _)| run.len() - at >= MIN_TOKEN_DIGITS)
+}
+
+/// A name (a consumer ID, a collection) as one printable line. A name of letters, digits,
+/// underscores and hyphens (every valid one) is printed as it was given, at most `max_chars` of
+/// it, and never taken for a token; anything else is untrusted text ([`escape_untrusted`]).
+pub fn escape_name(name: &str, max_chars: usize) -> String {
+    if !name
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+    {
+        return escape_untrusted(name, max_chars);
+    }
+    let mut kept: String = name.chars().take(max_chars).collect();
+    if kept.len() < name.len() {
+        kept.push_str(ELLIPSIS);
+    }
+    kept
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -139,6 +185,70 @@ mod tests {
             scrub_tokens("x826AE70DA0000000012B0429296E1404abc"),
             "x<token>abc"
         );
+    }
+
+    #[test]
+    fn consumer_ids_are_never_taken_for_tokens() {
+        // Valid consumer IDs made of uppercase hex digits, and one with a token's prefix.
+        for id in [
+            "DEADBEEF00000000A",
+            "ABCDEF0123456789ABCDEF0123456789ABCDEF",
+            "C8263515EAC000000022B02",
+        ] {
+            assert_eq!(scrub_tokens(id), id);
+            assert_eq!(escape_untrusted(id, 64), id);
+            assert_eq!(escape_name(id, 64), id);
+        }
+        // A name is never scrubbed, whatever it holds; its control characters are still escaped.
+        let named = "C8263515EAC000000022B0229296E04";
+        assert_eq!(escape_name(named, 64), named);
+        assert_eq!(escape_name("a\nb", 64), "a\\nb");
+        assert_eq!(
+            escape_name("bad name 8263515EAC000000022B0229296E04", 64),
+            "bad name <token>"
+        );
+        assert_eq!(escape_name("abcdef", 3), "abc…");
+    }
+
+    #[test]
+    fn every_real_token_shape_is_replaced() {
+        // The resume tokens of real MongoDB servers in the event-ID vectors.
+        let vectors: serde_json::Value = serde_json::from_str(include_str!(
+            "../../../tests/fixtures/event-id-vectors.json"
+        ))
+        .expect("vectors");
+        let mut seen = 0;
+        for vector in vectors.as_array().expect("a list") {
+            let Some(text) = vector["token_canonical_extjson"].as_str() else {
+                continue;
+            };
+            let token: serde_json::Value = serde_json::from_str(text).expect("token JSON");
+            let Some(data) = token["_data"].as_str() else {
+                continue;
+            };
+            seen += 1;
+            assert!(!scrub_tokens(text).contains(data), "{text}");
+            assert_eq!(scrub_tokens(data), "<token>");
+        }
+        assert!(seen >= 3, "the vectors hold tokens");
+        // The test server's: an event's, a fragment's, and one of decimal digits only.
+        for data in [
+            "8263515EAC0000000201000000000000",
+            "8263515EAC00000002010000000000000000000002",
+            "826351599000000002010000000000",
+        ] {
+            assert_eq!(scrub_tokens(data), "<token>", "{data}");
+        }
+        // Glued to hex digits at either end, or between letters that are not hex.
+        let data = "8263515EAC000000022B0229296E04";
+        for glued in [
+            format!("DEADBEEF{data}"),
+            format!("{data}A"),
+            format!("7{data}F"),
+        ] {
+            assert_eq!(scrub_tokens(&glued), "<token>", "{glued}");
+        }
+        assert_eq!(scrub_tokens(&format!("x{data}y")), "x<token>y");
     }
 
     #[test]

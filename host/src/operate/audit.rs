@@ -29,12 +29,14 @@ pub struct AuditEntry {
 }
 
 impl AuditEntry {
-    /// The record to insert: the entry, when, and by whom.
+    /// The record to insert: the entry, when, and by whom: the operator as named
+    /// (`HANDOFF_OPERATOR`) and the process's own user, which the environment cannot name.
     pub fn document(&self) -> Document {
         doc! {
             "_id": ObjectId::new(),
             "at": DateTime::now(),
             "by": operator(),
+            "os_user": os_user(),
             "consumer": &self.consumer,
             "source": &self.source,
             "command": &self.command,
@@ -47,16 +49,18 @@ impl AuditEntry {
 }
 
 /// Who is acting: `HANDOFF_OPERATOR` when set (a workflow engine names its execution there),
-/// else the login name and the host, `user@host`.
+/// else the login name and the host, `user@host` (the name of the process's real user, else
+/// `$USER`).
 pub fn operator() -> String {
     if let Ok(name) = std::env::var("HANDOFF_OPERATOR")
         && !name.trim().is_empty()
     {
         return bounded(name.trim());
     }
-    let user = std::env::var("USER")
-        .or_else(|_| std::env::var("LOGNAME"))
-        .unwrap_or_else(|_| "unknown".into());
+    let user = passwd_name(rustix::process::getuid().as_raw())
+        .or_else(|| std::env::var("USER").ok())
+        .or_else(|| std::env::var("LOGNAME").ok())
+        .unwrap_or_else(|| "unknown".into());
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .ok()
         .or_else(|| std::env::var("HOSTNAME").ok())
@@ -64,6 +68,34 @@ pub fn operator() -> String {
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "unknown".into());
     bounded(&format!("{user}@{host}"))
+}
+
+/// The process's real user as the operating system knows it: `{uid, name}`, the name from the
+/// passwd database when it lists the uid. Unlike `HANDOFF_OPERATOR` or `$USER`, nothing in the
+/// environment changes it.
+pub fn os_user() -> Document {
+    let uid = rustix::process::getuid().as_raw();
+    let mut user = doc! { "uid": i64::from(uid) };
+    if let Some(name) = passwd_name(uid) {
+        user.insert("name", name);
+    }
+    user
+}
+
+/// The name `/etc/passwd` gives `uid`, if it lists it.
+fn passwd_name(uid: u32) -> Option<String> {
+    let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
+    name_of(&passwd, uid)
+}
+
+/// The name of `uid` in passwd-format text (`name:password:uid:…`).
+fn name_of(passwd: &str, uid: u32) -> Option<String> {
+    passwd.lines().find_map(|line| {
+        let mut fields = line.split(':');
+        let name = fields.next()?;
+        let listed: u32 = fields.nth(1)?.parse().ok()?;
+        (listed == uid && !name.is_empty()).then(|| bounded(name))
+    })
 }
 
 fn bounded(text: &str) -> String {
@@ -87,12 +119,27 @@ mod tests {
         };
         let record = entry.document();
         for key in [
-            "_id", "at", "by", "consumer", "source", "command", "from", "to", "reason", "evidence",
+            "_id", "at", "by", "os_user", "consumer", "source", "command", "from", "to", "reason",
+            "evidence",
         ] {
             assert!(record.contains_key(key), "{key} missing from {record}");
         }
         assert_eq!(record.get_str("reason").ok(), Some("history lost"));
         assert!(!operator().is_empty());
         assert!(operator().chars().all(|c| !c.is_control()));
+        let user = record.get_document("os_user").expect("os_user");
+        assert_eq!(
+            user.get_i64("uid").ok(),
+            Some(i64::from(rustix::process::getuid().as_raw()))
+        );
+    }
+
+    #[test]
+    fn the_os_user_is_named_from_the_passwd_database() {
+        let passwd = "root:x:0:0:root:/root:/bin/bash\n# comment\nbroken\nci:x:1001:1001::/home/ci:/bin/sh\n";
+        assert_eq!(name_of(passwd, 0).as_deref(), Some("root"));
+        assert_eq!(name_of(passwd, 1001).as_deref(), Some("ci"));
+        assert_eq!(name_of(passwd, 7), None);
+        assert_eq!(name_of("", 0), None);
     }
 }

@@ -44,7 +44,7 @@ use crate::backend::mongo::transaction::{self, Decision, Failure};
 use crate::backend::mongo::{Connection, MAX_DOCUMENT_BYTES, Redactor};
 use crate::domain::StreamConfig;
 use crate::domain::checkpoint::{self, Mode};
-use crate::domain::text::escape_untrusted;
+use crate::domain::text::{escape_name, escape_untrusted};
 use crate::domain::token::{canonical_text, cluster_time};
 use crate::error::HandoffError;
 use crate::operate::audit::AuditEntry;
@@ -217,7 +217,7 @@ impl Summary {
         let mut text = format!(
             "backfill of {} for consumer {}: {}\n",
             escape_untrusted(&self.source, 200),
-            escape_untrusted(&self.consumer, 64),
+            escape_name(&self.consumer, 64),
             if self.already_done {
                 "already done (nothing to do; --restart starts over)"
             } else if self.done {

@@ -157,7 +157,7 @@ impl Unusable {
         Some(HandoffError::BadInput(format!(
             "The outbox of consumer {} cannot be reconciled: {} of its records cannot say what \
              a document is: {}. Nothing was compared or written",
-            crate::domain::text::escape_untrusted(consumer, 64),
+            crate::domain::text::escape_name(consumer, 64),
             self.total(),
             reasons.join("; ")
         )))

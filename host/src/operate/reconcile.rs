@@ -38,7 +38,7 @@ use super::progress::{Progress, Sink};
 use crate::backend::mongo::transaction::{self, Decision, Failure};
 use crate::backend::mongo::{Connection, Redactor};
 use crate::domain::checkpoint::{self, Mode};
-use crate::domain::text::escape_untrusted;
+use crate::domain::text::{escape_name, escape_untrusted};
 use crate::domain::token::canonical_text;
 use crate::error::{HandoffError, Result};
 
@@ -161,7 +161,7 @@ impl Report {
     pub fn to_json(&self) -> Value {
         let found = |f: &Found| json!({ "count": f.count, "keys": f.keys });
         let mut out = json!({
-            "consumer": escape_untrusted(&self.consumer, 64),
+            "consumer": escape_name(&self.consumer, 64),
             "source": self.source,
             "checked": self.checked,
             "missing": found(&self.missing),
@@ -188,7 +188,7 @@ impl Report {
     pub fn human(&self) -> String {
         let mut out = format!(
             "reconcile {} ({})\n",
-            escape_untrusted(&self.consumer, 64),
+            escape_name(&self.consumer, 64),
             self.source
         );
         out.push_str(&format!(

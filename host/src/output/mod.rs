@@ -195,9 +195,37 @@ pub trait Format {
     fn lines(&self, outputs: &RunOutputs) -> Vec<String>;
 }
 
-/// Prints a run's outputs on stdout in `format`.
+/// Prints a run's outputs on stdout in `format`; a stdout that cannot take them is left as it is
+/// (see [`try_emit`]).
 pub fn emit(format: &dyn Format, outputs: &RunOutputs) {
+    let _ = try_emit(format, outputs);
+}
+
+/// Prints a run's outputs on stdout in `format`, all lines at once.
+pub fn try_emit(format: &dyn Format, outputs: &RunOutputs) -> crate::error::Result<()> {
+    let mut text = String::new();
     for line in format.lines(outputs) {
-        println!("{line}");
+        text.push_str(&line);
+        text.push('\n');
     }
+    write_stdout(&text)
+}
+
+/// Writes `text` to stdout and flushes it. A closed pipe or a full device is the command's
+/// failure (`unavailable`), never a panic: `println!` would abort the process on either.
+pub fn write_stdout(text: &str) -> crate::error::Result<()> {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+        .map_err(stdout_failed)
+}
+
+/// The failure of a command whose stdout cannot be written.
+pub fn stdout_failed(error: std::io::Error) -> crate::error::HandoffError {
+    crate::error::HandoffError::Unavailable(format!(
+        "stdout cannot be written ({error}): it was closed or its device is full; what the command \
+         committed stands, and a run's outputs file is written all the same"
+    ))
 }

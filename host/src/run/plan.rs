@@ -273,7 +273,10 @@ impl Plan {
         // (its deadline passed, the server is gone) leaves it to expire.
         // The epoch, not this machine's time: a next run whose clock is behind finds it free.
         if let Err(error) = store.release(&name, &lease.owner, bson::DateTime::from_millis(0)) {
-            tracing::debug!(%error, "the lease could not be released; it expires by itself");
+            tracing::debug!(
+                error = %crate::domain::text::escape_untrusted(&error.to_string(), 500),
+                "the lease could not be released; it expires by itself"
+            );
         }
         let summary = ran?;
         tracing::info!(

@@ -5,6 +5,7 @@
 //! that hangs — the watchdog thread, armed at process start, prints why on stderr and exits with
 //! [`WATCHDOG_EXIT_CODE`]. What was committed stands.
 
+use std::io::Write as _;
 use std::sync::{Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -82,7 +83,9 @@ fn watch((armed, wake): &(Mutex<Armed>, Condvar)) {
         grace_seconds = grace,
         "watchdog: the run outlived its deadline"
     );
-    eprintln!(
+    // A closed stderr must not keep the process from ending.
+    let _ = writeln!(
+        std::io::stderr(),
         "error[watchdog]: the run did not end within its deadline plus the {grace} s grace period \
          (a policy compilation or a host call that does not return?); the process ends now, \
          what was committed stands and nothing else was written"

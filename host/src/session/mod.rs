@@ -211,7 +211,10 @@ impl Session {
             .renew(&self.consumer.consumer, &lease.owner, until)
         {
             Ok(()) => tracing::debug!("lease renewed"),
-            Err(error) => tracing::debug!(%error, "the lease could not be renewed"),
+            Err(error) => tracing::debug!(
+                error = %crate::domain::text::escape_untrusted(&error.to_string(), 500),
+                "the lease could not be renewed"
+            ),
         }
         self.lease_renewed = Instant::now();
     }

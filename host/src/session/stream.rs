@@ -5,12 +5,13 @@ use bson::{Bson, Document, RawBsonRef, RawDocument, RawDocumentBuf};
 
 use super::refusal::Refusal;
 use super::{Delivered, Session};
-use crate::domain::stream::{BSON_OBJECT_TOO_LARGE, NO_MATCHING_DOCUMENT};
+use crate::domain::stream::{BSON_OBJECT_TOO_LARGE, FRAGMENT_TOO_LARGE, NO_MATCHING_DOCUMENT};
 use crate::domain::text::escape_untrusted;
 use crate::domain::token::{canonical_text, value_text};
 use crate::domain::{Mode, Start, StreamError};
 use crate::error::{
-    EVENT_TOO_LARGE_GUIDANCE, HandoffError, IMAGE_MISSING_GUIDANCE, RECONCILE_GUIDANCE,
+    EVENT_TOO_LARGE_GUIDANCE, FRAGMENT_TOO_LARGE_GUIDANCE, HandoffError, IMAGE_MISSING_GUIDANCE,
+    RECONCILE_GUIDANCE,
 };
 
 /// What the policy sees of an event.
@@ -37,6 +38,12 @@ impl Session {
             StreamError::Fatal(_) => HandoffError::StreamFatal(message),
             StreamError::Unavailable(_) => HandoffError::Unavailable(message),
             // The server's text names the event's token: only its code is repeated.
+            StreamError::TooLarge(e) if e.code == Some(FRAGMENT_TOO_LARGE) => {
+                HandoffError::EventTooLarge(format!(
+                    "{FRAGMENT_TOO_LARGE_GUIDANCE} MongoDB error: {} (code {FRAGMENT_TOO_LARGE})",
+                    e.code_name
+                ))
+            }
             StreamError::TooLarge(e) => HandoffError::EventTooLarge(format!(
                 "{EVENT_TOO_LARGE_GUIDANCE} MongoDB error: {} (code {BSON_OBJECT_TOO_LARGE})",
                 e.code_name

@@ -279,26 +279,37 @@ fn match_operators(candidates: &[Option<&Bson>], ops: &Document) -> CmdResult<bo
     Ok(true)
 }
 
+/// Whether `v` is of the type `name` names: MongoDB's alias (`"minKey"`, `"number"`, …) or its
+/// type number (`-1` for MinKey, `127` for MaxKey).
 fn type_matches(v: &Bson, name: &Bson) -> bool {
-    let alias = match v {
-        Bson::Double(_) => ("double", 1),
-        Bson::String(_) => ("string", 2),
-        Bson::Document(_) => ("object", 3),
-        Bson::Array(_) => ("array", 4),
-        Bson::Binary(_) => ("binData", 5),
-        Bson::ObjectId(_) => ("objectId", 7),
-        Bson::Boolean(_) => ("bool", 8),
-        Bson::DateTime(_) => ("date", 9),
-        Bson::Null => ("null", 10),
-        Bson::Int32(_) => ("int", 16),
-        Bson::Timestamp(_) => ("timestamp", 17),
-        Bson::Int64(_) => ("long", 18),
-        Bson::Decimal128(_) => ("decimal", 19),
-        _ => ("other", -99),
+    let number = match v {
+        Bson::Double(_) => 1,
+        Bson::String(_) => 2,
+        Bson::Document(_) => 3,
+        Bson::Array(_) => 4,
+        Bson::Binary(_) => 5,
+        Bson::Undefined => 6,
+        Bson::ObjectId(_) => 7,
+        Bson::Boolean(_) => 8,
+        Bson::DateTime(_) => 9,
+        Bson::Null => 10,
+        Bson::RegularExpression(_) => 11,
+        Bson::DbPointer(_) => 12,
+        Bson::JavaScriptCode(_) => 13,
+        Bson::Symbol(_) => 14,
+        Bson::JavaScriptCodeWithScope(_) => 15,
+        Bson::Int32(_) => 16,
+        Bson::Timestamp(_) => 17,
+        Bson::Int64(_) => 18,
+        Bson::Decimal128(_) => 19,
+        Bson::MinKey => -1,
+        Bson::MaxKey => 127,
     };
     match name {
-        Bson::String(s) => s == alias.0 || (s == "number" && type_rank(v) == 3),
-        other => crate::values::as_f64(other).is_some_and(|n| n as i32 == alias.1),
+        Bson::String(s) => {
+            s == crate::expression::type_name(Some(v)) || (s == "number" && type_rank(v) == 3)
+        }
+        other => crate::values::as_f64(other).is_some_and(|n| n == f64::from(number)),
     }
 }
 
@@ -309,6 +320,44 @@ mod tests {
 
     fn m(d: Document, f: Document) -> bool {
         matches(&d, &f).unwrap()
+    }
+
+    #[test]
+    fn type_matches_min_key_and_max_key_by_alias_and_number() {
+        let min = doc! {"_id": Bson::MinKey};
+        let max = doc! {"_id": Bson::MaxKey};
+        let one = doc! {"_id": 1};
+        for (filter, expected) in [
+            (doc! {"_id": {"$type": "minKey"}}, [true, false, false]),
+            (doc! {"_id": {"$type": "maxKey"}}, [false, true, false]),
+            (doc! {"_id": {"$type": -1}}, [true, false, false]),
+            (doc! {"_id": {"$type": 127}}, [false, true, false]),
+            (doc! {"_id": {"$type": -1.0}}, [true, false, false]),
+            (
+                doc! {"_id": {"$type": ["minKey", "maxKey"]}},
+                [true, true, false],
+            ),
+            (doc! {"_id": {"$type": "number"}}, [false, false, true]),
+            (doc! {"_id": {"$type": 16}}, [false, false, true]),
+        ] {
+            let got = [
+                m(min.clone(), filter.clone()),
+                m(max.clone(), filter.clone()),
+                m(one.clone(), filter.clone()),
+            ];
+            assert_eq!(got, expected, "{filter}");
+        }
+        // The other aliases of MongoDB's table.
+        for (value, alias) in [
+            (Bson::Symbol("s".into()), "symbol"),
+            (Bson::Undefined, "undefined"),
+            (Bson::JavaScriptCode("1".into()), "javascript"),
+        ] {
+            assert!(
+                m(doc! {"a": value}, doc! {"a": {"$type": alias}}),
+                "{alias}"
+            );
+        }
     }
 
     #[test]

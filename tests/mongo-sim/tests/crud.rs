@@ -493,3 +493,42 @@ async fn pipeline_updates_apply_and_describe_their_changes() {
         "{err}"
     );
 }
+
+#[tokio::test]
+async fn type_finds_min_key_and_max_key_by_alias_and_number() {
+    let (_server, client) = common::start().await;
+    let coll = client.database("crud").collection::<Document>("bounds");
+    coll.insert_many(vec![
+        doc! {"_id": Bson::MinKey},
+        doc! {"_id": 1},
+        doc! {"_id": "a"},
+        doc! {"_id": Bson::MaxKey},
+    ])
+    .await
+    .unwrap();
+    for (filter, expected) in [
+        (doc! {"_id": {"$type": "minKey"}}, vec![Bson::MinKey]),
+        (doc! {"_id": {"$type": -1}}, vec![Bson::MinKey]),
+        (doc! {"_id": {"$type": "maxKey"}}, vec![Bson::MaxKey]),
+        (doc! {"_id": {"$type": 127}}, vec![Bson::MaxKey]),
+        (
+            doc! {"_id": {"$type": ["maxKey", "minKey"]}},
+            vec![Bson::MinKey, Bson::MaxKey],
+        ),
+        (
+            doc! {"_id": {"$type": "minKey", "$gt": Bson::MinKey}},
+            vec![],
+        ),
+    ] {
+        assert_eq!(ids(&coll, filter.clone()).await, expected, "{filter}");
+    }
+    // In an aggregation's $match too.
+    let matched: Vec<Document> = coll
+        .aggregate(vec![doc! {"$match": {"_id": {"$type": "maxKey"}}}])
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap();
+    assert_eq!(matched, vec![doc! {"_id": Bson::MaxKey}]);
+}

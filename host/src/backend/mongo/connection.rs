@@ -194,7 +194,11 @@ impl Connection {
                     "The replica set did not return replicaSetId; cannot pin the checkpoint to this deployment".into(),
                 )
             })?;
-        tracing::info!(set_name = %set_name, "connected to the replica set");
+        // The name is the server's: escaped like any text from it (a text log prints it raw).
+        tracing::info!(
+            set_name = %crate::domain::text::escape_untrusted(&set_name, 128),
+            "connected to the replica set"
+        );
         tracing::debug!(
             round_trip_us = round_trip.as_micros() as u64,
             "round trip to the deployment"

@@ -5,7 +5,7 @@ use mongodb::error::{Error as DriverError, ErrorKind, WriteFailure};
 
 use super::SERVER_SELECTION_TIMEOUT;
 use super::redaction::Redactor;
-use crate::domain::stream::{BSON_OBJECT_TOO_LARGE, NO_MATCHING_DOCUMENT};
+use crate::domain::stream::{BSON_OBJECT_TOO_LARGE, FRAGMENT_TOO_LARGE, NO_MATCHING_DOCUMENT};
 use crate::domain::{ServerError, StreamError};
 use crate::error::HandoffError;
 
@@ -70,9 +70,9 @@ pub(super) fn server_error(error: &DriverError, redactor: &Redactor) -> ServerEr
 pub(super) fn classify_stream(error: &DriverError, redactor: &Redactor) -> StreamError {
     let detail = server_error(error, redactor);
     match detail.code {
-        Some(286 | 260 | 280 | BSON_OBJECT_TOO_LARGE | NO_MATCHING_DOCUMENT) => {
-            StreamError::from_server(detail)
-        }
+        Some(
+            286 | 260 | 280 | BSON_OBJECT_TOO_LARGE | FRAGMENT_TOO_LARGE | NO_MATCHING_DOCUMENT,
+        ) => StreamError::from_server(detail),
         _ if detail.code_name == "BSONObjectTooLarge" => StreamError::TooLarge(detail),
         Some(_) if error.contains_label("NonResumableChangeStreamError") => {
             StreamError::Fatal(detail)

@@ -49,7 +49,11 @@ pub async fn oplog_window(connection: &Connection) -> (Option<Window>, Option<Ti
             match reply {
                 Ok(reply) => Some(reply),
                 Err(error) => {
-                    tracing::debug!(error = %connection.redact(&error.to_string()), "the oplog window cannot be read");
+                    let error = connection.redact(&error.to_string());
+                    tracing::debug!(
+                        error = %crate::domain::text::escape_untrusted(&error, 500),
+                        "the oplog window cannot be read"
+                    );
                     None
                 }
             }

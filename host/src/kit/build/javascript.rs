@@ -4,11 +4,9 @@
 //! The component is `build/policy.wasm`. componentize-js runs with its default features except
 //! `http` and `fetch-event`, which import `wasi:http`: the host does not grant it.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
-
-use super::run_tool;
+use super::{run_tool, toolchain};
 use crate::error::{HandoffError, Result};
+use std::path::{Path, PathBuf};
 
 /// Where the component is written, relative to the project.
 const OUTPUT: &str = "build/policy.wasm";
@@ -26,7 +24,7 @@ pub(super) fn build(dir: &Path) -> Result<PathBuf> {
         };
         run_tool(
             dir,
-            Command::new(npm()).args([install, "--no-audit", "--no-fund"]),
+            toolchain(npm()).args([install, "--no-audit", "--no-fund"]),
             &format!("npm {install}"),
         )?;
     }
@@ -50,7 +48,7 @@ pub(super) fn build(dir: &Path) -> Result<PathBuf> {
     }
     run_tool(
         dir,
-        Command::new("node").arg(&cli).args([
+        toolchain("node").arg(&cli).args([
             "--wit",
             "wit/policy.wit",
             "--world-name",
@@ -81,7 +79,7 @@ fn npm() -> &'static str {
 /// Node.js and npm must be on the PATH.
 fn require_node() -> Result<()> {
     for program in ["node", npm()] {
-        let found = Command::new(program)
+        let found = toolchain(program)
             .arg("--version")
             .output()
             .is_ok_and(|out| out.status.success());

@@ -9,10 +9,9 @@
 //! A mismatch is an error naming both versions and the pip command; changing the pin is the
 //! deliberate way to move to another version.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
-
 use crate::error::{HandoffError, Result};
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
 
 /// Where the component is written, relative to the project.
 pub const OUTPUT: &str = "build/policy.wasm";
@@ -47,7 +46,7 @@ pub(super) fn build(dir: &Path) -> Result<PathBuf> {
         "pip install componentize-py=={}",
         pin.as_deref().unwrap_or("<version>")
     );
-    let output = Command::new(&tool)
+    let output = super::toolchain(&tool)
         .arg("--version")
         .current_dir(dir)
         .output()
@@ -77,11 +76,14 @@ pub(super) fn build(dir: &Path) -> Result<PathBuf> {
             )));
         }
         Some(_) => {}
-        None => eprintln!(
-            "warning: {} pins no componentize-py version ([tool.handoff] componentize-py = \"X.Y.Z\"); \
-             building with {installed}",
-            pyproject.display()
-        ),
+        None => {
+            let _ = writeln!(
+                std::io::stderr(),
+                "warning: {} pins no componentize-py version ([tool.handoff] componentize-py = \"X.Y.Z\"); \
+                 building with {installed}",
+                pyproject.display()
+            );
+        }
     }
     let out = dir.join(OUTPUT);
     if let Some(parent) = out.parent() {
@@ -89,7 +91,7 @@ pub(super) fn build(dir: &Path) -> Result<PathBuf> {
             HandoffError::BadInput(format!("cannot create {}: {e}", parent.display()))
         })?;
     }
-    let mut command = Command::new(&tool);
+    let mut command = super::toolchain(&tool);
     command.args([
         "-d",
         "wit",

@@ -1,12 +1,12 @@
 //! Builds a Rust policy crate with cargo for wasm32-wasip2.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 
 use crate::error::{HandoffError, Result};
 
 pub(super) fn build(dir: &Path) -> Result<PathBuf> {
-    let output = Command::new("cargo")
+    let output = super::toolchain("cargo")
         .args([
             "build",
             "--release",
