@@ -43,10 +43,12 @@ fn parse_duration(text: &str) -> std::result::Result<Duration, String> {
 pub fn run(args: StatusArgs) -> Result<()> {
     let t = &args.target;
     t.inputs()?;
+    let scope = t.scope()?;
     let connection = Connection::connect(&t.uri)?;
     let status = Status::read(
         &connection,
         &Target {
+            scope,
             database: &t.database,
             collection: &t.collection,
             consumer: &t.consumer.consumer_id,
