@@ -313,6 +313,7 @@ fn an_event_split_or_whole_after_a_reset_is_a_duplicate_under_the_same_id() {
     assert_eq!(again["events_handed_off"], 4, "{again}");
     assert_eq!(again["duplicates_suppressed"], 4, "{again}");
     assert_eq!(outbox_ids(&live), stored);
+}
 
 /// A document whose one field fills 16 MiB: its insert event cannot be split, since no fragment
 /// can hold that field beside a token.

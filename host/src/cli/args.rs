@@ -7,7 +7,8 @@ use clap::Args;
 
 use handoff::domain::StreamConfig;
 use handoff::domain::config::{
-    BeforeChange, FullDocument, MAX_PIPELINE_BYTES, Partition, Scope, parse_pipeline,
+    BeforeChange, FullDocument, MAX_PIPELINE_BYTES, Partition, Scope, Watched,
+    check_keeps_namespace, parse_pipeline,
 };
 use handoff::error::{HandoffError, Result};
 use handoff::run::StreamOptions;
@@ -114,8 +115,8 @@ impl InputArgs {
 #[derive(Args, Clone, Debug)]
 pub struct StreamArgs {
     /// What the stream watches: collection (the baseline), database, or deployment. A database
-    /// or deployment stream leaves out the consumer's own checkpoint, outbox and quarantine
-    /// collections.
+    /// or deployment stream leaves out handoff's state collections, every consumer's, and its
+    /// pipeline must keep each event's namespace (ns).
     #[arg(
         long,
         env = "STREAM_SCOPE",
@@ -240,6 +241,11 @@ impl StreamArgs {
                     .map_err(|why| HandoffError::BadInput(format!("--pipeline: {why}")))?
             }
         };
+        if scope != Scope::Collection {
+            check_keeps_namespace(&pipeline).map_err(|why| {
+                HandoffError::BadInput(format!("--pipeline (--scope {}): {why}", scope.as_str()))
+            })?;
+        }
         let accept_config_change = match &self.accept_config_change {
             None => None,
             Some(reason) => Some(reason_text("--accept-config-change", reason)?),
@@ -376,6 +382,15 @@ pub struct TargetArgs {
     /// The watched collection.
     #[arg(long, env = "SOURCE_COLLECTION", default_value = "orders")]
     pub collection: String,
+    /// What the consumer's stream watches, as `run --scope` says: collection, database (every
+    /// collection of --database) or deployment (--database then only holds the consumer's state).
+    #[arg(
+        long,
+        env = "STREAM_SCOPE",
+        default_value = "collection",
+        value_name = "SCOPE"
+    )]
+    pub scope: String,
     #[command(flatten)]
     pub consumer: ConsumerArgs,
 }
@@ -401,6 +416,44 @@ pub struct ViewArgs {
 }
 
 impl TargetArgs {
+    /// `--scope`, checked.
+    pub fn scope(&self) -> Result<Scope> {
+        Scope::parse(&self.scope).ok_or_else(|| {
+            HandoffError::BadInput(format!(
+                "--scope {:?} is not one of collection, database, deployment",
+                handoff::domain::text::escape_untrusted(&self.scope, 40)
+            ))
+        })
+    }
+
+    /// Refuses a consumer of a database or deployment for a command that compares or copies
+    /// one collection's documents (`what`), naming the commands that serve such a consumer.
+    pub fn one_collection(&self, what: &str) -> Result<()> {
+        let scope = self.scope()?;
+        if scope == Scope::Collection {
+            return Ok(());
+        }
+        let inputs = self.inputs()?;
+        let flags = handoff::output::target_flags(
+            &inputs.consumer_id,
+            Some(&Watched {
+                scope,
+                database: inputs.database.clone(),
+                collection: inputs.collection.clone(),
+            }),
+            Some(&inputs.collections()),
+        );
+        Err(HandoffError::BadInput(format!(
+            "{what} compares or copies the documents of one collection, and this consumer streams \
+             a whole {} (--scope {}): no one collection's documents describe its outbox. Look at \
+             it with `handoff status {flags}`; to hand off a stretch of history again, move its \
+             checkpoint back with `handoff checkpoint reset {flags} --to-time <time> --reason \
+             '<why>'`",
+            scope.as_str(),
+            scope.as_str(),
+        )))
+    }
+
     /// The names checked as `run` checks them (nothing is read before they pass).
     pub fn inputs(&self) -> Result<Inputs> {
         RawInputs {

@@ -62,6 +62,7 @@ impl BackfillArgs {
     /// The checked options: nothing is read or written before they are.
     fn options(&self) -> Result<Options> {
         let t = &self.target;
+        t.one_collection("backfill")?;
         let names = [
             ("--database", &t.database),
             ("--collection", &t.collection),

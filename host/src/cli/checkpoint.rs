@@ -103,6 +103,7 @@ fn reset_checkpoint(args: ResetArgs) -> Result<()> {
         To::Token(token, mode)
     };
     let target = Target {
+        scope: args.target.scope()?,
         database: &inputs.database,
         collection: &inputs.collection,
         consumer: &inputs.consumer_id,
@@ -118,6 +119,8 @@ fn reset_checkpoint(args: ResetArgs) -> Result<()> {
         };
         let plan = reset::plan(&connection, &target, to, ahead)?;
         if !args.dry_run {
+            connection
+                .register_state(&inputs.database, &[&inputs.checkpoint_collection, &audit])?;
             reset::apply(&connection, &target, &plan, &reason)?;
         }
         Ok::<_, HandoffError>(plan)

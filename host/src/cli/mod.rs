@@ -140,7 +140,7 @@ fn run_reported(
                 &failed.failed.error,
                 failed.position.as_deref(),
                 &consumer_id,
-                failed.source.as_deref(),
+                failed.source.as_ref(),
                 failed.collections.as_deref(),
             );
             let error = failed.failed.error;

@@ -69,6 +69,7 @@ impl ReconcileArgs {
     /// The options, checked: nothing is read or written before they are.
     fn options(&self) -> Result<Options> {
         let inputs = self.target.inputs()?;
+        self.target.one_collection("reconcile")?;
         let audit = self.audit.collection(&inputs)?;
         let since = self
             .since

@@ -45,6 +45,7 @@ fn parse_duration(text: &str) -> std::result::Result<Duration, String> {
 pub fn run(args: StatusArgs) -> Result<()> {
     let t = &args.target;
     t.inputs()?;
+    let scope = t.scope()?;
     if let Some(path) = &args.html {
         Report::check_path(path)?;
     }
@@ -52,6 +53,7 @@ pub fn run(args: StatusArgs) -> Result<()> {
     let status = Status::read(
         &connection,
         &Target {
+            scope,
             database: &t.database,
             collection: &t.collection,
             consumer: &t.consumer.consumer_id,

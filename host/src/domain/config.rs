@@ -8,6 +8,8 @@
 use bson::{Bson, Document, doc};
 use sha2::{Digest, Sha256};
 
+use super::state::{REGISTRY, StateCollections};
+
 /// What the stream watches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Scope {
@@ -28,6 +30,16 @@ impl Scope {
         }
     }
 
+    /// What a checkpoint of this scope records as `source`: `db.coll`, `db`, or
+    /// [`DEPLOYMENT_SOURCE`].
+    pub fn source(self, database: &str, collection: &str) -> String {
+        match self {
+            Scope::Collection => format!("{database}.{collection}"),
+            Scope::Database => database.to_string(),
+            Scope::Deployment => DEPLOYMENT_SOURCE.to_string(),
+        }
+    }
+
     pub fn parse(name: &str) -> Option<Scope> {
         match name {
             "collection" => Some(Scope::Collection),
@@ -35,6 +47,22 @@ impl Scope {
             "deployment" => Some(Scope::Deployment),
             _ => None,
         }
+    }
+}
+
+/// What a consumer watches, as its command line names it (`--scope`, `--database`,
+/// `--collection`; the collection means nothing to a wider scope).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Watched {
+    pub scope: Scope,
+    pub database: String,
+    pub collection: String,
+}
+
+impl Watched {
+    /// The checkpoint's `source` for it.
+    pub fn source(&self) -> String {
+        self.scope.source(&self.database, &self.collection)
     }
 }
 
@@ -136,17 +164,21 @@ impl Partition {
     /// into `0..count`, equals `index`. An event without a document key (a collection dropped or
     /// renamed) hashes as null: exactly one partition hands it off.
     pub fn stage(&self) -> Document {
+        self.stage_passing(&[doc! { "operationType": "invalidate" }])
+    }
+
+    /// [`Partition::stage`], letting through every event one of `passes` matches.
+    fn stage_passing(&self, passes: &[Document]) -> Document {
         let count = i64::from(self.count);
         let hash = doc! { "$toHashedIndexKey": { "$ifNull": ["$documentKey._id", null] } };
         let bucket = doc! {
             "$mod": [ { "$add": [ { "$mod": [hash, count] }, count ] }, count ]
         };
-        doc! {
-            "$match": { "$or": [
-                { "operationType": "invalidate" },
-                { "$expr": { "$eq": [bucket, i64::from(self.index)] } },
-            ] }
-        }
+        let mut clauses: Vec<Bson> = passes.iter().cloned().map(Bson::Document).collect();
+        clauses.push(Bson::Document(
+            doc! { "$expr": { "$eq": [bucket, i64::from(self.index)] } },
+        ));
+        doc! { "$match": { "$or": clauses } }
     }
 
     /// The partition a hashed-index value falls in.
@@ -191,36 +223,42 @@ pub struct MalformedConfig(pub String);
 impl StreamConfig {
     /// What the checkpoint records as `source`: `db.coll`, `db`, or [`DEPLOYMENT_SOURCE`].
     pub fn source(&self, database: &str, collection: &str) -> String {
-        match self.scope {
-            Scope::Collection => format!("{database}.{collection}"),
-            Scope::Database => database.to_string(),
-            Scope::Deployment => DEPLOYMENT_SOURCE.to_string(),
-        }
+        self.scope.source(database, collection)
     }
 
     /// The stages the stream is opened with: for a database or deployment stream, first a
-    /// `$match` that leaves out the consumer's own collections (its commits would otherwise
-    /// come back as events, without end), then the user's pipeline, each `$match` letting
-    /// invalidations through.
-    pub fn stages(&self, database: &str, own: &[&str]) -> Vec<Document> {
+    /// `$match` that leaves out every state collection `state` knows of (the consumer's own
+    /// commits would otherwise come back as events, without end, and other consumers' records
+    /// would be handed off), then the user's pipeline, each filter letting through
+    /// invalidations and, for a wide stream, the events of the state registries (the host
+    /// needs them to recognise state collections registered while the stream runs).
+    pub fn stages(&self, state: &StateCollections) -> Vec<Document> {
+        let wide = self.scope != Scope::Collection;
         let mut stages = Vec::with_capacity(self.pipeline.len() + 3);
-        if self.scope != Scope::Collection {
-            let own: Vec<Bson> = own.iter().map(|c| Bson::String((*c).to_string())).collect();
-            stages.push(doc! {
-                "$match": { "$nor": [ { "ns.db": database, "ns.coll": { "$in": own } } ] }
-            });
+        let mut passes = vec![doc! { "operationType": "invalidate" }];
+        // Whether an event is one of those, as an expression (for `$redact`).
+        let mut passes_expression = doc! { "$eq": ["$operationType", "invalidate"] };
+        if wide {
+            stages.push(doc! { "$match": { "$nor": state.clauses() } });
+            passes.push(doc! { "ns.coll": REGISTRY });
+            passes_expression = doc! { "$or": [
+                passes_expression,
+                { "$eq": ["$$ROOT.ns.coll", REGISTRY] },
+            ] };
         }
         if let Some(partition) = &self.partition {
-            stages.push(partition.stage());
+            stages.push(partition.stage_passing(&passes));
         }
         // An invalidation must reach the host whatever the stages: without it the consumer
         // would lose the `startAfter` position that lets the next run continue.
         stages.extend(self.pipeline.iter().map(|stage| {
             if let Some(filter) = stage.get("$match") {
-                doc! { "$match": { "$or": [ { "operationType": "invalidate" }, filter.clone() ] } }
+                let mut clauses: Vec<Bson> = passes.iter().cloned().map(Bson::Document).collect();
+                clauses.push(filter.clone());
+                doc! { "$match": { "$or": clauses } }
             } else if let Some(expression) = stage.get("$redact") {
                 doc! { "$redact": { "$cond": [
-                    { "$eq": ["$operationType", "invalidate"] }, "$$KEEP", expression.clone()
+                    passes_expression.clone(), "$$KEEP", expression.clone()
                 ] } }
             } else {
                 stage.clone()
@@ -427,6 +465,10 @@ pub const MAX_PIPELINE_BYTES: usize = 1 << 20;
 /// operation type the host recognises an invalidation by.
 const PROTECTED: [&str; 2] = ["_id", "operationType"];
 
+/// The fields a database or deployment stream's pipeline must also leave: the namespace, by
+/// which the host leaves out handoff's own collections.
+const PROTECTED_WIDE: [&str; 3] = ["_id", "operationType", "ns"];
+
 /// Reads a pipeline from its Extended JSON text (an array of stages) and refuses what MongoDB
 /// does not allow in a change stream or what would change the fields the host relies on.
 pub fn parse_pipeline(text: &str) -> Result<Vec<Document>, String> {
@@ -453,7 +495,7 @@ pub fn parse_pipeline(text: &str) -> Result<Vec<Document>, String> {
             let Bson::Document(stage) = stage else {
                 return Err(format!("stage {index} is not a document"));
             };
-            check_stage(&stage).map_err(|why| format!("stage {index}: {why}"))?;
+            check_stage(&stage, &PROTECTED).map_err(|why| format!("stage {index}: {why}"))?;
             // A key MongoDB cannot store (one holding NUL) would make the stage unsendable.
             stage
                 .to_vec()
@@ -463,7 +505,16 @@ pub fn parse_pipeline(text: &str) -> Result<Vec<Document>, String> {
         .collect()
 }
 
-fn check_stage(stage: &Document) -> Result<(), String> {
+/// Refuses a pipeline that would change or remove an event's namespace (`ns`): a database or
+/// deployment stream needs it in every event to leave out handoff's own collections.
+pub fn check_keeps_namespace(pipeline: &[Document]) -> Result<(), String> {
+    for (index, stage) in pipeline.iter().enumerate() {
+        check_stage(stage, &PROTECTED_WIDE).map_err(|why| format!("stage {index}: {why}"))?;
+    }
+    Ok(())
+}
+
+fn check_stage(stage: &Document, protected: &[&str]) -> Result<(), String> {
     let mut entries = stage.iter();
     let (Some((name, spec)), None) = (entries.next(), entries.next()) else {
         return Err("a stage must have exactly one field, its name".into());
@@ -477,12 +528,12 @@ fn check_stage(stage: &Document) -> Result<(), String> {
     }
     match name.as_str() {
         "$match" | "$redact" => Ok(()),
-        "$project" => check_projection(spec),
+        "$project" => check_projection(spec, protected),
         "$addFields" | "$set" => {
             let Bson::Document(fields) = spec else {
                 return Err(format!("{name} takes a document"));
             };
-            match fields.keys().find(|key| touches_protected(key)) {
+            match fields.keys().find(|key| touches_protected(key, protected)) {
                 Some(key) => Err(format!("{name} would change {}", field_name(key))),
                 None => Ok(()),
             }
@@ -496,7 +547,7 @@ fn check_stage(stage: &Document) -> Result<(), String> {
                 let Bson::String(path) = path else {
                     return Err("$unset takes a field path or an array of them".into());
                 };
-                if touches_protected(path) {
+                if touches_protected(path, protected) {
                     return Err(format!("$unset would remove {}", field_name(path)));
                 }
             }
@@ -508,17 +559,17 @@ fn check_stage(stage: &Document) -> Result<(), String> {
                 _ => None,
             };
             match root {
-                Some(root) => check_new_root(root),
+                Some(root) => check_new_root(root, protected),
                 None => Err("$replaceRoot takes {newRoot: <expression>}".into()),
             }
         }
-        _ => check_new_root(spec),
+        _ => check_new_root(spec, protected),
     }
 }
 
 /// Whether `path` is, or is inside, a protected field.
-fn touches_protected(path: &str) -> bool {
-    PROTECTED.iter().any(|field| {
+fn touches_protected(path: &str, protected: &[&str]) -> bool {
+    protected.iter().any(|field| {
         path == *field
             || path
                 .strip_prefix(field)
@@ -529,14 +580,17 @@ fn touches_protected(path: &str) -> bool {
 fn field_name(path: &str) -> &'static str {
     if path == "operationType" || path.starts_with("operationType.") {
         "operationType (how the host recognises an invalidation)"
+    } else if path == "ns" || path.starts_with("ns.") {
+        "ns (the event's namespace, by which a database or deployment stream leaves out \
+         handoff's own collections)"
     } else {
         "_id (the event's resume token)"
     }
 }
 
-/// A `$project` keeps `_id` and `operationType` as they are: an inclusion projection must
-/// include `operationType` (and must not exclude `_id`); an exclusion one must not name them.
-fn check_projection(spec: &Bson) -> Result<(), String> {
+/// A `$project` keeps the protected fields as they are: an inclusion projection must include
+/// each of them but `_id` (and must not exclude `_id`); an exclusion one must not name them.
+fn check_projection(spec: &Bson, protected: &[&str]) -> Result<(), String> {
     let Bson::Document(fields) = spec else {
         return Err("$project takes a document".into());
     };
@@ -548,7 +602,8 @@ fn check_projection(spec: &Bson) -> Result<(), String> {
         _ => None,
     };
     for (key, value) in fields {
-        if touches_protected(key) && (key.contains('.') || included(value) != Some(true)) {
+        if touches_protected(key, protected) && (key.contains('.') || included(value) != Some(true))
+        {
             return Err(format!("$project would change {}", field_name(key)));
         }
     }
@@ -556,24 +611,28 @@ fn check_projection(spec: &Bson) -> Result<(), String> {
     // included or computed field, or `_id: 1` alone) keeps only the fields it lists.
     let mut others = fields
         .iter()
-        .filter(|(key, _)| !touches_protected(key))
+        .filter(|(key, _)| !touches_protected(key, protected))
         .peekable();
     let exclusion =
         others.peek().is_some() && others.all(|(_, value)| included(value) == Some(false));
-    if !exclusion && !fields.contains_key("operationType") {
+    if !exclusion
+        && let Some(missing) = protected
+            .iter()
+            .find(|field| **field != "_id" && !fields.contains_key(**field))
+    {
         return Err(format!(
-            "$project would remove {}; include operationType: 1",
-            field_name("operationType")
+            "$project would remove {}; include {missing}: 1",
+            field_name(missing)
         ));
     }
     Ok(())
 }
 
-/// A new root must be a document (or a `$mergeObjects` ending in one) that sets `_id` and
-/// `operationType` from the event's own fields.
-fn check_new_root(root: &Bson) -> Result<(), String> {
+/// A new root must be a document (or a `$mergeObjects` ending in one) that sets each protected
+/// field from the event's own.
+fn check_new_root(root: &Bson, protected: &[&str]) -> Result<(), String> {
     let keeps = |fields: &Document| {
-        PROTECTED.iter().all(|field| {
+        protected.iter().all(|field| {
             matches!(fields.get(*field), Some(Bson::String(path)) if *path == format!("${field}"))
         })
     };
@@ -589,11 +648,20 @@ fn check_new_root(root: &Bson) -> Result<(), String> {
     if last.is_some_and(keeps) {
         Ok(())
     } else {
-        Err(
-            "a new root must keep the event's _id and operationType, e.g. \
-             {\"$replaceWith\": {\"$mergeObjects\": [\"$fullDocument\", {\"_id\": \"$_id\", \"operationType\": \"$operationType\"}]}}"
-                .into(),
-        )
+        let kept: Vec<String> = protected
+            .iter()
+            .map(|field| format!("\"{field}\": \"${field}\""))
+            .collect();
+        Err(format!(
+            "a new root must keep the event's {}, e.g. \
+             {{\"$replaceWith\": {{\"$mergeObjects\": [\"$fullDocument\", {{{}}}]}}}}",
+            match protected.split_last() {
+                Some((last, [])) => last.to_string(),
+                Some((last, rest)) => format!("{} and {last}", rest.join(", ")),
+                None => String::new(),
+            },
+            kept.join(", ")
+        ))
     }
 }
 
@@ -796,7 +864,7 @@ mod tests {
                 "splitLargeEvents: checkpoint false, this run true"
             ]
         );
-        let stages = shaped.stages("db", &["cp"]);
+        let stages = shaped.stages(&StateCollections::new("db", &["cp"]));
         assert_eq!(stages.len(), 3);
         assert_eq!(
             stages[1..],
@@ -817,35 +885,77 @@ mod tests {
     }
 
     #[test]
-    fn wide_streams_leave_out_the_consumers_own_collections() {
+    fn wide_streams_leave_out_the_state_collections_and_let_registry_events_through() {
+        let own = StateCollections::new("shop", &["cp", "out"]);
         let mut config = StreamConfig {
             pipeline: vec![doc! { "$match": { "operationType": "insert" } }],
             ..StreamConfig::default()
         };
         let keeps_invalidations = doc! { "$match": { "$or": [ { "operationType": "invalidate" }, { "operationType": "insert" } ] } };
         assert_eq!(
-            config.stages("shop", &["cp", "out"]),
+            config.stages(&own),
             std::slice::from_ref(&keeps_invalidations)
         );
         assert_eq!(config.source("shop", "orders"), "shop.orders");
         config.scope = Scope::Database;
-        let stages = config.stages("shop", &["cp", "out"]);
-        assert_eq!(stages.len(), 2);
-        assert_eq!(stages[1], keeps_invalidations);
-        // A $redact keeps invalidations whatever its expression says.
-        config.pipeline = vec![doc! { "$redact": "$$PRUNE" }];
+        config.partition = Some(Partition { index: 1, count: 2 });
+        let stages = config.stages(&own);
+        assert_eq!(stages.len(), 3);
+        assert_eq!(stages[0], doc! { "$match": { "$nor": own.clauses() } });
+        // Every filter lets the registries' events through to the host.
+        let passes = [
+            Bson::Document(doc! { "operationType": "invalidate" }),
+            Bson::Document(doc! { "ns.coll": REGISTRY }),
+        ];
+        let partition = stages[1].get_document("$match").unwrap();
+        assert_eq!(partition.get_array("$or").unwrap()[..2], passes);
         assert_eq!(
-            config.stages("shop", &[])[1],
-            doc! { "$redact": { "$cond": [
-                { "$eq": ["$operationType", "invalidate"] }, "$$KEEP", "$$PRUNE"
+            stages[2],
+            doc! { "$match": { "$or": [
+                { "operationType": "invalidate" }, { "ns.coll": REGISTRY }, { "operationType": "insert" }
             ] } }
         );
+        // A $redact keeps invalidations and registry events whatever its expression says.
+        config.partition = None;
+        config.pipeline = vec![doc! { "$redact": "$$PRUNE" }];
         assert_eq!(
-            stages[0],
-            doc! { "$match": { "$nor": [ { "ns.db": "shop", "ns.coll": { "$in": ["cp", "out"] } } ] } }
+            config.stages(&own)[1],
+            doc! { "$redact": { "$cond": [
+                { "$or": [
+                    { "$eq": ["$operationType", "invalidate"] },
+                    { "$eq": ["$$ROOT.ns.coll", REGISTRY] },
+                ] },
+                "$$KEEP",
+                "$$PRUNE"
+            ] } }
         );
         assert_eq!(config.source("shop", "orders"), "shop");
         config.scope = Scope::Deployment;
         assert_eq!(config.source("shop", "orders"), DEPLOYMENT_SOURCE);
+    }
+
+    #[test]
+    fn a_wide_streams_pipeline_keeps_the_namespace() {
+        for text in [
+            r#"[{"$project": {"ns": 0}}]"#,
+            r#"[{"$project": {"operationType": 1, "fullDocument": 1}}]"#,
+            r#"[{"$project": {"ns.coll": 1, "operationType": 1}}]"#,
+            r#"[{"$unset": "ns.db"}]"#,
+            r#"[{"$set": {"ns": {"db": "x", "coll": "y"}}}]"#,
+            r#"[{"$replaceWith": {"$mergeObjects": ["$fullDocument", {"_id": "$_id", "operationType": "$operationType"}]}}]"#,
+        ] {
+            let pipeline = parse_pipeline(text).expect(text);
+            let error = check_keeps_namespace(&pipeline).expect_err(text);
+            assert!(error.contains("ns"), "{text}: {error}");
+        }
+        for text in [
+            r#"[{"$project": {"operationType": 1, "ns": 1, "fullDocument.total": 1}}]"#,
+            r#"[{"$project": {"fullDocument.secret": 0}}]"#,
+            r#"[{"$match": {"ns.coll": {"$ne": "logs"}}}]"#,
+            r#"[{"$replaceWith": {"$mergeObjects": ["$fullDocument", {"_id": "$_id", "operationType": "$operationType", "ns": "$ns"}]}}]"#,
+        ] {
+            let pipeline = parse_pipeline(text).expect(text);
+            assert_eq!(check_keeps_namespace(&pipeline), Ok(()), "{text}");
+        }
     }
 }

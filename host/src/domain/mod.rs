@@ -8,6 +8,7 @@
 //! - `stream`: where a stream starts, server errors and their classes, the change-source trait;
 //! - `lease`: which run holds a consumer, and until when;
 //! - `position`: a consumer against its deployment: lag, checkpoint age, oplog margin;
+//! - `state`: handoff's own state collections, which a database or deployment stream leaves out;
 //! - `stop`: the flag SIGTERM and SIGINT raise to end a run after its in-flight commit;
 //! - `store`: the atomic commit and the checkpoint-store trait;
 //! - `token`: a resume token's canonical text (the form the policy sees and hashes);
@@ -19,6 +20,7 @@ pub mod config;
 pub mod deployment;
 pub mod lease;
 pub mod position;
+pub mod state;
 pub mod stop;
 pub mod store;
 pub mod stream;

@@ -180,6 +180,17 @@ pub trait ChangeSource: Send {
         })?;
         Ok(Some(event))
     }
+    /// Whether the stream watches more than one collection (a database or the deployment):
+    /// every event must then carry its namespace, and those of handoff's own state collections
+    /// are left out before the policy sees them.
+    fn is_wide(&self) -> bool {
+        false
+    }
+    /// Whether an event of `database.collection` is of handoff's own state
+    /// ([`crate::domain::state`]); only a wide stream has any to leave out.
+    fn is_state(&mut self, _database: &str, _collection: &str) -> Result<bool, StreamError> {
+        Ok(false)
+    }
     /// The stream's resume position as last reported by the server.
     fn watermark(&self) -> Option<Document>;
     /// Milliseconds on the source's monotonic clock (virtual for a replay).

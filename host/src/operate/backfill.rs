@@ -135,7 +135,8 @@ pub enum BackfillError {
         detail: String,
     },
     /// The consumer's checkpoint cannot be used (another source or replica set, a malformed
-    /// document): as `handoff run` would report it.
+    /// document), or its state collections could not be registered: as `handoff run` would
+    /// report it.
     #[error(transparent)]
     Checkpoint(HandoffError),
     /// What the server sent is not what MongoDB sends.
@@ -500,6 +501,20 @@ impl<'a> Backfill<'a> {
             }
             _ => State::fresh(&source, now),
         };
+        // Before the first write: database and deployment streams then leave them out.
+        crate::backend::mongo::registry::register(
+            self.connection,
+            &o.database,
+            &[
+                &o.checkpoint_collection,
+                &o.outbox_collection,
+                &o.signal_collection,
+                &o.state_collection,
+                &o.audit_collection,
+            ],
+        )
+        .await
+        .map_err(BackfillError::Checkpoint)?;
         // Watermarks a killed invocation left behind have served their purpose.
         self.collection(&o.signal_collection)
             .delete_many(doc! { "consumer": &o.consumer, "kind": { "$in": ["low", "high"] } })

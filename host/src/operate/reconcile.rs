@@ -701,6 +701,12 @@ async fn run(connection: &Connection, redactor: &Redactor, options: &Options) ->
     if let Some(reason) = &options.repair
         && !differences.is_empty()
     {
+        crate::backend::mongo::registry::register(
+            connection,
+            &options.database,
+            &[&options.outbox, &options.audit],
+        )
+        .await?;
         report.repair = Some(
             repair(
                 connection,

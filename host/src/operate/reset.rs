@@ -40,6 +40,8 @@ impl To {
 
 /// The consumer whose checkpoint moves.
 pub struct Target<'a> {
+    /// What the consumer watches (its checkpoint's `source` follows from it).
+    pub scope: crate::domain::config::Scope,
     pub database: &'a str,
     pub collection: &'a str,
     pub consumer: &'a str,
@@ -211,7 +213,7 @@ pub enum Ahead {
 
 /// Reads the checkpoint and the new position: what the reset would do.
 pub fn plan(connection: &Connection, target: &Target<'_>, to: To, ahead: Ahead) -> Result<Plan> {
-    let source = format!("{}.{}", target.database, target.collection);
+    let source = target.scope.source(target.database, target.collection);
     connection.block_on(async {
         let current = connection
             .database(target.database)
@@ -231,8 +233,10 @@ pub fn plan(connection: &Connection, target: &Target<'_>, to: To, ahead: Ahead) 
         {
             if stored.get_str("source").ok() != Some(source.as_str()) {
                 return Err(HandoffError::Mismatch(format!(
-                    "the checkpoint of {} belongs to another source; reset it with its own --database and --collection",
-                    target.consumer
+                    "the checkpoint of {} belongs to another source ({}), not {source}; reset it \
+                     with its own --scope, --database and --collection",
+                    target.consumer,
+                    escape_untrusted(stored.get_str("source").unwrap_or("none"), 256)
                 )));
             }
             if stored.get_str("replicaSetId").ok()

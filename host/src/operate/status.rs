@@ -4,6 +4,7 @@ use bson::{Bson, Document, Timestamp, doc};
 use serde_json::{Value, json};
 
 use crate::backend::mongo::{Connection, window};
+use crate::domain::config::Scope;
 use crate::domain::position::{Position, iso, time_json};
 use crate::domain::text::escape_untrusted;
 use crate::error::{HandoffError, Result};
@@ -41,6 +42,8 @@ pub struct CheckpointView {
 
 /// Where the consumer's state lives.
 pub struct Target<'a> {
+    /// What the consumer watches (its checkpoint's `source` follows from it).
+    pub scope: Scope,
     pub database: &'a str,
     pub collection: &'a str,
     pub consumer: &'a str,
@@ -89,7 +92,7 @@ impl Status {
                 .and_then(|e| e.get_timestamp("clusterTime").ok());
             Ok(Status {
                 consumer: target.consumer.to_string(),
-                source: format!("{}.{}", target.database, target.collection),
+                source: target.scope.source(target.database, target.collection),
                 checkpoint: stored.as_ref().map(CheckpointView::of),
                 position,
                 outbox_records: records,

@@ -7,6 +7,7 @@
 use serde_json::{Value, json};
 
 use crate::domain::Collections;
+use crate::domain::config::{Scope, Watched};
 use crate::domain::deployment::{DEFAULT_CHECKPOINTS, DEFAULT_OUTBOX};
 use crate::domain::position::{Position, iso};
 use crate::error::HandoffError;
@@ -25,26 +26,35 @@ impl Evidence {
         error: &HandoffError,
         position: Option<&Position>,
         consumer: &str,
-        source: Option<&str>,
+        watched: Option<&Watched>,
         collections: Option<&Collections>,
     ) -> Option<Evidence> {
-        let target = target_flags(consumer, source, collections);
+        let target = target_flags(consumer, watched, collections);
         let status = format!("handoff status {target}");
         let reset = |extra: &str| {
             format!("handoff checkpoint reset {target} --to now --reason '<why>'{extra}")
         };
+        // Reconcile compares one collection with the outbox: a wider consumer has none.
+        let one_collection = watched.is_none_or(|w| w.scope == Scope::Collection);
         let next = match error {
             // The saved position cannot be read from: reconcile (which reads the stream from
             // it) works again once the checkpoint was moved.
             HandoffError::HistoryLost(_)
             | HandoffError::InvalidToken(_)
-            | HandoffError::StreamFatal(_) => vec![
-                status,
-                reset(" --dry-run"),
-                reset(""),
-                format!("handoff reconcile {target} --repair --reason '<why>'"),
-                format!("handoff reconcile {target}"),
-            ],
+            | HandoffError::StreamFatal(_)
+                if one_collection =>
+            {
+                vec![
+                    status,
+                    reset(" --dry-run"),
+                    reset(""),
+                    format!("handoff reconcile {target} --repair --reason '<why>'"),
+                    format!("handoff reconcile {target}"),
+                ]
+            }
+            HandoffError::HistoryLost(_)
+            | HandoffError::InvalidToken(_)
+            | HandoffError::StreamFatal(_) => vec![status, reset(" --dry-run"), reset("")],
             HandoffError::Mismatch(_) => vec![status],
             HandoffError::Conflict(_) => vec![status],
             _ => return None,
@@ -104,13 +114,23 @@ impl Evidence {
     }
 }
 
-/// `--database D --collection C --consumer-id X` and the collections that are not the
-/// defaults, each quoted for a POSIX shell when needed.
-fn target_flags(consumer: &str, source: Option<&str>, collections: Option<&Collections>) -> String {
+/// `--database D --collection C --consumer-id X` (`--scope S --database D --consumer-id X` for
+/// a database or deployment consumer) and the collections that are not the defaults, each
+/// quoted for a POSIX shell when needed: how an operator command names the consumer.
+pub fn target_flags(
+    consumer: &str,
+    watched: Option<&Watched>,
+    collections: Option<&Collections>,
+) -> String {
     let mut flags = Vec::new();
-    if let Some((database, collection)) = source.and_then(|s| s.split_once('.')) {
-        flags.push(format!("--database {}", quote(database)));
-        flags.push(format!("--collection {}", quote(collection)));
+    if let Some(watched) = watched {
+        if watched.scope != Scope::Collection {
+            flags.push(format!("--scope {}", watched.scope.as_str()));
+        }
+        flags.push(format!("--database {}", quote(&watched.database)));
+        if watched.scope == Scope::Collection {
+            flags.push(format!("--collection {}", quote(&watched.collection)));
+        }
     }
     flags.push(format!("--consumer-id {}", quote(consumer)));
     if let Some(c) = collections {
@@ -169,7 +189,11 @@ mod tests {
             &HandoffError::HistoryLost("gone".into()),
             Some(&position),
             "it's",
-            Some("shop.orders.eu"),
+            Some(&Watched {
+                scope: Scope::Collection,
+                database: "shop".into(),
+                collection: "orders.eu".into(),
+            }),
             Some(&Collections {
                 checkpoints: DEFAULT_CHECKPOINTS.into(),
                 outbox: "outbox_eu".into(),
@@ -199,6 +223,47 @@ mod tests {
         let json = evidence.to_json();
         assert_eq!(json["estimated_gap_seconds"], 60);
         assert_eq!(json["next_commands"].as_array().map(Vec::len), Some(5));
+    }
+
+    #[test]
+    fn a_wide_consumers_commands_name_its_scope_and_no_reconcile() {
+        let collections = Collections {
+            checkpoints: "cp_eu".into(),
+            outbox: DEFAULT_OUTBOX.into(),
+            quarantine: "q".into(),
+        };
+        for (scope, flags) in [
+            (
+                Scope::Database,
+                "--scope database --database shop --consumer-id wide --checkpoint-collection cp_eu",
+            ),
+            (
+                Scope::Deployment,
+                "--scope deployment --database shop --consumer-id wide --checkpoint-collection cp_eu",
+            ),
+        ] {
+            let watched = Watched {
+                scope,
+                database: "shop".into(),
+                collection: "orders".into(),
+            };
+            let evidence = Evidence::of(
+                &HandoffError::HistoryLost("gone".into()),
+                None,
+                "wide",
+                Some(&watched),
+                Some(&collections),
+            )
+            .expect("history lost has evidence");
+            assert_eq!(
+                evidence.next,
+                [
+                    format!("handoff status {flags}"),
+                    format!("handoff checkpoint reset {flags} --to now --reason '<why>' --dry-run"),
+                    format!("handoff checkpoint reset {flags} --to now --reason '<why>'"),
+                ]
+            );
+        }
     }
 
     #[test]

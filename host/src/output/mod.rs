@@ -12,7 +12,7 @@ mod evidence;
 pub mod file;
 pub mod kestra;
 
-pub use evidence::Evidence;
+pub use evidence::{Evidence, target_flags};
 
 use serde_json::{Value, json};
 
@@ -89,7 +89,7 @@ impl RunOutputs {
             error,
             failed.position.as_deref(),
             consumer_id,
-            failed.source.as_deref(),
+            failed.source.as_ref(),
             failed.collections.as_deref(),
         );
         let guidance = match &evidence {

@@ -80,8 +80,17 @@ impl Backends for Mongo {
             HandoffError::Internal(anyhow::anyhow!("the connection was not prepared"))
         })?;
         connection.limit_to(deadline);
-        let source = self.source(connection.clone());
         let inputs = &self.inputs;
+        // Before the first write: database and deployment streams then leave them out.
+        connection.register_state(
+            &inputs.database,
+            &[
+                &inputs.checkpoint_collection,
+                &inputs.outbox_collection,
+                &inputs.quarantine_collection,
+            ],
+        )?;
+        let source = self.source(connection.clone());
         let store = Arc::new(MongoStore::new(
             connection,
             &inputs.database,

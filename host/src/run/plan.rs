@@ -74,8 +74,8 @@ pub struct FailedRun {
     pub duration: Duration,
     /// Where the consumer stands after the failure (the evidence), when the backend can tell.
     pub position: Option<Box<Position>>,
-    /// The watched namespace, `db.coll`, once the inputs were valid.
-    pub source: Option<String>,
+    /// What the consumer watches, once the inputs were valid.
+    pub source: Option<crate::domain::config::Watched>,
     /// The consumer's collections, once the inputs were valid.
     pub collections: Option<Box<crate::domain::Collections>>,
 }
@@ -176,10 +176,11 @@ impl Plan {
                 policy_sha256,
                 duration,
                 position: position.map(Box::new),
-                source: Some(format!(
-                    "{}.{}",
-                    self.inputs.database, self.inputs.collection
-                )),
+                source: Some(crate::domain::config::Watched {
+                    scope: self.stream.config.scope,
+                    database: self.inputs.database.clone(),
+                    collection: self.inputs.collection.clone(),
+                }),
                 collections: Some(Box::new(self.inputs.collections())),
             }),
         }

@@ -149,34 +149,71 @@ impl Session {
         {
             return Err(self.reject(format!("the run already read max_events = {max} events")));
         }
-        self.keep_lease();
-        let event = match self.source.next_raw() {
-            Ok(Some(event)) => event,
-            Ok(None) => return Ok(None),
-            Err(error) => return Err(self.stream_failure(error)),
+        let (event, text, operation_type, namespace, rest, rest_bytes) = loop {
+            self.keep_lease();
+            let event = match self.source.next_raw() {
+                Ok(Some(event)) => event,
+                Ok(None) => return Ok(None),
+                Err(error) => return Err(self.stream_failure(error)),
+            };
+            let Some(token) = event
+                .get_document("_id")
+                .ok()
+                .and_then(|token| Document::try_from(token).ok())
+            else {
+                return Err(self.fail(HandoffError::StreamFatal(
+                    "The change stream delivered an event without a resume token; refusing to continue"
+                        .into(),
+                )));
+            };
+            let operation_type = event
+                .get_str("operationType")
+                .unwrap_or_default()
+                .to_string();
+            let (rest, rest_bytes) = self.rest_of_split(&event)?;
+            // A split event's namespace may come in any of its fragments.
+            let namespace = std::iter::once(event.as_ref())
+                .chain(rest.iter().map(|fragment| fragment.as_ref()))
+                .find_map(namespace_of);
+            if self.source.is_wide() && operation_type != "invalidate" {
+                let state = match &namespace {
+                    None => {
+                        return Err(self.fail(HandoffError::StreamFatal(
+                            "The database or deployment stream delivered an event without its \
+                             namespace (ns), which it needs to leave out handoff's own \
+                             collections: the pipeline must keep ns; refusing to continue"
+                                .into(),
+                        )));
+                    }
+                    Some((_, None)) => false,
+                    Some((database, Some(collection))) => {
+                        match self.source.is_state(database, collection) {
+                            Ok(state) => state,
+                            Err(error) => return Err(self.stream_failure(error)),
+                        }
+                    }
+                };
+                if state {
+                    // Handoff's own state: never the policy's to see. The stream moves past it
+                    // (the next event or the stream's watermark is after it).
+                    tracing::debug!("an event of a handoff state collection left out");
+                    self.gate()?;
+                    continue;
+                }
+            }
+            break (
+                event,
+                canonical_text(&token),
+                operation_type,
+                namespace,
+                rest,
+                rest_bytes,
+            );
         };
         let event_bytes = event.as_bytes().len();
-        let Some(token) = event
-            .get_document("_id")
-            .ok()
-            .and_then(|token| Document::try_from(token).ok())
-        else {
-            return Err(self.fail(HandoffError::StreamFatal(
-                "The change stream delivered an event without a resume token; refusing to continue"
-                    .into(),
-            )));
-        };
-        let text = canonical_text(&token);
-        let operation_type = event
-            .get_str("operationType")
-            .unwrap_or_default()
-            .to_string();
-        let namespace = event.get_document("ns").ok().and_then(|ns| {
-            let db = ns.get_str("db").ok()?;
-            Some(match ns.get_str("coll") {
-                Ok(coll) => format!("{db}.{coll}"),
-                Err(_) => db.to_string(),
-            })
+        let namespace = namespace.map(|(database, collection)| match collection {
+            Some(collection) => format!("{database}.{collection}"),
+            None => database,
         });
         let cluster_time = event
             .get_timestamp("clusterTime")
@@ -188,7 +225,6 @@ impl Session {
             namespace,
             cluster_time,
         };
-        let (rest, rest_bytes) = self.rest_of_split(&event)?;
         let bytes = event_bytes + rest_bytes;
         tracing::debug!(
             operation_type = %escape_untrusted(&operation_type, 64),
@@ -284,6 +320,17 @@ impl Session {
             .fragments()
             .find_map(|fragment| field_of(fragment, path))
     }
+}
+
+/// An event's namespace, `(db, coll)` (`coll` absent for a database's own events), when it
+/// carries one.
+fn namespace_of(event: &RawDocument) -> Option<(String, Option<String>)> {
+    let ns = event.get_document("ns").ok()?;
+    let database = ns.get_str("db").ok()?;
+    Some((
+        database.to_string(),
+        ns.get_str("coll").ok().map(str::to_string),
+    ))
 }
 
 /// A field of `document` by dotted path, as relaxed Extended JSON text.

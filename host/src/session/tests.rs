@@ -538,3 +538,79 @@ fn without_split_events_a_split_event_field_joins_nothing() {
         &token(3)
     );
 }
+
+/// A recorded stream watched as a database stream would be: collections named `state_*` are
+/// handoff's own.
+struct Wide(ReplaySource);
+
+impl crate::domain::ChangeSource for Wide {
+    fn deployment(&mut self) -> crate::error::Result<Deployment> {
+        self.0.deployment()
+    }
+    fn open(&mut self, start: Start<Document>) -> Result<(), StreamError> {
+        self.0.open(start)
+    }
+    fn next(&mut self) -> Result<Option<Document>, StreamError> {
+        self.0.next()
+    }
+    fn is_wide(&self) -> bool {
+        true
+    }
+    fn is_state(&mut self, _database: &str, collection: &str) -> Result<bool, StreamError> {
+        Ok(collection.starts_with("state_"))
+    }
+    fn watermark(&self) -> Option<Document> {
+        self.0.watermark()
+    }
+    fn now_ms(&self) -> u64 {
+        self.0.now_ms()
+    }
+}
+
+#[test]
+fn a_wide_stream_never_delivers_state_events_and_needs_every_events_namespace() {
+    let events = [
+        doc! {"_id": token(1), "operationType": "insert", "ns": {"db": "d", "coll": "orders"}, "documentKey": {"_id": 1}},
+        // A reader deleting an outbox record: no document, only its key.
+        doc! {"_id": token(2), "operationType": "delete", "ns": {"db": "d", "coll": "state_outbox"}, "documentKey": {"_id": "c/x"}},
+        doc! {"_id": token(3), "operationType": "update", "ns": {"db": "e", "coll": "state_points"}, "documentKey": {"_id": "c"}},
+        doc! {"_id": token(4), "operationType": "dropDatabase", "ns": {"db": "e"}},
+        doc! {"_id": token(5), "operationType": "update", "documentKey": {"_id": 2}},
+    ];
+    let text: String = events
+        .into_iter()
+        .map(|e| format!("{}\n", bson::Bson::Document(e).into_relaxed_extjson()))
+        .collect();
+    let fixture = Arc::new(Fixture::parse(&text).expect("fixture"));
+    let store: Arc<dyn CheckpointStore> = Arc::new(MemoryStore::new());
+    let mut initial = crate::domain::checkpoint::initial("c", "d", "0");
+    initial.insert("token", bson::Bson::Null);
+    store.ensure_checkpoint("c", initial).unwrap();
+    let mut s = Session::new(
+        Consumer {
+            consumer: "c".into(),
+            source: "d".into(),
+        },
+        Deployment {
+            set_name: "rs".into(),
+            replica_set_id: "0".into(),
+        },
+        Checkpoint::at(None, Mode::ResumeAfter),
+        Box::new(Wide(ReplaySource::new(fixture))),
+        store,
+        Instant::now() + Duration::from_secs(600),
+    );
+    s.open_stream(Start::Now).unwrap();
+    let first = s.next_event().unwrap().expect("the application's insert");
+    assert_eq!(first.namespace.as_deref(), Some("d.orders"));
+    // The two state events are passed over; a database's own event is not state.
+    let second = s.next_event().unwrap().expect("the database's drop");
+    assert_eq!(second.token, canonical_text(&token(4)));
+    assert_eq!(second.namespace.as_deref(), Some("e"));
+    assert!(s.next_event().is_err());
+    assert!(
+        matches!(s.failure(), Some(HandoffError::StreamFatal(m)) if m.contains("namespace (ns)")),
+        "{:?}",
+        s.failure()
+    );
+}

@@ -21,6 +21,7 @@
 //!
 //! - `connection`: the client, its runtime, the deployment's identity and the run's deadline;
 //! - `redaction`: credentials removed from every text before it is printed or logged;
+//! - `registry`: the state collections listed in their database's registry before they are written;
 //! - `errors`: driver errors as server errors and the run's failure classes;
 //! - `source`: the watched collection's change stream ([`ChangeSource`](crate::domain::ChangeSource));
 //! - `store`: the checkpoint and record transaction ([`CheckpointStore`](crate::domain::CheckpointStore));
@@ -31,6 +32,7 @@
 mod connection;
 mod errors;
 mod redaction;
+pub mod registry;
 mod source;
 mod store;
 pub mod transaction;

@@ -2,10 +2,12 @@
 //! one collection with `fullDocument: updateLookup`) with the baseline's await bound, every call
 //! bounded by the run's deadline.
 
+use std::future::IntoFuture;
 use std::sync::Arc;
 use std::time::Instant;
 
 use bson::{Bson, Document, RawDocumentBuf, doc};
+use futures_util::TryStreamExt;
 use mongodb::Collection;
 use mongodb::change_stream::ChangeStream;
 use mongodb::change_stream::event::ResumeToken;
@@ -15,6 +17,7 @@ use super::MAX_AWAIT;
 use super::connection::Connection;
 use super::errors::classify_stream;
 use crate::domain::config::{BeforeChange, FullDocument, Scope};
+use crate::domain::state::{MAX_REGISTERED, REGISTRY, StateCollections, registered_names};
 use crate::domain::stream::check_bson;
 use crate::domain::{
     ChangeSource, Collections, Deployment, ServerError, Start, StreamConfig, StreamError,
@@ -26,8 +29,8 @@ pub struct MongoSource {
     connection: Arc<Connection>,
     collection: Collection<Document>,
     config: StreamConfig,
-    /// The stages the stream opens with: the host's own, then the user's.
-    stages: Vec<Document>,
+    /// The state collections known so far (a wide stream leaves them out).
+    state: StateCollections,
     /// Events as the server encoded them: their size is known without encoding them again, and
     /// they are decoded once, directly.
     stream: Option<ChangeStream<RawDocumentBuf>>,
@@ -35,8 +38,8 @@ pub struct MongoSource {
 }
 
 impl MongoSource {
-    /// The stream `config` describes, around `collection` of `database`, leaving out the
-    /// consumer's own collections when it watches more than one collection.
+    /// The stream `config` describes, around `collection` of `database`, leaving out handoff's
+    /// state collections ([`crate::domain::state`]) when it watches more than one collection.
     pub fn new(
         connection: Arc<Connection>,
         database: &str,
@@ -44,7 +47,7 @@ impl MongoSource {
         own: &Collections,
         config: &StreamConfig,
     ) -> MongoSource {
-        let stages = config.stages(
+        let state = StateCollections::new(
             database,
             &[
                 own.checkpoints.as_str(),
@@ -57,10 +60,44 @@ impl MongoSource {
             connection,
             collection,
             config: config.clone(),
-            stages,
+            state,
             stream: None,
             clock: Instant::now(),
         }
+    }
+
+    /// For a wide stream, the registries of the databases it watches, read before it opens so
+    /// that the server leaves out every state collection they list.
+    fn read_registries(&mut self) -> std::result::Result<(), StreamError> {
+        let databases = match self.config.scope {
+            Scope::Collection => return Ok(()),
+            Scope::Database => vec![self.collection.namespace().db],
+            Scope::Deployment => {
+                let listed: Vec<String> = self
+                    .connection
+                    .bounded(self.connection.client.list_database_names().into_future())
+                    .map_err(|_| deadline_passed())?
+                    .map_err(|e| classify_stream(&e, &self.connection.redactor))?;
+                listed
+                    .into_iter()
+                    .filter(|name| !["admin", "config", "local"].contains(&name.as_str()))
+                    .collect()
+            }
+        };
+        let connection = self.connection.clone();
+        let reads = databases.iter().map(|database| {
+            let connection = connection.clone();
+            async move { registry_names(&connection, database).await }
+        });
+        let registries = self
+            .connection
+            .bounded(futures_util::future::try_join_all(reads))
+            .map_err(|_| deadline_passed())?
+            .map_err(|e| classify_stream(&e, &self.connection.redactor))?;
+        for (database, names) in databases.iter().zip(registries) {
+            self.state.learn(database, names);
+        }
+        Ok(())
     }
 
     /// Refuses a source MongoDB opens no change stream on (a view, a time-series collection)
@@ -121,6 +158,23 @@ impl MongoSource {
     }
 }
 
+/// The state collections the registry of `database` lists.
+async fn registry_names(
+    connection: &Connection,
+    database: &str,
+) -> mongodb::error::Result<Vec<String>> {
+    let documents: Vec<Document> = connection
+        .database(database)
+        .collection::<Document>(REGISTRY)
+        .find(doc! {})
+        .projection(doc! { "_id": 1 })
+        .limit(MAX_REGISTERED as i64)
+        .await?
+        .try_collect()
+        .await?;
+    Ok(registered_names(documents))
+}
+
 fn deadline_passed() -> StreamError {
     StreamError::Unavailable(ServerError {
         code: None,
@@ -145,6 +199,8 @@ impl ChangeSource for MongoSource {
     }
 
     fn open(&mut self, start: Start<Document>) -> std::result::Result<(), StreamError> {
+        self.read_registries()?;
+        let stages = self.config.stages(&self.state);
         let database = self.connection.database(&self.collection.namespace().db);
         let watch = match self.config.scope {
             Scope::Collection => self.collection.watch(),
@@ -157,9 +213,7 @@ impl ChangeSource for MongoSource {
                 .read_concern(ReadConcern::majority())
                 .selection_criteria(super::primary()),
         };
-        let mut watch = watch
-            .pipeline(self.stages.iter().cloned())
-            .max_await_time(MAX_AWAIT);
+        let mut watch = watch.pipeline(stages).max_await_time(MAX_AWAIT);
         watch = match self.config.full_document {
             FullDocument::Default => watch,
             FullDocument::UpdateLookup => watch.full_document(FullDocumentType::UpdateLookup),
@@ -186,6 +240,7 @@ impl ChangeSource for MongoSource {
             .map_err(|_| deadline_passed())?
             .map_err(|e| classify_stream(&e, &self.connection.redactor))?;
         self.stream = Some(stream.with_type::<RawDocumentBuf>());
+        tracing::debug!(scope = self.config.scope.as_str(), "change stream opened");
         Ok(())
     }
 
@@ -218,6 +273,27 @@ impl ChangeSource for MongoSource {
         // The event's bytes become the outbox record's: checked whole before anything reads them.
         check_bson(&raw).map_err(not_bson)?;
         Ok(Some(raw))
+    }
+
+    fn is_wide(&self) -> bool {
+        self.config.scope != Scope::Collection
+    }
+
+    fn is_state(
+        &mut self,
+        database: &str,
+        collection: &str,
+    ) -> std::result::Result<bool, StreamError> {
+        if !self.is_wide() {
+            return Ok(false);
+        }
+        let connection = self.connection.clone();
+        self.state.is_state(database, collection, |database| {
+            connection
+                .bounded(registry_names(&connection, database))
+                .map_err(|_| deadline_passed())?
+                .map_err(|e| classify_stream(&e, &connection.redactor))
+        })
     }
 
     fn watermark(&self) -> Option<Document> {
