@@ -302,9 +302,18 @@ fn a_refused_argument_value_cannot_start_a_line() {
             }
             let output = command.output().expect("run handoff");
             assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
-            // The one protocol line is the run's own, reporting the refusal.
+            // The protocol lines are the run's own (its outputs, reporting the refusal, and its
+            // metrics): none carries the forged line.
             let lines = protocol_starts(&output);
-            assert_eq!(lines.len(), 1, "{format} {how}: {lines:?}");
+            let outputs_lines = lines
+                .iter()
+                .filter(|l| l.starts_with("::{\"outputs\""))
+                .count();
+            assert_eq!(outputs_lines, 1, "{format} {how}: {lines:?}");
+            assert!(
+                lines.iter().all(|l| !l.contains("HANDED_OFF")),
+                "{format} {how}: {lines:?}"
+            );
             let outputs = failure_outputs(&output, 2);
             assert_eq!(outputs["error_class"], "bad_input");
             assert!(
