@@ -31,6 +31,8 @@ fuzz_target!(|data: &[u8]| {
     {
         let again = StreamConfig::from_document(&config.to_document()).expect("its own form");
         assert_eq!(again.digest(), config.digest());
-        let _ = config.stages("db", &["checkpoints", "outbox"]);
+        let state =
+            handoff::domain::state::StateCollections::new("db", &["checkpoints", "outbox"]);
+        let _ = config.stages(&state);
     }
 });
