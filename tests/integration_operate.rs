@@ -7,7 +7,6 @@
 
 mod support;
 
-use std::process::Output;
 use std::time::Duration;
 
 use bson::{Document, Timestamp, doc};
@@ -36,15 +35,6 @@ fn insert_at(d: &Live, coll: &str, docs: Vec<Document>) -> Timestamp {
     reply.get_timestamp("operationTime").expect("operationTime")
 }
 
-fn operator(d: &Live, args: &[&str]) -> Output {
-    support::handoff()
-        .args(args)
-        .env("MONGODB_URI", d.uri())
-        .env("SOURCE_DATABASE", &d.db)
-        .output()
-        .expect("run handoff")
-}
-
 fn time_of(value: &Value) -> (u64, u64) {
     (
         value["t"].as_u64().expect("seconds"),
@@ -63,7 +53,7 @@ fn status_reports_position_lag_margin_and_outbox_against_known_times() {
     let run = support::ok(&d.run(&[]));
     assert_eq!(run["events_handed_off"], 3);
 
-    let status = support::json_stdout(&operator(&d, &["status", "--json"]));
+    let status = support::json_stdout(&d.operator(&["status", "--json"]));
     assert_eq!(status["consumer"], CONSUMER);
     assert_eq!(status["checkpoint"]["has_token"], true);
     assert_eq!(status["checkpoint"]["mode"], "resumeAfter");
@@ -92,7 +82,7 @@ fn status_reports_position_lag_margin_and_outbox_against_known_times() {
     );
 
     // The human view names every figure and never a token.
-    let human = operator(&d, &["status"]);
+    let human = d.operator(&["status"]);
     assert_eq!(human.status.code(), Some(0));
     let text = String::from_utf8_lossy(&human.stdout);
     for label in [
@@ -116,19 +106,17 @@ fn status_reports_position_lag_margin_and_outbox_against_known_times() {
 
     // --min-margin: a margin large enough passes, a larger one asks for attention.
     assert_eq!(
-        operator(&d, &["status", "--min-margin", "1s"])
-            .status
-            .code(),
+        d.operator(&["status", "--min-margin", "1s"]).status.code(),
         Some(0)
     );
-    let short = operator(&d, &["status", "--min-margin", "6h"]);
+    let short = d.operator(&["status", "--min-margin", "6h"]);
     assert_eq!(short.status.code(), Some(16), "{}", support::stderr(&short));
     assert!(support::stderr(&short).contains("under --min-margin"));
 
     // The HTML report is written, self-contained.
     let dir = tempfile::tempdir().expect("temporary folder");
     let html = dir.path().join("status.html");
-    let written = operator(&d, &["status", "--html", html.to_str().expect("path")]);
+    let written = d.operator(&["status", "--html", html.to_str().expect("path")]);
     assert_eq!(written.status.code(), Some(0));
     let page = std::fs::read_to_string(&html).expect("report");
     assert!(page.contains("oplog margin") && !page.contains("<script"));
@@ -137,17 +125,17 @@ fn status_reports_position_lag_margin_and_outbox_against_known_times() {
 #[test]
 fn status_of_a_consumer_that_never_ran_says_so_and_margin_is_unknown() {
     let d = sim(1_000);
-    let status = support::json_stdout(&operator(&d, &["status", "--json"]));
+    let status = support::json_stdout(&d.operator(&["status", "--json"]));
     assert!(status["checkpoint"].is_null(), "{status}");
     assert!(status["lag_seconds"].is_null());
     assert_eq!(status["outbox"]["records"], 0);
-    let unknown = operator(&d, &["status", "--min-margin", "1s"]);
+    let unknown = d.operator(&["status", "--min-margin", "1s"]);
     assert_eq!(unknown.status.code(), Some(16));
     assert!(support::stderr(&unknown).contains("unknown"));
     // Bad input is refused before anything is read.
-    let bad = operator(&d, &["status", "--consumer-id", "no spaces"]);
+    let bad = d.operator(&["status", "--consumer-id", "no spaces"]);
     assert_eq!(bad.status.code(), Some(2));
-    let bad = operator(&d, &["status", "--min-margin", "soon"]);
+    let bad = d.operator(&["status", "--min-margin", "soon"]);
     assert_eq!(bad.status.code(), Some(2));
 }
 
@@ -232,10 +220,7 @@ fn lost_history_carries_evidence_and_an_audited_reset_recovers() {
 
     // A dry run shows the move and writes nothing.
     let reset = ["checkpoint", "reset", "--to", "now"];
-    let dry = support::json_stdout(&operator(
-        &d,
-        &[&reset[..], &["--dry-run", "--json"]].concat(),
-    ));
+    let dry = support::json_stdout(&d.operator(&[&reset[..], &["--dry-run", "--json"]].concat()));
     assert_eq!(dry["applied"], false);
     assert_eq!(dry["to"]["mode"], "resumeAfter");
     assert!(dry["gap_seconds"].is_i64(), "{dry}");
@@ -246,7 +231,7 @@ fn lost_history_carries_evidence_and_an_audited_reset_recovers() {
     assert!(d.records(AUDIT).is_empty());
 
     // A reason is required.
-    let unexplained = operator(&d, &reset);
+    let unexplained = d.operator(&reset);
     assert_eq!(unexplained.status.code(), Some(2));
     assert!(support::stderr(&unexplained).contains("--reason"));
     assert!(d.records(AUDIT).is_empty());
@@ -254,10 +239,9 @@ fn lost_history_carries_evidence_and_an_audited_reset_recovers() {
     // The reset: checkpoint moved, revision counted, audit record in place.
     let prior = d.checkpoint().expect("checkpoint");
     assert_eq!(prior.get("token"), before.get("token"));
-    let applied = support::json_stdout(&operator(
-        &d,
-        &[&reset[..], &["--reason", "history lost in test", "--json"]].concat(),
-    ));
+    let applied = support::json_stdout(
+        &d.operator(&[&reset[..], &["--reason", "history lost in test", "--json"]].concat()),
+    );
     assert_eq!(applied["applied"], true);
     let after = d.checkpoint().expect("checkpoint");
     assert_ne!(after.get("token"), before.get("token"));
@@ -307,17 +291,14 @@ fn a_reset_to_a_time_hands_off_from_that_time() {
     support::ok(&d.run(&[]));
     assert!(d.outbox().is_empty());
     let at = format!("{}.{}", later.time, later.increment);
-    let out = operator(
-        &d,
-        &[
-            "checkpoint",
-            "reset",
-            "--to-time",
-            &at,
-            "--reason",
-            "replay the late write",
-        ],
-    );
+    let out = d.operator(&[
+        "checkpoint",
+        "reset",
+        "--to-time",
+        &at,
+        "--reason",
+        "replay the late write",
+    ]);
     assert_eq!(out.status.code(), Some(0), "{}", support::stderr(&out));
     let run = support::ok(&d.run(&[]));
     assert_eq!(run["events_handed_off"], 1);
@@ -342,7 +323,7 @@ fn a_reset_is_refused_while_a_run_holds_the_consumer_or_on_bad_input() {
         doc! { "$set": { "owner": "another-run", "leaseUntil": until } },
     ))
     .expect("lease");
-    let held = operator(&d, &["checkpoint", "reset", "--to", "now", "--reason", "x"]);
+    let held = d.operator(&["checkpoint", "reset", "--to", "now", "--reason", "x"]);
     assert_eq!(held.status.code(), Some(3), "{}", support::stderr(&held));
     assert!(support::stderr(&held).contains("holds this consumer"));
 
@@ -384,7 +365,7 @@ fn a_reset_is_refused_while_a_run_holds_the_consumer_or_on_bad_input() {
             OUTBOX,
         ],
     ] {
-        let out = operator(&d, bad);
+        let out = d.operator(bad);
         assert_eq!(
             out.status.code(),
             Some(2),
@@ -393,19 +374,16 @@ fn a_reset_is_refused_while_a_run_holds_the_consumer_or_on_bad_input() {
         );
     }
     // A consumer without a checkpoint (a mistyped id, say) is not created by a reset.
-    let nobody = operator(
-        &d,
-        &[
-            "checkpoint",
-            "reset",
-            "--to",
-            "now",
-            "--reason",
-            "x",
-            "--consumer-id",
-            "nobody",
-        ],
-    );
+    let nobody = d.operator(&[
+        "checkpoint",
+        "reset",
+        "--to",
+        "now",
+        "--reason",
+        "x",
+        "--consumer-id",
+        "nobody",
+    ]);
     assert_eq!(
         nobody.status.code(),
         Some(2),
@@ -430,17 +408,14 @@ fn a_reset_to_a_time_the_oplog_no_longer_holds_is_refused() {
     insert_at(&d, "orders", (1..20).map(|i| doc! { "_id": i }).collect());
     let before = d.checkpoint().expect("checkpoint");
     let at = format!("{}.{}", early.time, early.increment);
-    let out = operator(
-        &d,
-        &[
-            "checkpoint",
-            "reset",
-            "--to-time",
-            &at,
-            "--reason",
-            "too far back",
-        ],
-    );
+    let out = d.operator(&[
+        "checkpoint",
+        "reset",
+        "--to-time",
+        &at,
+        "--reason",
+        "too far back",
+    ]);
     assert_eq!(out.status.code(), Some(6), "{}", support::stderr(&out));
     // Refused by the window check, or by the server when it checks the start itself.
     let err = support::stderr(&out);
@@ -463,7 +438,7 @@ fn consumers_of_a_filtered_stream_are_refused_by_backfill_and_reconcile() {
         r#"[{"$match": {"fullDocument.qty": {"$gt": 1}}}]"#,
     ]));
     insert_at(&d, "orders", vec![doc! { "_id": 1, "qty": 1 }]);
-    let backfill = operator(&d, &["backfill", "--reason", "x"]);
+    let backfill = d.operator(&["backfill", "--reason", "x"]);
     assert_eq!(
         backfill.status.code(),
         Some(2),
@@ -471,7 +446,7 @@ fn consumers_of_a_filtered_stream_are_refused_by_backfill_and_reconcile() {
         support::stderr(&backfill)
     );
     assert!(support::stderr(&backfill).contains("plain collection stream"));
-    let reconcile = operator(&d, &["reconcile", "--repair", "--reason", "x"]);
+    let reconcile = d.operator(&["reconcile", "--repair", "--reason", "x"]);
     assert_eq!(
         reconcile.status.code(),
         Some(2),
@@ -496,7 +471,7 @@ fn a_reset_after_the_present_is_refused_and_a_checkpoint_ahead_is_an_error() {
         "--reason",
         "typo in the year",
     ];
-    let refused = operator(&d, &future);
+    let refused = d.operator(&future);
     assert_eq!(
         refused.status.code(),
         Some(2),
@@ -513,10 +488,7 @@ fn a_reset_after_the_present_is_refused_and_a_checkpoint_ahead_is_an_error() {
     assert!(d.records(AUDIT).is_empty());
     // A forged token as far ahead is refused the same way.
     let token = r#"{"_data": "82F5A8B800000000012B0429296E1404"}"#;
-    let forged = operator(
-        &d,
-        &["checkpoint", "reset", "--to-token", token, "--reason", "x"],
-    );
+    let forged = d.operator(&["checkpoint", "reset", "--to-token", token, "--reason", "x"]);
     assert_eq!(
         forged.status.code(),
         Some(2),
@@ -529,10 +501,10 @@ fn a_reset_after_the_present_is_refused_and_a_checkpoint_ahead_is_an_error() {
     // --min-margin no longer reads it as healthy.
     let mut allowed = future.to_vec();
     allowed.push("--allow-future");
-    let out = operator(&d, &allowed);
+    let out = d.operator(&allowed);
     assert_eq!(out.status.code(), Some(0), "{}", support::stderr(&out));
     assert_eq!(d.records(AUDIT).len(), 1);
-    let status = operator(&d, &["status", "--json"]);
+    let status = d.operator(&["status", "--json"]);
     assert_eq!(
         status.status.code(),
         Some(0),
@@ -544,13 +516,13 @@ fn a_reset_after_the_present_is_refused_and_a_checkpoint_ahead_is_an_error() {
         .as_i64()
         .expect("seconds ahead");
     assert!(ahead > 60 * 60 * 24 * 365, "{figures}");
-    let human = operator(&d, &["status"]);
+    let human = d.operator(&["status"]);
     assert!(
         String::from_utf8_lossy(&human.stdout).contains("ERROR"),
         "{}",
         String::from_utf8_lossy(&human.stdout)
     );
-    let checked = operator(&d, &["status", "--min-margin", "1h"]);
+    let checked = d.operator(&["status", "--min-margin", "1h"]);
     assert_eq!(
         checked.status.code(),
         Some(16),

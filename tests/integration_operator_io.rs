@@ -90,16 +90,6 @@ fn a_consumer_id_of_hex_digits_is_printed_as_given_while_tokens_are_still_replac
 }
 
 /// `handoff ARGS…` against the test's deployment and database.
-fn operator(live: &Live, args: &[&str]) -> Output {
-    handoff()
-        .args(args)
-        .env("MONGODB_URI", live.uri())
-        .env("SOURCE_DATABASE", &live.db)
-        .env_remove("AUDIT_COLLECTION")
-        .env_remove("HANDOFF_OPERATOR")
-        .output()
-        .expect("run handoff")
-}
 
 #[test]
 fn a_reason_with_hidden_characters_is_refused_and_the_audit_names_the_os_user() {
@@ -114,10 +104,7 @@ fn a_reason_with_hidden_characters_is_refused_and_the_audit_names_the_os_user() 
         "INC-42\u{1b}[2K",
         "INC-42\nsecond line",
     ] {
-        let output = operator(
-            &live,
-            &["checkpoint", "reset", "--to", "now", "--reason", reason],
-        );
+        let output = live.operator(&["checkpoint", "reset", "--to", "now", "--reason", reason]);
         refused(&output, 2, "--reason holds the character U+");
         let run = live.run(&["--accept-config-change", reason]);
         fails(&run, 2, "--accept-config-change holds the character U+");
@@ -176,19 +163,16 @@ fn a_report_path_that_cannot_be_written_is_refused_before_anything_is_read_or_wr
     let asked_before = live.commands_from_handoff().len();
     for path in [&missing, &folder] {
         let path = path.to_str().expect("a path");
-        let repair = operator(
-            &live,
-            &[
-                "reconcile",
-                "--repair",
-                "--reason",
-                "INC-42",
-                "--html",
-                path,
-            ],
-        );
+        let repair = live.operator(&[
+            "reconcile",
+            "--repair",
+            "--reason",
+            "INC-42",
+            "--html",
+            path,
+        ]);
         refused(&repair, 2, "--html");
-        let status = operator(&live, &["status", "--html", path]);
+        let status = live.operator(&["status", "--html", path]);
         refused(&status, 2, "nothing was read or written");
     }
     assert_eq!(live.commands_from_handoff().len(), asked_before);
@@ -197,17 +181,14 @@ fn a_report_path_that_cannot_be_written_is_refused_before_anything_is_read_or_wr
 
     // A path that can be written: the repair is made and its report written.
     let page = s.path("report.html");
-    let repair = operator(
-        &live,
-        &[
-            "reconcile",
-            "--repair",
-            "--reason",
-            "INC-42",
-            "--html",
-            page.to_str().expect("a path"),
-        ],
-    );
+    let repair = live.operator(&[
+        "reconcile",
+        "--repair",
+        "--reason",
+        "INC-42",
+        "--html",
+        page.to_str().expect("a path"),
+    ]);
     assert_eq!(repair.status.code(), Some(0), "{}", stderr(&repair));
     assert_eq!(live.outbox_len(), outbox + 1);
     assert!(

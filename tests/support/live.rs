@@ -257,6 +257,19 @@ impl Live {
         command
     }
 
+    /// An operator command (`status`, `checkpoint reset`, `reconcile`, …) against this server's
+    /// database, without an audit collection or operator name from the test's environment.
+    pub fn operator(&self, args: &[&str]) -> Output {
+        super::handoff()
+            .args(args)
+            .env("MONGODB_URI", &self.uri)
+            .env("SOURCE_DATABASE", &self.db)
+            .env_remove("AUDIT_COLLECTION")
+            .env_remove("HANDOFF_OPERATOR")
+            .output()
+            .expect("run handoff")
+    }
+
     pub fn run(&self, extra: &[&str]) -> Output {
         self.command().args(extra).output().expect("run handoff")
     }

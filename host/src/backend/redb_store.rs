@@ -315,6 +315,21 @@ mod tests {
     use crate::domain::{Consumer, Mode};
     use bson::doc;
 
+    /// A store in `dir`.
+    fn open(dir: &tempfile::TempDir) -> RedbStore {
+        let collections = Collections {
+            checkpoints: "cp".into(),
+            outbox: "ob".into(),
+            quarantine: "qb".into(),
+        };
+        RedbStore::open(
+            &dir.path().join("s.redb"),
+            &collections,
+            Duration::from_secs(1),
+        )
+        .unwrap()
+    }
+
     fn record(token: &str) -> Document {
         doc! { "_id": "c/1", "consumer": "c", "source": "db.coll", "event": { "_id": { "_data": token } } }
     }
@@ -322,17 +337,7 @@ mod tests {
     #[test]
     fn a_record_held_for_the_same_hand_off_is_counted_and_another_events_refuses_the_commit() {
         let dir = tempfile::tempdir().unwrap();
-        let collections = Collections {
-            checkpoints: "cp".into(),
-            outbox: "ob".into(),
-            quarantine: "qb".into(),
-        };
-        let store = RedbStore::open(
-            &dir.path().join("s.redb"),
-            &collections,
-            Duration::from_secs(1),
-        )
-        .unwrap();
+        let store = open(&dir);
         let consumer = Consumer {
             consumer: "c".into(),
             source: "db.coll".into(),
@@ -379,17 +384,7 @@ mod tests {
     #[test]
     fn a_split_event_is_one_event_however_split() {
         let dir = tempfile::tempdir().unwrap();
-        let collections = Collections {
-            checkpoints: "cp".into(),
-            outbox: "ob".into(),
-            quarantine: "qb".into(),
-        };
-        let store = RedbStore::open(
-            &dir.path().join("s.redb"),
-            &collections,
-            Duration::from_secs(1),
-        )
-        .unwrap();
+        let store = open(&dir);
         crate::backend::checks::a_split_event_is_one_event_however_split(&store);
     }
 }
