@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use bson::{Bson, Document, doc};
 use mongo_sim::Config;
+use sha2::Digest as _;
 use support::Rng;
 use support::live::*;
 
@@ -230,15 +231,16 @@ fn a_small_collection_is_backfilled_and_the_outbox_describes_it() {
             .unwrap()
             .get("_id")
             .unwrap();
+        // The token is the position's plus the document's namespace and key; the default
+        // policy's ID is its SHA-256, as for any event.
         assert_eq!(
-            record.get_str("_id").unwrap(),
-            handoff::operate::backfill::snapshot_record_id(
-                CONSUMER,
-                "change_demo.orders",
-                key,
-                token
-            )
+            token.get_document("snapshot").unwrap(),
+            &doc! { "ns": "change_demo.orders", "_id": key.clone() }
         );
+        let id = hex::encode(sha2::Sha256::digest(
+            handoff::domain::token::canonical_text(token).as_bytes(),
+        ));
+        assert_eq!(record.get_str("_id").unwrap(), format!("{CONSUMER}/{id}"));
         assert_eq!(
             record
                 .get_document("snapshot")
@@ -298,7 +300,10 @@ fn a_small_collection_is_backfilled_and_the_outbox_describes_it() {
     assert_eq!(human.status.code(), Some(0));
     let text = String::from_utf8_lossy(&human.stdout);
     assert!(text.contains("already done"), "{text}");
-    assert!(text.contains("chunks 4, documents handed off 53"), "{text}");
+    assert!(
+        text.contains("chunks 4, documents decided by the policy 53"),
+        "{text}"
+    );
     assert_eq!(live.outbox_len(), before);
     assert_eq!(audits(&live).len(), 1);
 }

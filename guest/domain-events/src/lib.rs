@@ -2,7 +2,9 @@
 //! stable business schema (contract 1.2), instead of the raw change event.
 //!
 //! - `insert` → `<Entity>Created`, `update` and `replace` → `<Entity>Updated`, `delete` →
-//!   `<Entity>Deleted`; other operations (`drop`, `rename`, …) are skipped with their name as the
+//!   `<Entity>Deleted`; a document read by `backfill` or `reconcile --repair` (a `snapshot`
+//!   event, contract 1.3) → `<Entity>Snapshot`, or `<Entity>Deleted` for a correction of a
+//!   document the source no longer holds; other operations (`drop`, `rename`, …) are skipped with their name as the
 //!   reason; an `invalidate` ends the run with `startAfter`, as the default policy does.
 //! - `aggregateId` is `documentKey._id`; `aggregateVersion` is `fullDocument.<version-field>` when
 //!   the document has it; `schemaVersion` is the `schema-version` parameter.
@@ -101,6 +103,7 @@ pub fn event_type(entity: &str, operation: &str) -> Option<String> {
         "insert" => "Created",
         "update" | "replace" => "Updated",
         "delete" => "Deleted",
+        "snapshot" => "Snapshot",
         _ => return None,
     };
     Some(format!("{entity}{verb}"))
@@ -196,9 +199,15 @@ pub fn shape(
             entity_of(&collection)
         }
     };
-    let Some(event_type) = event_type(&entity, operation) else {
+    let Some(mut event_type) = event_type(&entity, operation) else {
         return Ok(None);
     };
+    let document = read("fullDocument").filter(|d| d != "null");
+    // A snapshot of a document the source no longer holds says it is gone.
+    let gone = operation == "snapshot" && document.is_none();
+    if gone {
+        event_type = format!("{entity}Deleted");
+    }
     let aggregate_id = read("documentKey._id").ok_or("the event has no documentKey._id")?;
     let parsed_id: Value = serde_json::from_str(&aggregate_id)
         .map_err(|_| "documentKey._id is not Extended JSON".to_string())?;
@@ -210,9 +219,9 @@ pub fn shape(
     if aggregate_id.len() > MAX_VALUE {
         return Err(format!("documentKey._id is over {MAX_VALUE} bytes"));
     }
-    let document = read("fullDocument").filter(|d| d != "null");
     let mut payload = match (operation, document) {
         ("delete", _) => Value::Object(Map::new()),
+        (_, None) if gone => Value::Object(Map::new()),
         (_, Some(document)) => serde_json::from_str(&document)
             .map_err(|_| "fullDocument is not Extended JSON".to_string())?,
         (_, None) => {
@@ -345,6 +354,34 @@ mod tests {
         assert_eq!(record.aggregate_version.as_deref(), Some("3"));
         assert_eq!(record.payload, r#"{"total":5,"version":3}"#);
         assert_eq!(record.schema_version, 1);
+    }
+
+    #[test]
+    fn a_snapshot_is_the_document_as_read_and_a_gone_one_a_deletion() {
+        let mut read = reader(&[
+            ("ns.coll", "\"orders\""),
+            ("documentKey._id", "\"o-1\""),
+            ("fullDocument", r#"{"_id":"o-1","total":5,"version":3}"#),
+            ("fullDocument.version", "3"),
+        ]);
+        let record = shape(&defaults(), "abc", "snapshot", &mut read)
+            .unwrap()
+            .unwrap();
+        assert_eq!(record.event_type, "OrderSnapshot");
+        assert_eq!(record.aggregate_id, "\"o-1\"");
+        assert_eq!(record.aggregate_version.as_deref(), Some("3"));
+        assert_eq!(record.payload, r#"{"total":5,"version":3}"#);
+        let mut gone = reader(&[
+            ("ns.coll", "\"orders\""),
+            ("documentKey._id", "\"o-2\""),
+            ("fullDocument", "null"),
+        ]);
+        let record = shape(&defaults(), "abc", "snapshot", &mut gone)
+            .unwrap()
+            .unwrap();
+        assert_eq!(record.event_type, "OrderDeleted");
+        assert_eq!(record.aggregate_id, "\"o-2\"");
+        assert_eq!(record.payload, "{}");
     }
 
     #[test]

@@ -2,7 +2,10 @@
 //! (policy parameter `supported`, comma-separated integers, default `1`) are written to the
 //! quarantine with their token and a reason instead of the outbox, and the stream keeps going: a
 //! poison event never blocks it. An event with a `fullDocument` but no `schemaVersion` is
-//! quarantined too; events without a document (deletes, drops) are handed off. IDs, resume mode,
+//! quarantined too; events without a document (deletes, drops) are handed off. Documents read
+//! by `backfill` and `reconcile --repair` (`snapshot` events) are judged the same way: a poison
+//! document is quarantined there too, and a correction of a document the source no longer holds
+//! is handed off like a delete. IDs, resume mode,
 //! invalidation and the idle watermark are the default policy's: the SDK's run loop.
 
 use handoff_policy_sdk::{Decision, Delivered, FromSettings, Policy, Settings};
@@ -116,5 +119,20 @@ mod tests {
                 .contains("schemaVersion 9 is not supported")
         );
         assert_eq!(host.token(), Some("W"));
+    }
+
+    #[test]
+    fn a_snapshot_run_judges_documents_as_it_judges_changes() {
+        let mut host = FakeHost::new()
+            .kind(handoff_policy_sdk::RunKind::Backfill)
+            .snapshot("A", "1", "{\"schemaVersion\": 1}")
+            .field("A", "fullDocument.schemaVersion", "1")
+            .snapshot("B", "2", "{\"schemaVersion\": 99}")
+            .field("B", "fullDocument.schemaVersion", "99")
+            .snapshot("C", "3", "null");
+        let report = run::<Quarantine>(&mut host, &Settings::new(3, 3000)).unwrap();
+        assert_eq!(report.events_handed_off, 2);
+        assert_eq!(host.handed_off(), vec![event_id("A"), event_id("C")]);
+        assert_eq!(host.quarantined()[0].0, event_id("B"));
     }
 }

@@ -149,6 +149,14 @@ impl crate::Host for WitHost {
         }
     }
 
+    fn run_kind(&mut self) -> crate::RunKind {
+        match host::kind_of_run() {
+            types::RunKind::Changes => crate::RunKind::Changes,
+            types::RunKind::Backfill => crate::RunKind::Backfill,
+            types::RunKind::Repair => crate::RunKind::Repair,
+        }
+    }
+
     fn open(&mut self, start: crate::Start) -> Result<(), crate::StreamError> {
         let start = match start {
             crate::Start::Now => types::StreamStart::Now,

@@ -36,7 +36,8 @@
 use std::collections::{HashMap, VecDeque};
 
 use crate::{
-    Checkpoint, CommitError, Decision, Deployment, Event, Host, Level, Mode, Start, StreamError,
+    Checkpoint, CommitError, Decision, Deployment, Event, Host, Level, Mode, RunKind, Start,
+    StreamError,
 };
 
 /// One commit the run made.
@@ -84,6 +85,8 @@ pub struct FakeHost {
     pub advances: Vec<(Option<String>, String)>,
     /// Every log line.
     pub logs: Vec<Log>,
+    /// What [`Host::run_kind`] returns.
+    pub kind: RunKind,
     fields: HashMap<(String, String), String>,
     delivered: Option<String>,
     pending: VecDeque<Event>,
@@ -120,11 +123,26 @@ impl FakeHost {
             commits: Vec::new(),
             advances: Vec::new(),
             logs: Vec::new(),
+            kind: RunKind::Changes,
             fields: HashMap::new(),
             delivered: None,
             pending: VecDeque::new(),
             current: checkpoint,
         }
+    }
+
+    /// A snapshot run of this kind: `snapshot` events are delivered with [`FakeHost::snapshot`].
+    pub fn kind(mut self, kind: RunKind) -> FakeHost {
+        self.kind = kind;
+        self
+    }
+
+    /// Delivers a document as a snapshot event: `fullDocument` is `document` (Extended JSON
+    /// text, `null` for one the source no longer holds), `documentKey._id` is `key`.
+    pub fn snapshot(self, token: &str, key: &str, document: &str) -> FakeHost {
+        self.event(token, crate::SNAPSHOT)
+            .field(token, "documentKey._id", key)
+            .field(token, "fullDocument", document)
     }
 
     /// Starts from this checkpoint.
@@ -377,6 +395,10 @@ impl Host for FakeHost {
 
     fn now_ms(&mut self) -> u64 {
         self.clock
+    }
+
+    fn run_kind(&mut self) -> RunKind {
+        self.kind
     }
 
     fn log(&mut self, level: Level, message: &str, fields: &[(&str, &str)]) {

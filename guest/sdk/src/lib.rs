@@ -11,6 +11,10 @@
 //!   ([`Decision::Skip`]) or quarantine it ([`Decision::Quarantine`]) — given the event (token,
 //!   operation type, namespace, cluster time, and any field through [`Delivered::field`]) and
 //!   its baseline ID;
+//! - snapshot events too: `backfill` and `reconcile --repair` hand the watched collection's
+//!   documents to the same [`Policy::decide`], as events whose operation type is `snapshot`
+//!   ([`Event::is_snapshot`]; `fullDocument` is the document, `null` for one the source no longer
+//!   holds), through the same run loop ([`RunKind`] tells the runs apart);
 //! - optionally [`Policy::batch_size`] (events per transaction, default 1), construction from the
 //!   run's [`Settings`] ([`FromSettings`], for parameters) and [`Policy::finish`] (end of run).
 //!
@@ -140,6 +144,29 @@ impl Event {
     pub fn is_invalidate(&self) -> bool {
         self.operation_type == "invalidate"
     }
+
+    /// Whether this event is a document an operator command read (`backfill`, `reconcile
+    /// --repair`), not a change: `fullDocument` holds the document as read, or `null` when the
+    /// source no longer holds it (contract 1.3).
+    pub fn is_snapshot(&self) -> bool {
+        self.operation_type == SNAPSHOT
+    }
+}
+
+/// The operation type of a snapshot event (contract 1.3).
+pub const SNAPSHOT: &str = "snapshot";
+
+/// What a run reads (contract 1.3). The run loop is the same for every kind.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RunKind {
+    /// The change stream, live or replayed.
+    #[default]
+    Changes,
+    /// The watched collection's existing documents, as `snapshot` events (`handoff backfill`).
+    Backfill,
+    /// Documents the consumer's outbox disagrees with, as `snapshot` events (`handoff
+    /// reconcile`).
+    Repair,
 }
 
 /// The run's outcome as reported to the host.
@@ -341,6 +368,10 @@ pub trait Host {
     fn deployment(&mut self) -> Deployment;
     /// The checkpoint as loaded before the run started.
     fn load_checkpoint(&mut self) -> Checkpoint;
+    /// What this run reads (contract 1.3).
+    fn run_kind(&mut self) -> RunKind {
+        RunKind::Changes
+    }
     /// Opens the change stream (at most one per run). A token in `start` must be the
     /// checkpoint's.
     fn open(&mut self, start: Start) -> Result<(), StreamError>;
@@ -412,6 +443,11 @@ impl<'a> Delivered<'a> {
     /// The deployment this run is pinned to.
     pub fn deployment(&mut self) -> Deployment {
         self.host.deployment()
+    }
+
+    /// What this run reads: the change stream, or a snapshot's documents.
+    pub fn run_kind(&mut self) -> RunKind {
+        self.host.run_kind()
     }
 
     /// Milliseconds on the host's monotonic clock.

@@ -9,12 +9,15 @@
 //!   semantics;
 //! - `redb_store`: checkpoint and outbox in an embedded ACID store on disk;
 //! - `mongo`: a MongoDB replica set through the official driver (source and store);
-//! - `memory`: an in-memory store for tests and benchmarks.
+//! - `memory`: an in-memory store for tests and benchmarks;
+//! - `snapshot`: documents an operator command read, as a stream, and a store that keeps the
+//!   policy's commits for the command to write.
 
 pub mod memory;
 pub mod mongo;
 pub mod redb_store;
 pub mod replay;
+pub mod snapshot;
 
 /// Checks both embedded stores share.
 #[cfg(test)]

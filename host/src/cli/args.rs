@@ -369,6 +369,82 @@ impl PolicyArgs {
     }
 }
 
+/// The consumer's policy, for the commands that hand it documents (`backfill`, `reconcile`): the
+/// same policy, parameters and limits as the consumer's runs.
+#[derive(Args, Clone, Debug)]
+pub struct DecidingArgs {
+    #[command(flatten)]
+    pub policy: PolicyArgs,
+    /// Keep the snapshot event (`event`) in outbox records the policy shapes (true or false), as
+    /// the consumer's runs do with `--outbox-keep-event`.
+    #[arg(
+        long,
+        env = "OUTBOX_KEEP_EVENT",
+        default_value = "true",
+        value_name = "BOOL",
+        value_parser = clap::value_parser!(bool),
+        action = clap::ArgAction::Set
+    )]
+    pub outbox_keep_event: bool,
+}
+
+/// The consumer's policy, loaded and checked for snapshot runs, with its parameters.
+pub struct Deciding {
+    pub runtime: Runtime,
+    pub policy: Policy,
+    pub params: Vec<(String, String)>,
+    pub limits: Limits,
+    pub outbox: OutboxOptions,
+}
+
+impl DecidingArgs {
+    /// Loads the policy before anything is read: a policy that cannot decide snapshot documents
+    /// is refused here.
+    pub fn load(&self, command: &str) -> Result<Deciding> {
+        let params = self.policy.params()?;
+        let (runtime, policy) = self.policy.load()?;
+        handoff::run::snapshot::Snapshots::check_policy(&policy, command)?;
+        Ok(Deciding {
+            runtime,
+            policy,
+            params,
+            limits: self.policy.limits(),
+            outbox: OutboxOptions {
+                keep_event: self.outbox_keep_event,
+                invalidate_marker: false,
+            },
+        })
+    }
+}
+
+impl Deciding {
+    /// The snapshot runs of one consumer of `database.collection` on `deployment`.
+    pub fn snapshots(
+        &self,
+        kind: handoff::session::RunKind,
+        consumer: &str,
+        database: &str,
+        collection: &str,
+        deployment: &handoff::domain::Deployment,
+    ) -> handoff::run::snapshot::Snapshots<'_> {
+        handoff::run::snapshot::Snapshots {
+            runtime: &self.runtime,
+            policy: &self.policy,
+            params: self.params.clone(),
+            limits: self.limits.clone(),
+            outbox: self.outbox,
+            consumer: handoff::domain::Consumer {
+                consumer: consumer.to_string(),
+                source: format!("{database}.{collection}"),
+            },
+            deployment: deployment.clone(),
+            kind,
+            database: database.to_string(),
+            collection: collection.to_string(),
+        }
+    }
+}
+
 /// The consumer an operator command looks at: the deployment, the watched collection and the
 /// consumer's collections, from the same flags and environment variables as `run`.
 #[derive(Args, Clone, Debug)]

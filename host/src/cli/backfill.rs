@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use clap::Args;
 
-use super::args::{AuditArgs, TargetArgs, ViewArgs, reason_text};
+use super::args::{AuditArgs, DecidingArgs, TargetArgs, ViewArgs, reason_text};
 use handoff::backend::mongo::Connection;
 use handoff::error::{HandoffError, Result};
 use handoff::operate::backfill::{
@@ -16,8 +16,10 @@ use handoff::run::inputs::valid_name;
 #[command(after_help = concat!(
     "Each chunk (by _id) is read between a low and a high watermark written to the signal \
      collection and seen in the database's change stream; a stream event for a key of the chunk \
-     supersedes its row. The chunk's snapshot records (operationType \"snapshot\") and the saved \
-     position are committed in one transaction: a killed backfill resumes from its last chunk. \
+     supersedes its row. The other rows reach the consumer's policy (--policy, --policy-param, \
+     as for `handoff run`; built against contract 1.3 or later) as events of operationType \
+     \"snapshot\", which it hands off, shapes, skips or quarantines like any event. Its records \
+     and the saved position are committed in one transaction: a killed backfill resumes from its last chunk. \
      `handoff run` keeps streaming the consumer meanwhile. A consumer without a checkpoint (or \
      with a null token) is started at the stream's current position first, with the default \
      stream configuration: run `handoff run` once before a backfill to bind another one.\n\n\
@@ -35,6 +37,8 @@ pub struct BackfillArgs {
     pub audit: AuditArgs,
     #[command(flatten)]
     pub view: ViewArgs,
+    #[command(flatten)]
+    pub deciding: DecidingArgs,
     /// Why (recorded in the audit record).
     #[arg(long, value_name = "REASON", required = true)]
     pub reason: String,
@@ -69,6 +73,7 @@ impl BackfillArgs {
             ("--consumer-id", &t.consumer.consumer_id),
             ("--checkpoint-collection", &t.consumer.checkpoint_collection),
             ("--outbox-collection", &t.consumer.outbox_collection),
+            ("--quarantine-collection", &t.consumer.quarantine_collection),
             ("--signal-collection", &self.signal_collection),
             ("--state-collection", &self.state_collection),
             ("--audit-collection", &self.audit.audit_collection),
@@ -85,6 +90,7 @@ impl BackfillArgs {
         let written = [
             ("--checkpoint-collection", &t.consumer.checkpoint_collection),
             ("--outbox-collection", &t.consumer.outbox_collection),
+            ("--quarantine-collection", &t.consumer.quarantine_collection),
             ("--signal-collection", &self.signal_collection),
             ("--state-collection", &self.state_collection),
             ("--audit-collection", &self.audit.audit_collection),
@@ -122,6 +128,7 @@ impl BackfillArgs {
             consumer: t.consumer.consumer_id.clone(),
             checkpoint_collection: t.consumer.checkpoint_collection.clone(),
             outbox_collection: t.consumer.outbox_collection.clone(),
+            quarantine_collection: t.consumer.quarantine_collection.clone(),
             signal_collection: self.signal_collection.clone(),
             state_collection: self.state_collection.clone(),
             audit_collection: self.audit.audit_collection.clone(),
@@ -137,8 +144,16 @@ impl BackfillArgs {
 
 pub fn run(args: BackfillArgs) -> Result<()> {
     let options = args.options()?;
+    let deciding = args.deciding.load("backfill")?;
     let connection = Connection::connect(&args.target.uri)?;
-    let outcome = Backfill::new(&connection, &args.target.uri, options).run();
+    let snapshots = deciding.snapshots(
+        handoff::session::RunKind::Backfill,
+        &options.consumer,
+        &options.database,
+        &options.collection,
+        connection.deployment(),
+    );
+    let outcome = Backfill::new(&connection, &args.target.uri, options, &snapshots).run();
     connection.close();
     let summary = outcome?;
     if args.view.json {

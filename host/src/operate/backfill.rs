@@ -32,23 +32,24 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use bson::oid::ObjectId;
-use bson::{Bson, DateTime, Document, doc};
+use bson::{Bson, DateTime, Document, RawDocumentBuf, doc};
 use futures_util::TryStreamExt;
 use mongodb::change_stream::ChangeStream;
 use mongodb::error::{Error as DriverError, ErrorKind, WriteFailure};
 use mongodb::options::ReturnDocument;
 use mongodb::{ClientSession, Collection, Database};
-use sha2::Digest;
 
 use crate::backend::mongo::transaction::{self, Decision, Failure};
-use crate::backend::mongo::{Connection, MAX_DOCUMENT_BYTES, Redactor};
+use crate::backend::mongo::{Connection, Redactor};
+use crate::backend::snapshot::Position;
 use crate::domain::StreamConfig;
 use crate::domain::checkpoint::{self, Mode};
 use crate::domain::text::{escape_name, escape_untrusted};
-use crate::domain::token::{canonical_text, cluster_time};
+use crate::domain::token::cluster_time;
 use crate::error::HandoffError;
 use crate::operate::audit::AuditEntry;
 use crate::operate::progress::Progress;
+use crate::run::snapshot::{self, Decided, Fate, Snapshots};
 
 /// The default signal collection (`--signal-collection`).
 pub const DEFAULT_SIGNAL_COLLECTION: &str = "kestra_change_signals";
@@ -69,6 +70,7 @@ pub struct Options {
     pub consumer: String,
     pub checkpoint_collection: String,
     pub outbox_collection: String,
+    pub quarantine_collection: String,
     pub signal_collection: String,
     pub state_collection: String,
     pub audit_collection: String,
@@ -121,12 +123,10 @@ pub enum BackfillError {
         "the source collection was {0} during the backfill; nothing was committed for the chunk in flight"
     )]
     SourceGone(&'static str),
-    /// A snapshot record would be over MongoDB's document limit.
-    #[error(
-        "the snapshot record of a document of chunk {0} is over MongoDB's 16 MiB document limit; \
-         nothing was committed for this chunk"
-    )]
-    TooLarge(i64),
+    /// The consumer's policy failed or broke a rule while deciding a chunk's documents (a
+    /// record over MongoDB's document limit included): nothing was committed for the chunk.
+    #[error(transparent)]
+    Policy(HandoffError),
     /// The server refused or failed an operation.
     #[error("{what}: {detail}")]
     Server {
@@ -148,11 +148,10 @@ impl From<BackfillError> for HandoffError {
     fn from(error: BackfillError) -> HandoffError {
         let text = error.to_string();
         match error {
-            BackfillError::Checkpoint(error) => error,
+            BackfillError::Checkpoint(error) | BackfillError::Policy(error) => error,
             BackfillError::Conflict => HandoffError::Conflict(text),
             BackfillError::OtherSource(_) => HandoffError::Mismatch(text),
             BackfillError::SourceGone(_) => HandoffError::StreamFatal(text),
-            BackfillError::TooLarge(_) => HandoffError::EventTooLarge(text),
             BackfillError::Server { code: Some(13), .. } => HandoffError::unauthorized(&text),
             BackfillError::Server { code: Some(18), .. } => HandoffError::Authentication(text),
             BackfillError::Server {
@@ -170,7 +169,7 @@ impl From<BackfillError> for HandoffError {
 pub struct Summary {
     pub consumer: String,
     pub source: String,
-    /// Every document was handed off.
+    /// Every document was decided by the policy.
     pub done: bool,
     /// Nothing was left to do when this invocation started.
     pub already_done: bool,
@@ -185,7 +184,11 @@ pub struct Summary {
     pub dropped: i64,
     /// This invocation's share.
     pub run_chunks: i64,
+    /// Documents the policy decided, and how: handed off, quarantined, skipped.
     pub run_rows: i64,
+    pub run_handed_off: i64,
+    pub run_quarantined: i64,
+    pub run_skipped: i64,
     pub run_dropped: i64,
     pub elapsed: Duration,
 }
@@ -207,6 +210,9 @@ impl Summary {
             "this_run": {
                 "chunks": self.run_chunks,
                 "rows": self.run_rows,
+                "handed_off": self.run_handed_off,
+                "quarantined": self.run_quarantined,
+                "skipped": self.run_skipped,
                 "dropped": self.run_dropped,
             },
             "elapsed_seconds": (self.elapsed.as_secs_f64() * 1000.0).round() / 1000.0,
@@ -228,13 +234,16 @@ impl Summary {
             }
         );
         text.push_str(&format!(
-            "  chunks {}, documents handed off {}, rows superseded by stream events {}\n",
+            "  chunks {}, documents decided by the policy {}, rows superseded by stream events {}\n",
             self.chunks, self.rows, self.dropped
         ));
         text.push_str(&format!(
-            "  this run: chunks {}, documents {}, superseded {}, {:.1} s{}{}\n",
+            "  this run: chunks {}, documents {} (handed off {}, quarantined {}, skipped {}), superseded {}, {:.1} s{}{}\n",
             self.run_chunks,
             self.run_rows,
+            self.run_handed_off,
+            self.run_quarantined,
+            self.run_skipped,
             self.run_dropped,
             self.elapsed.as_secs_f64(),
             if self.resumed { ", resumed" } else { "" },
@@ -247,50 +256,6 @@ impl Summary {
         }
         text
     }
-}
-
-/// The `_id` of a snapshot record: `<consumer>/<hex SHA-256 of the canonical text of
-/// {snapshot: {ns, documentKey: {_id: key}, at: position token}}>`.
-pub fn snapshot_record_id(consumer: &str, ns: &str, key: &Bson, at: &Document) -> String {
-    let input = doc! {
-        "snapshot": { "ns": ns, "documentKey": { "_id": key.clone() }, "at": at.clone() }
-    };
-    let digest = sha2::Sha256::digest(canonical_text(&input).as_bytes());
-    format!("{consumer}/{}", hex::encode(digest))
-}
-
-/// Where snapshot records stand: a position token and its cluster time.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Position {
-    pub token: Document,
-    pub cluster_time: bson::Timestamp,
-}
-
-/// The snapshot record of `document` (its `_id` the key) at `at`.
-pub fn snapshot_record(
-    consumer: &str,
-    database: &str,
-    collection: &str,
-    document: Document,
-    at: &Position,
-    now: DateTime,
-) -> Option<Document> {
-    let key = document.get("_id")?.clone();
-    let ns = format!("{database}.{collection}");
-    Some(doc! {
-        "_id": snapshot_record_id(consumer, &ns, &key, &at.token),
-        "consumer": consumer,
-        "source": &ns,
-        "event": {
-            "_id": at.token.clone(),
-            "operationType": "snapshot",
-            "clusterTime": at.cluster_time,
-            "ns": { "db": database, "coll": collection },
-            "documentKey": { "_id": key },
-            "fullDocument": document,
-        },
-        "snapshot": { "command": "backfill", "at": now },
-    })
 }
 
 /// A document key as a comparable value (its BSON encoding).
@@ -381,6 +346,8 @@ pub struct Backfill<'a> {
     redactor: Option<Redactor>,
     options: Options,
     db: Database,
+    /// The consumer's policy, which decides every document as a `snapshot` event.
+    snapshots: &'a Snapshots<'a>,
 }
 
 /// The state document before the next commit: absent (insert it) or as saved (compare-and-set).
@@ -391,13 +358,19 @@ enum Saved {
 
 impl<'a> Backfill<'a> {
     /// `uri` only builds the redactor that keeps credentials out of error texts.
-    pub fn new(connection: &'a Connection, uri: &str, options: Options) -> Backfill<'a> {
+    pub fn new(
+        connection: &'a Connection,
+        uri: &str,
+        options: Options,
+        snapshots: &'a Snapshots<'a>,
+    ) -> Backfill<'a> {
         let db = connection.database(&options.database);
         Backfill {
             connection,
             redactor: Redactor::for_uri(uri),
             options,
             db,
+            snapshots,
         }
     }
 
@@ -466,6 +439,9 @@ impl<'a> Backfill<'a> {
             dropped: 0,
             run_chunks: 0,
             run_rows: 0,
+            run_handed_off: 0,
+            run_quarantined: 0,
+            run_skipped: 0,
             run_dropped: 0,
             elapsed: Duration::ZERO,
         };
@@ -508,6 +484,7 @@ impl<'a> Backfill<'a> {
             &[
                 &o.checkpoint_collection,
                 &o.outbox_collection,
+                &o.quarantine_collection,
                 &o.signal_collection,
                 &o.state_collection,
                 &o.audit_collection,
@@ -554,37 +531,44 @@ impl<'a> Backfill<'a> {
             let outcome = self.chunk(&mut stream, chunk, &state.last_key).await?;
             let mut next = state.clone();
             next.chunks = chunk;
-            let (records, read, dropped) = match &outcome {
+            let empty = Decided::default();
+            let (decided, read, dropped) = match &outcome {
                 Chunk::Empty => {
                     next.chunks = state.chunks;
                     next.done = true;
-                    (Vec::new(), 0, 0)
+                    (&empty, 0, 0)
                 }
                 Chunk::Rows {
-                    records,
+                    decided,
                     last_key,
                     read,
                     dropped,
                 } => {
                     next.last_key = Some(last_key.clone());
-                    next.rows += records.len() as i64;
+                    next.rows += decided.fates.len() as i64;
                     next.dropped += *dropped as i64;
-                    (records.clone(), *read, *dropped)
+                    (decided, *read, *dropped)
                 }
             };
             let audit_record = audit.take().map(|mut entry| {
                 entry.to = Bson::Document(next.figures());
                 entry.document()
             });
-            self.commit(&saved, &next, &records, audit_record).await?;
+            self.commit(&saved, &next, decided, audit_record).await?;
             if let Chunk::Rows { .. } = outcome {
+                let handed_off = decided.count(Fate::HandedOff) as i64;
+                let quarantined = decided.count(Fate::Quarantined) as i64;
                 summary.run_chunks += 1;
-                summary.run_rows += records.len() as i64;
+                summary.run_rows += decided.fates.len() as i64;
+                summary.run_handed_off += handed_off;
+                summary.run_quarantined += quarantined;
+                summary.run_skipped += decided.count(Fate::Skipped) as i64;
                 summary.run_dropped += dropped as i64;
                 progress.add(read as u64);
                 tracing::debug!(
                     chunk,
-                    rows = records.len(),
+                    handed_off,
+                    quarantined,
                     dropped,
                     "backfill chunk committed"
                 );
@@ -828,8 +812,7 @@ impl<'a> Backfill<'a> {
             }
         };
         let read = rows.len();
-        let now = DateTime::now();
-        let mut records = Vec::with_capacity(read);
+        let mut reads = Vec::with_capacity(read);
         let mut dropped = 0;
         for row in rows {
             let Some(key) = row.get("_id") else {
@@ -839,21 +822,18 @@ impl<'a> Backfill<'a> {
                 dropped += 1;
                 continue;
             }
-            let record =
-                snapshot_record(&o.consumer, &o.database, &o.collection, row, &position, now)
-                    .ok_or_else(|| BackfillError::Unexpected("a document without _id".into()))?;
-            let size = bson::serialize_to_vec(&record).map_or(usize::MAX, |b| b.len());
-            if size > MAX_DOCUMENT_BYTES {
-                return Err(BackfillError::TooLarge(chunk));
-            }
-            records.push(record);
+            reads.extend(snapshot::read(row));
         }
+        let decided = self
+            .snapshots
+            .decide(&reads, &position)
+            .map_err(BackfillError::Policy)?;
         // The watermarks have served; the signal collection need not grow with the backfill.
         let _ = signals
             .delete_many(doc! { "_id": { "$in": [low, high] } })
             .await;
         Ok(Chunk::Rows {
-            records,
+            decided,
             last_key: last,
             read,
             dropped,
@@ -894,7 +874,7 @@ impl<'a> Backfill<'a> {
         &self,
         saved: &Saved,
         next: &State,
-        records: &[Document],
+        decided: &Decided,
         audit: Option<Document>,
     ) -> Result<(), BackfillError> {
         let retries = std::sync::atomic::AtomicU32::new(0);
@@ -905,7 +885,7 @@ impl<'a> Backfill<'a> {
                 &states,
                 &retries,
                 async |session| match self
-                    .statements(session, saved, next, records, audit.as_ref())
+                    .statements(session, saved, next, decided, audit.as_ref())
                     .await
                 {
                     Ok(()) => Ok(Decision::Commit(())),
@@ -929,7 +909,7 @@ impl<'a> Backfill<'a> {
         session: &mut ClientSession,
         saved: &Saved,
         next: &State,
-        records: &[Document],
+        decided: &Decided,
         audit: Option<&Document>,
     ) -> Result<(), Statement> {
         let o = &self.options;
@@ -961,13 +941,19 @@ impl<'a> Backfill<'a> {
                 }
             }
         }
-        if !records.is_empty() {
-            self.collection(&o.outbox_collection)
-                .insert_many(records)
-                .ordered(true)
-                .session(&mut *session)
-                .await
-                .map_err(Statement::Driver)?;
+        for (collection, records) in [
+            (&o.outbox_collection, &decided.outbox),
+            (&o.quarantine_collection, &decided.quarantine),
+        ] {
+            if !records.is_empty() {
+                self.db
+                    .collection::<RawDocumentBuf>(collection)
+                    .insert_many(records)
+                    .ordered(true)
+                    .session(&mut *session)
+                    .await
+                    .map_err(Statement::Driver)?;
+            }
         }
         if let Some(audit) = audit {
             self.collection(&o.audit_collection)
@@ -984,7 +970,8 @@ enum Chunk {
     /// No document after the last key: the backfill is done.
     Empty,
     Rows {
-        records: Vec<Document>,
+        /// What the policy made of the rows no stream event superseded.
+        decided: Decided,
         last_key: Bson,
         /// Documents read.
         read: usize,
@@ -1031,81 +1018,6 @@ fn watermark_position(event: &Document) -> Result<Position, BackfillError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn position() -> Position {
-        Position {
-            token: doc! { "_data": "826553F1000000000301" },
-            cluster_time: bson::Timestamp {
-                time: 1_700_000_000,
-                increment: 3,
-            },
-        }
-    }
-
-    #[test]
-    fn record_ids_are_deterministic_per_key_and_position() {
-        let at = position().token;
-        let a = snapshot_record_id("c", "db.orders", &Bson::Int32(7), &at);
-        assert_eq!(
-            a,
-            snapshot_record_id("c", "db.orders", &Bson::Int32(7), &at)
-        );
-        assert!(a.starts_with("c/"));
-        assert_eq!(a.len(), 2 + 64);
-        assert_ne!(
-            a,
-            snapshot_record_id("c", "db.orders", &Bson::Int32(8), &at)
-        );
-        assert_ne!(a, snapshot_record_id("c", "db.other", &Bson::Int32(7), &at));
-        let later = doc! { "_data": "826553F1000000000401" };
-        assert_ne!(
-            a,
-            snapshot_record_id("c", "db.orders", &Bson::Int32(7), &later)
-        );
-        let input = doc! { "snapshot": { "ns": "db.orders", "documentKey": { "_id": 7 }, "at": at.clone() } };
-        let expected = hex::encode(sha2::Sha256::digest(canonical_text(&input).as_bytes()));
-        assert_eq!(a, format!("c/{expected}"));
-    }
-
-    #[test]
-    fn a_record_has_the_snapshot_shape() {
-        let now = DateTime::from_millis(5);
-        let record = snapshot_record(
-            "c",
-            "db",
-            "orders",
-            doc! { "_id": 1, "qty": 2 },
-            &position(),
-            now,
-        )
-        .unwrap();
-        let event = record.get_document("event").unwrap();
-        assert_eq!(event.get_str("operationType").unwrap(), "snapshot");
-        assert_eq!(event.get_document("_id").unwrap(), &position().token);
-        assert_eq!(
-            event.get_timestamp("clusterTime").unwrap(),
-            position().cluster_time
-        );
-        assert_eq!(
-            event.get_document("ns").unwrap(),
-            &doc! { "db": "db", "coll": "orders" }
-        );
-        assert_eq!(
-            event.get_document("documentKey").unwrap(),
-            &doc! { "_id": 1 }
-        );
-        assert_eq!(
-            event.get_document("fullDocument").unwrap(),
-            &doc! { "_id": 1, "qty": 2 }
-        );
-        assert_eq!(record.get_str("source").unwrap(), "db.orders");
-        assert_eq!(record.get_str("consumer").unwrap(), "c");
-        assert_eq!(
-            record.get_document("snapshot").unwrap(),
-            &doc! { "command": "backfill", "at": now }
-        );
-        assert!(snapshot_record("c", "db", "o", doc! { "x": 1 }, &position(), now).is_none());
-    }
 
     #[test]
     fn a_state_round_trips_and_its_filter_names_it() {

@@ -6,11 +6,13 @@
 //!   fixed once when it begins, and the run itself;
 //! - `backends`: where the events come from and where the state goes (a replica set, or a
 //!   recording with an embedded store);
+//! - `snapshot`: documents an operator command read, decided by the policy as a run's events;
 //! - `watchdog`: ends the process when a run outlives its deadline plus a grace period.
 
 pub mod backends;
 pub mod inputs;
 pub mod plan;
+pub mod snapshot;
 pub mod watchdog;
 
 pub use backends::Backends;

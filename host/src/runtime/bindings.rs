@@ -147,6 +147,15 @@ impl wit_host::Host for RunState {
         self.back_to_guest(checkpoint)
     }
 
+    fn kind_of_run(&mut self) -> types::RunKind {
+        let kind = match self.session.kind() {
+            session::RunKind::Changes => types::RunKind::Changes,
+            session::RunKind::Backfill => types::RunKind::Backfill,
+            session::RunKind::Repair => types::RunKind::Repair,
+        };
+        self.back_to_guest(kind)
+    }
+
     fn open_stream(
         &mut self,
         start: types::StreamStart,

@@ -140,6 +140,16 @@ pub struct Session {
     lease_renewed: Instant,
     /// The stream splits large events (`--split-large-events`): only then is `splitEvent` read.
     split_events: bool,
+    kind: RunKind,
+}
+
+/// What a run reads: the change stream, or documents an operator command read (a snapshot run,
+/// whose commits the command writes with its own progress).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RunKind {
+    Changes,
+    Backfill,
+    Repair,
 }
 
 impl Session {
@@ -178,7 +188,18 @@ impl Session {
             lease: None,
             lease_renewed: Instant::now(),
             split_events: false,
+            kind: RunKind::Changes,
         }
+    }
+
+    /// A snapshot run (`backfill`, `repair`) instead of the change stream.
+    pub fn with_kind(mut self, kind: RunKind) -> Self {
+        self.kind = kind;
+        self
+    }
+
+    pub fn kind(&self) -> RunKind {
+        self.kind
     }
 
     /// Puts the fragments of split events together (the stream was opened with
