@@ -2,7 +2,7 @@
 
 use clap::Args;
 
-use super::args::{AuditArgs, TargetArgs, ViewArgs, reason_text};
+use super::args::{AuditArgs, DecidingArgs, TargetArgs, ViewArgs, reason_text};
 use handoff::backend::mongo::{Connection, Redactor};
 use handoff::error::{HandoffError, Result};
 use handoff::operate::progress::Sink;
@@ -16,6 +16,9 @@ correction records count) says what the document is now. Reported:\n  \
 missing   in the source, absent per the outbox\n  \
 orphan    present per the outbox, not in the source\n  \
 stale     in both, different (field order does not count)\n  \
+held      differing, but the consumer's policy (--policy, --policy-param, as for `handoff run`; \
+built against contract 1.3 or later) would quarantine or skip the document as it is now: what \
+the policy produced, so not a difference\n  \
 in flight changed in the stream after the consumer's checkpoint: the next run hands them off, \
 so they are counted apart and never as differences (the stream is read from the checkpoint to \
 the current position before the source is read and again after)\n\
@@ -35,6 +38,8 @@ pub struct ReconcileArgs {
     pub audit: AuditArgs,
     #[command(flatten)]
     pub view: ViewArgs,
+    #[command(flatten)]
+    pub deciding: DecidingArgs,
     /// Keys listed per kind of difference (counts are always complete).
     #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(0..=100_000))]
     pub limit: u32,
@@ -51,9 +56,10 @@ pub struct ReconcileArgs {
     /// at all are found only without --since.
     #[arg(long, value_name = "T")]
     pub since: Option<String>,
-    /// Hand off a correction record (operation type `snapshot`, a fresh position) for every
-    /// missing, stale and orphan key, in transactions of 100, with an audit record. Needs
-    /// --reason.
+    /// Hand every missing, stale and orphan key's document as it is now (operation type
+    /// `snapshot`, a fresh position; `fullDocument` null for an orphan) to the consumer's
+    /// policy, and write the records it hands off, in transactions of 100, with an audit
+    /// record. Needs --reason.
     #[arg(long, requires = "reason")]
     pub repair: bool,
     /// Why the repair is made (1-500 printable characters), kept in the audit record.
@@ -114,9 +120,17 @@ pub fn run(args: ReconcileArgs) -> Result<()> {
     if let Some(path) = &args.html {
         Page::check_path(path)?;
     }
+    let deciding = args.deciding.load("reconcile")?;
     let connection = Connection::connect(&args.target.uri)?;
     let redactor = Redactor::for_uri(&args.target.uri).unwrap_or_default();
-    let outcome = reconcile::reconcile(&connection, &redactor, &options);
+    let snapshots = deciding.snapshots(
+        handoff::session::RunKind::Repair,
+        &options.consumer,
+        &options.database,
+        &options.collection,
+        connection.deployment(),
+    );
+    let outcome = reconcile::reconcile(&connection, &redactor, &options, &snapshots);
     connection.close();
     let report = outcome?;
     // The HTML report is written whatever became of stdout.

@@ -24,22 +24,22 @@
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use bson::{Bson, DateTime, Document, Timestamp, doc};
+use bson::{Bson, DateTime, Document, RawDocumentBuf, Timestamp, doc};
 use futures_util::TryStreamExt;
 use mongodb::change_stream::event::ResumeToken;
 use mongodb::error::{Error as DriverError, ErrorKind};
 use mongodb::{ClientSession, Collection, Database};
 use serde_json::{Value, json};
-use sha2::{Digest as _, Sha256};
 
 use super::audit::AuditEntry;
 use super::outbox_view::{self, Entry, OutboxView, Position, Said, key_text};
 use super::progress::{Progress, Sink};
 use crate::backend::mongo::transaction::{self, Decision, Failure};
 use crate::backend::mongo::{Connection, Redactor};
+use crate::backend::snapshot::{Position as SnapshotPosition, Read};
+use crate::run::snapshot::{Fate, Snapshots};
 use crate::domain::checkpoint::{self, Mode};
 use crate::domain::text::{escape_name, escape_untrusted};
-use crate::domain::token::canonical_text;
 use crate::error::{HandoffError, Result};
 
 /// Correction records per transaction.
@@ -103,6 +103,9 @@ pub struct Found {
 pub struct Repaired {
     /// Correction records inserted.
     pub written: u64,
+    /// Keys the policy no longer hands off when their correction was decided (the document
+    /// changed since the comparison): nothing written for them.
+    pub held: u64,
     /// Correction records found already stored (a retried batch).
     pub already_present: u64,
     pub transactions: u64,
@@ -120,6 +123,10 @@ pub struct Report {
     pub missing: Found,
     pub orphan: Found,
     pub stale: Found,
+    /// Keys the outbox disagrees with that the consumer's policy would quarantine or skip as
+    /// they are now: what the policy would have produced, so not differences.
+    pub quarantined: Found,
+    pub skipped: Found,
     pub in_flight: u64,
     pub checkpoint_cluster_time: Option<Timestamp>,
     pub outbox_records: u64,
@@ -167,6 +174,10 @@ impl Report {
             "missing": found(&self.missing),
             "orphan": found(&self.orphan),
             "stale": found(&self.stale),
+            "held_by_policy": {
+                "quarantined": found(&self.quarantined),
+                "skipped": found(&self.skipped),
+            },
             "in_flight": { "count": self.in_flight },
             "checkpoint_cluster_time": self.checkpoint_cluster_time.map(time_text),
             "outbox_records": self.outbox_records,
@@ -176,6 +187,7 @@ impl Report {
         if let Some(repair) = &self.repair {
             out["repair"] = json!({
                 "written": repair.written,
+                "held": repair.held,
                 "already_present": repair.already_present,
                 "transactions": repair.transactions,
                 "audit_id": repair.audit_id,
@@ -211,7 +223,17 @@ impl Report {
             ("missing", &self.missing),
             ("orphan", &self.orphan),
             ("stale", &self.stale),
+            ("quarantined", &self.quarantined),
+            ("skipped", &self.skipped),
         ] {
+            if matches!(name, "quarantined" | "skipped") && found.count == 0 {
+                continue;
+            }
+            let name = match name {
+                "quarantined" => "held: quarantined by the policy",
+                "skipped" => "held: skipped by the policy",
+                name => name,
+            };
             out.push_str(&format!("  {name:<14} {}\n", found.count));
             for key in &found.keys {
                 out.push_str(&format!("      {key}\n"));
@@ -229,8 +251,8 @@ impl Report {
         ));
         if let Some(repair) = &self.repair {
             out.push_str(&format!(
-                "  repaired       {} correction records written ({} already present) in {} transactions\n",
-                repair.written, repair.already_present, repair.transactions
+                "  repaired       {} correction records written ({} already present, {} held by the policy) in {} transactions\n",
+                repair.written, repair.already_present, repair.held, repair.transactions
             ));
         }
         out.push_str(&if self.differences() == 0 {
@@ -485,11 +507,17 @@ pub fn reconcile(
     connection: &Connection,
     redactor: &Redactor,
     options: &Options,
+    snapshots: &Snapshots<'_>,
 ) -> Result<Report> {
-    connection.block_on(run(connection, redactor, options))
+    connection.block_on(run(connection, redactor, options, snapshots))
 }
 
-async fn run(connection: &Connection, redactor: &Redactor, options: &Options) -> Result<Report> {
+async fn run(
+    connection: &Connection,
+    redactor: &Redactor,
+    options: &Options,
+    snapshots: &Snapshots<'_>,
+) -> Result<Report> {
     let errors = Errors { redactor };
     let database = connection.database(&options.database);
     let source_name = format!("{}.{}", options.database, options.collection);
@@ -676,6 +704,25 @@ async fn run(connection: &Connection, redactor: &Redactor, options: &Options) ->
     report.in_flight = in_flight.len() as u64;
     report.checked = checked_keys;
     differences.sort_by(|a, b| a.text.cmp(&b.text));
+    // What the policy would make of each key as it is now: one it would quarantine or skip is
+    // what the policy produced, not a difference.
+    let fates = policy_fates(&source, snapshots, &differences, &errors).await?;
+    let mut kept = Vec::with_capacity(differences.len());
+    for (difference, fate) in differences.into_iter().zip(fates) {
+        let held = match fate {
+            Fate::HandedOff => {
+                kept.push(difference);
+                continue;
+            }
+            Fate::Quarantined => &mut report.quarantined,
+            Fate::Skipped => &mut report.skipped,
+        };
+        held.count += 1;
+        if held.keys.len() < options.limit {
+            held.keys.push(escape_untrusted(&difference.text, KEY_CHARS));
+        }
+    }
+    let differences = kept;
     for difference in &differences {
         let found = match difference.kind {
             Kind::Missing => &mut report.missing,
@@ -716,6 +763,7 @@ async fn run(connection: &Connection, redactor: &Redactor, options: &Options) ->
                 reason,
                 &report,
                 &differences,
+                snapshots,
                 &errors,
             )
             .await?,
@@ -726,42 +774,53 @@ async fn run(connection: &Connection, redactor: &Redactor, options: &Options) ->
     Ok(report)
 }
 
-/// The deterministic `_id` of a correction record of `key` at `position`.
-pub fn correction_id(consumer: &str, namespace: &str, key: &Bson, position: &Document) -> String {
-    let text = canonical_text(&doc! {
-        "snapshot": { "ns": namespace, "documentKey": { "_id": key.clone() }, "at": position.clone() }
-    });
-    format!(
-        "{consumer}/{}",
-        hex::encode(Sha256::digest(text.as_bytes()))
-    )
+/// The documents of `batch` as they are now (`None`: gone), in its order.
+async fn reads_of(
+    source: &Collection<Document>,
+    batch: &[Difference],
+    errors: &Errors<'_>,
+) -> Result<Vec<Read>> {
+    let keys: Vec<Bson> = batch.iter().map(|d| d.key.clone()).collect();
+    let mut by_key: std::collections::HashMap<String, Document> = read_keys(source, &keys, errors)
+        .await?
+        .into_iter()
+        .filter_map(|d| Some((key_text(d.get("_id")?), d)))
+        .collect();
+    Ok(keys
+        .into_iter()
+        .map(|key| {
+            let document = by_key.remove(&key_text(&key));
+            Read { key, document }
+        })
+        .collect())
 }
 
-/// A correction record: what the source holds for `key` now (`None`: absent), at `position`.
-pub fn correction_record(
-    consumer: &str,
-    database: &str,
-    collection: &str,
-    key: &Bson,
-    position: &Document,
-    time: Timestamp,
-    document: Option<Document>,
-) -> Document {
-    let namespace = format!("{database}.{collection}");
-    doc! {
-        "_id": correction_id(consumer, &namespace, key, position),
-        "consumer": consumer,
-        "source": &namespace,
-        "event": {
-            "_id": position.clone(),
-            "operationType": "snapshot",
-            "clusterTime": time,
-            "ns": { "db": database, "coll": collection },
-            "documentKey": { "_id": key.clone() },
-            "fullDocument": document.map_or(Bson::Null, Bson::Document),
-        },
-        "snapshot": { "command": "reconcile", "at": DateTime::now() },
+/// A snapshot position: a resume token and its cluster time.
+fn snapshot_position(token: Document, at: &Position) -> SnapshotPosition {
+    SnapshotPosition {
+        token,
+        cluster_time: at.cluster_time(),
     }
+}
+
+/// What the consumer's policy makes of each difference's document as it is now, in order.
+async fn policy_fates(
+    source: &Collection<Document>,
+    snapshots: &Snapshots<'_>,
+    differences: &[Difference],
+    errors: &Errors<'_>,
+) -> Result<Vec<Fate>> {
+    let mut fates = Vec::with_capacity(differences.len());
+    for batch in differences.chunks(REPAIR_BATCH) {
+        let token = current_token(source, errors).await?;
+        let at = Position::of_token(&token).ok_or_else(|| {
+            HandoffError::Unavailable("the server's resume token has no cluster time".into())
+        })?;
+        let reads = reads_of(source, batch, errors).await?;
+        let decided = snapshots.decide(&reads, &snapshot_position(token, &at))?;
+        fates.extend(decided.fates);
+    }
+    Ok(fates)
 }
 
 /// Hands off correction records for `keys`, [`REPAIR_BATCH`] per transaction, the audit record
@@ -775,9 +834,10 @@ async fn repair(
     reason: &str,
     report: &Report,
     differences: &[Difference],
+    snapshots: &Snapshots<'_>,
     errors: &Errors<'_>,
 ) -> Result<Repaired> {
-    let outbox = database.collection::<Document>(&options.outbox);
+    let outbox = database.collection::<RawDocumentBuf>(&options.outbox);
     let audit_records = database.collection::<Document>(&options.audit);
     let evidence = doc! {
         "checked": report.checked as i64,
@@ -796,6 +856,7 @@ async fn repair(
             "missing": report.missing.count as i64,
             "orphan": report.orphan.count as i64,
             "stale": report.stale.count as i64,
+            "held_by_policy": (report.quarantined.count + report.skipped.count) as i64,
         }),
         to: Bson::Document(doc! { "correction_records": differences.len() as i64 }),
         reason: reason.to_string(),
@@ -813,26 +874,10 @@ async fn repair(
     for batch in differences.chunks(REPAIR_BATCH) {
         // The position first, then the documents: a change after it comes later in the stream.
         let (position, at) = position_after(source, batch, errors).await?;
-        let keys: Vec<Bson> = batch.iter().map(|d| d.key.clone()).collect();
-        let documents = read_keys(source, &keys, errors).await?;
-        let mut by_key: std::collections::HashMap<String, Document> = documents
-            .into_iter()
-            .filter_map(|d| Some((key_text(d.get("_id")?), d)))
-            .collect();
-        let records: Vec<Document> = keys
-            .iter()
-            .map(|key| {
-                correction_record(
-                    &options.consumer,
-                    &options.database,
-                    &options.collection,
-                    key,
-                    &position,
-                    at.cluster_time(),
-                    by_key.remove(&key_text(key)),
-                )
-            })
-            .collect();
+        let reads = reads_of(source, batch, errors).await?;
+        let decided = snapshots.decide(&reads, &snapshot_position(position, &at))?;
+        repaired.held += (decided.fates.len() as u64) - decided.count(Fate::HandedOff);
+        let records = decided.outbox;
         let (written, present) = commit_batch(
             connection,
             &outbox,
@@ -889,15 +934,16 @@ async fn position_after(
 /// record). Returns (written, already present).
 async fn commit_batch(
     connection: &Connection,
-    outbox: &Collection<Document>,
+    outbox: &Collection<RawDocumentBuf>,
     audit_records: &Collection<Document>,
-    records: &[Document],
+    records: &[RawDocumentBuf],
     audit: Option<&Document>,
     errors: &Errors<'_>,
 ) -> Result<(u64, u64)> {
     let what = "handing off correction records";
     let retries = std::sync::atomic::AtomicU32::new(0);
-    let committed = transaction::run(connection, outbox, &retries, async |session| {
+    let abandon_on = outbox.clone_with_type::<Document>();
+    let committed = transaction::run(connection, &abandon_on, &retries, async |session| {
         statements(session, outbox, audit_records, records, audit)
             .await
             .map(Decision::<_, std::convert::Infallible>::Commit)
@@ -919,18 +965,16 @@ async fn commit_batch(
 /// are inserted, the audit record once.
 async fn statements(
     session: &mut ClientSession,
-    outbox: &Collection<Document>,
+    outbox: &Collection<RawDocumentBuf>,
     audit_records: &Collection<Document>,
-    records: &[Document],
+    records: &[RawDocumentBuf],
     audit: Option<&Document>,
 ) -> std::result::Result<(u64, u64), DriverError> {
-    let ids: Vec<Bson> = records
-        .iter()
-        .filter_map(|r| r.get("_id").cloned())
-        .collect();
+    let ids: Vec<&str> = records.iter().filter_map(|r| r.get_str("_id").ok()).collect();
     let mut stored = HashSet::new();
     let mut cursor = outbox
-        .find(doc! { "_id": { "$in": ids } })
+        .clone_with_type::<Document>()
+        .find(doc! { "_id": { "$in": &ids } })
         .projection(doc! { "_id": 1 })
         .session(&mut *session)
         .await?;
@@ -940,9 +984,9 @@ async fn statements(
         }
     }
     drop(cursor);
-    let fresh: Vec<&Document> = records
+    let fresh: Vec<&RawDocumentBuf> = records
         .iter()
-        .filter(|r| !matches!(r.get("_id"), Some(Bson::String(id)) if stored.contains(id)))
+        .filter(|r| !r.get_str("_id").is_ok_and(|id| stored.contains(id)))
         .collect();
     // A retried first transaction whose commit went through has its audit record already.
     if let Some(audit) = audit {
