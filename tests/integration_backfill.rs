@@ -767,3 +767,94 @@ fn a_watermark_not_seen_in_time_fails_the_chunk_and_commits_nothing() {
     assert_eq!(summary["rows"], 30);
     assert_outbox_describes_source(&live);
 }
+
+#[test]
+fn every_backfilled_document_is_one_the_consumers_policy_decided() {
+    let live = server();
+    live.wait(
+        live.coll("orders").insert_many(
+            (1..=5)
+                .map(|i| doc! { "_id": i, "schemaVersion": 1, "total": i * 10 })
+                .chain([doc! { "_id": 6, "schemaVersion": 99, "card": "4111111111111111" }]),
+        ),
+    )
+    .expect("insert");
+
+    // The quarantine policy quarantines the poison document, as its runs would.
+    let summary = support::json_stdout(
+        &backfill(
+            &live,
+            &["--policy", handoff_test_policies::QUARANTINE, "--json"],
+        )
+        .output()
+        .expect("backfill"),
+    );
+    assert_eq!(summary["this_run"]["handed_off"], 5, "{summary}");
+    assert_eq!(summary["this_run"]["quarantined"], 1, "{summary}");
+    let outbox = snapshots(&live);
+    assert_eq!(outbox.len(), 5);
+    assert!(!format!("{outbox:?}").contains("4111111111111111"));
+    let quarantine = live.records("kestra_change_quarantine");
+    assert_eq!(quarantine.len(), 1);
+    let held = quarantine[0].get_document("event").unwrap();
+    assert_eq!(held.get_str("operationType").unwrap(), "snapshot");
+    assert_eq!(
+        held.get_document("documentKey").unwrap(),
+        &doc! { "_id": 6 }
+    );
+    assert!(
+        quarantine[0]
+            .get_str("reason")
+            .unwrap()
+            .contains("schemaVersion 99")
+    );
+
+    // A domain-events consumer gets typed records only, never raw change events.
+    let typed = support::json_stdout(
+        &backfill(
+            &live,
+            &[
+                "--policy",
+                handoff_test_policies::DOMAIN_EVENTS,
+                "--consumer-id",
+                "typed",
+                "--outbox-collection",
+                "typed_outbox",
+                "--outbox-keep-event",
+                "false",
+                "--json",
+            ],
+        )
+        .output()
+        .expect("backfill"),
+    );
+    assert_eq!(typed["this_run"]["handed_off"], 6, "{typed}");
+    let records = live.records("typed_outbox");
+    assert_eq!(records.len(), 6);
+    for record in &records {
+        assert_eq!(record.get_str("eventType").unwrap(), "OrderSnapshot");
+        assert!(record.get("event").is_none(), "{record}");
+        let payload = record.get_document("payload").unwrap();
+        assert!(payload.get("_id").is_none());
+        assert_eq!(payload.get("total").or(payload.get("card")).is_some(), true);
+    }
+
+    // A policy built before snapshot runs cannot say what a snapshot becomes: refused.
+    let out = backfill(
+        &live,
+        &[
+            "--policy",
+            handoff_test_policies::LEGACY_V1_1,
+            "--consumer-id",
+            "legacy",
+        ],
+    )
+    .output()
+    .expect("backfill");
+    support::refused(&out, 2, "contract 1.3.0 or later");
+    assert!(
+        live.records(STATES)
+            .iter()
+            .all(|s| s.get_str("_id").ok() != Some("legacy"))
+    );
+}

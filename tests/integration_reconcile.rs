@@ -555,3 +555,81 @@ fn a_repair_under_concurrent_writes_leaves_the_outbox_describing_the_source() {
     assert_eq!(counts(&settled), (0, 0, 0), "{settled}");
     assert_eq!(settled["in_flight"]["count"], 0, "{settled}");
 }
+
+/// The quarantine policy's consumer: a poison document (schema version 99, a card number)
+/// quarantined by its run, and a good one handed off.
+fn quarantining_consumer(live: &Live) -> Vec<&'static str> {
+    let policy = vec!["--policy", handoff_test_policies::QUARANTINE];
+    live.start_consumer();
+    live.wait(live.coll("orders").insert_many([
+        doc! { "_id": 1, "schemaVersion": 1, "total": 10 },
+        doc! { "_id": 2, "schemaVersion": 99, "card": "4111111111111111" },
+    ]))
+    .expect("insert");
+    support::ok(&live.run(&policy));
+    assert_eq!(live.outbox_len(), 1);
+    assert_eq!(live.records("kestra_change_quarantine").len(), 1);
+    policy
+}
+
+#[test]
+fn a_key_the_policy_quarantined_is_held_not_missing_and_never_repaired_into_the_outbox() {
+    let live = Live::start();
+    let policy = quarantining_consumer(&live);
+
+    // Compared with what the quarantine policy produces: nothing differs.
+    let held = report(&reconcile(&live, &policy), 0);
+    assert_eq!(counts(&held), (0, 0, 0), "{held}");
+    assert_eq!(held["held_by_policy"]["quarantined"]["count"], 1, "{held}");
+    assert_eq!(keys(&held["held_by_policy"], "quarantined"), vec!["2"]);
+    // The default policy would hand the poison document off: for it, the key is missing.
+    let default = report(&reconcile(&live, &[]), 16);
+    assert_eq!(counts(&default), (1, 0, 0), "{default}");
+
+    // A repair with the consumer's policy writes nothing for the held key …
+    let mut repair = policy.clone();
+    repair.extend(["--repair", "--reason", "verify after an incident"]);
+    let repaired = report(&reconcile(&live, &repair), 0);
+    assert_eq!(repaired["repair"]["written"], 0, "{repaired}");
+    assert_eq!(live.outbox_len(), 1);
+    // … and, once a record is really lost, writes the policy's record for that key only.
+    live.wait(live.coll(OUTBOX).delete_many(doc! {}))
+        .expect("delete");
+    let repaired = report(&reconcile(&live, &repair), 0);
+    assert_eq!(repaired["missing"]["count"], 1, "{repaired}");
+    assert_eq!(repaired["repair"]["written"], 1, "{repaired}");
+    let outbox = live.outbox();
+    assert_eq!(outbox.len(), 1);
+    let event = outbox[0].get_document("event").unwrap();
+    assert_eq!(event.get_str("operationType").unwrap(), "snapshot");
+    assert_eq!(
+        event.get_document("documentKey").unwrap(),
+        &doc! { "_id": 1 }
+    );
+    assert!(
+        !format!("{outbox:?}").contains("4111111111111111"),
+        "the poison document never reaches the outbox"
+    );
+    assert_eq!(counts(&report(&reconcile(&live, &policy), 0)), (0, 0, 0));
+}
+
+#[test]
+fn a_policy_built_before_snapshot_runs_is_refused_before_anything_is_read() {
+    let live = Live::start();
+    quarantining_consumer(&live);
+    live.wait(live.coll(OUTBOX).delete_many(doc! {}))
+        .expect("delete");
+    let out = reconcile(
+        &live,
+        &[
+            "--policy",
+            handoff_test_policies::LEGACY_V1_1,
+            "--repair",
+            "--reason",
+            "a test",
+        ],
+    );
+    support::refused(&out, 2, "contract 1.3.0 or later");
+    assert!(live.outbox().is_empty());
+    assert!(live.records(AUDIT).is_empty());
+}

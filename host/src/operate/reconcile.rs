@@ -37,10 +37,10 @@ use super::progress::{Progress, Sink};
 use crate::backend::mongo::transaction::{self, Decision, Failure};
 use crate::backend::mongo::{Connection, Redactor};
 use crate::backend::snapshot::{Position as SnapshotPosition, Read};
-use crate::run::snapshot::{Fate, Snapshots};
 use crate::domain::checkpoint::{self, Mode};
 use crate::domain::text::{escape_name, escape_untrusted};
 use crate::error::{HandoffError, Result};
+use crate::run::snapshot::{Fate, Snapshots};
 
 /// Correction records per transaction.
 pub const REPAIR_BATCH: usize = 100;
@@ -719,7 +719,8 @@ async fn run(
         };
         held.count += 1;
         if held.keys.len() < options.limit {
-            held.keys.push(escape_untrusted(&difference.text, KEY_CHARS));
+            held.keys
+                .push(escape_untrusted(&difference.text, KEY_CHARS));
         }
     }
     let differences = kept;
@@ -970,7 +971,10 @@ async fn statements(
     records: &[RawDocumentBuf],
     audit: Option<&Document>,
 ) -> std::result::Result<(u64, u64), DriverError> {
-    let ids: Vec<&str> = records.iter().filter_map(|r| r.get_str("_id").ok()).collect();
+    let ids: Vec<&str> = records
+        .iter()
+        .filter_map(|r| r.get_str("_id").ok())
+        .collect();
     let mut stored = HashSet::new();
     let mut cursor = outbox
         .clone_with_type::<Document>()
