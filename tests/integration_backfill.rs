@@ -858,3 +858,31 @@ fn every_backfilled_document_is_one_the_consumers_policy_decided() {
             .all(|s| s.get_str("_id").ok() != Some("legacy"))
     );
 }
+
+#[test]
+fn a_hostile_policy_in_a_snapshot_run_writes_nothing() {
+    let live = server();
+    live.insert(1..30);
+    for (policy, needle) in [
+        (
+            handoff_test_policies::SPIN_FOREVER,
+            "without calling the host",
+        ),
+        (handoff_test_policies::FORGED_TOKEN, ""),
+        (handoff_test_policies::HOARD, ""),
+        (handoff_test_policies::HUGE_ID, ""),
+        (handoff_test_policies::TRAP, "trapped"),
+    ] {
+        let out = backfill(
+            &live,
+            &["--policy", policy, "--policy-slice-ms", "200", "--json"],
+        )
+        .output()
+        .expect("backfill");
+        support::refused(&out, 9, needle);
+        assert!(snapshots(&live).is_empty(), "{policy}");
+        assert!(live.records("kestra_change_quarantine").is_empty());
+        assert!(state(&live).is_none(), "{policy}");
+        assert!(audits(&live).is_empty(), "{policy}");
+    }
+}

@@ -153,10 +153,20 @@ impl Snapshots<'_> {
             max_wait_ms: MAX_WAIT_MS,
             params: self.params.clone(),
         };
-        let summary = self
-            .runtime
-            .run(self.policy, session, &settings, &self.limits)
-            .map_err(|failed| failed.error)?;
+        // On a thread of its own: the command's async runtime must not be the context of the
+        // policy's WASI calls, which block on a runtime of their own.
+        let summary = std::thread::scope(|scope| {
+            std::thread::Builder::new()
+                .name("snapshot-run".into())
+                .spawn_scoped(scope, || {
+                    self.runtime
+                        .run(self.policy, session, &settings, &self.limits)
+                })
+                .map_err(|e| HandoffError::Internal(e.into()))?
+                .join()
+                .map_err(|_| HandoffError::Internal(anyhow::anyhow!("a snapshot run panicked")))?
+                .map_err(|failed| failed.error)
+        })?;
         let decided = summary.committed.events as usize;
         if decided != count {
             return Err(HandoffError::Policy(format!(
