@@ -19,7 +19,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
         "kit",
         &["domain", "session", "backend", "runtime", "run", "error"],
     ),
-    ("operate", &["domain", "backend", "error"]),
+    ("operate", &["domain", "backend", "run", "error"]),
 ];
 
 /// Outside crates and the rooms that may name them.
