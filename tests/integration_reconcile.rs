@@ -633,3 +633,105 @@ fn a_policy_built_before_snapshot_runs_is_refused_before_anything_is_read() {
     assert!(live.outbox().is_empty());
     assert!(live.records(AUDIT).is_empty());
 }
+
+/// The README's sequence after lost history, as written, for a consumer of each shipped policy:
+/// `status`, `checkpoint reset --to now --dry-run`, the reset, `run`, `reconcile --repair`, then
+/// `reconcile`, which says 0/0/0. The outbox then holds only records the policy produces.
+#[test]
+fn the_recovery_sequence_leaves_only_what_each_shipped_policy_produces() {
+    let shipped = [
+        ("default", handoff_test_policies::DEFAULT),
+        ("batching", handoff_test_policies::BATCHING),
+        ("quarantine", handoff_test_policies::QUARANTINE),
+        ("domain-events", handoff_test_policies::DOMAIN_EVENTS),
+    ];
+    for (name, path) in shipped {
+        // A history that 70 writes overflow, and that the sequence's own writes do not.
+        let live = Live::with_config(mongo_sim::Config {
+            history_limit: 50,
+            ..mongo_sim::Config::default()
+        });
+        let policy = ["--policy", path];
+        support::ok(&live.run(&policy));
+        // The consumer falls behind: its history is lost, poison documents among the writes.
+        live.wait(live.coll("orders").insert_many((0..10).map(|i| {
+            if i % 5 == 0 {
+                doc! { "_id": i, "schemaVersion": 99, "card": "4111111111111111", "n": 0 }
+            } else {
+                doc! { "_id": i, "schemaVersion": 1, "n": 0 }
+            }
+        })))
+        .expect("insert");
+        for round in 1..=6 {
+            live.wait(
+                live.coll("orders")
+                    .update_many(doc! {}, doc! { "$set": { "n": round } }),
+            )
+            .expect("update");
+        }
+        support::fails(&live.run(&policy), 6, "ChangeStreamHistoryLost");
+
+        let status = live.operator(&["status"]);
+        assert!(
+            status.status.success(),
+            "{name}: {}",
+            support::stderr(&status)
+        );
+        let dry = live.operator(&["checkpoint", "reset", "--to", "now", "--dry-run"]);
+        assert!(dry.status.success(), "{name}: {}", support::stderr(&dry));
+        let reset = live.operator(&[
+            "checkpoint",
+            "reset",
+            "--to",
+            "now",
+            "--reason",
+            "INC-42: oplog too small",
+        ]);
+        assert!(
+            reset.status.success(),
+            "{name}: {}",
+            support::stderr(&reset)
+        );
+        support::ok(&live.run(&policy));
+        let mut repair = policy.to_vec();
+        repair.extend(["--repair", "--reason", "after INC-42 reset"]);
+        let repaired = report(&reconcile(&live, &repair), 0);
+        let held = &repaired["held_by_policy"]["quarantined"]["count"];
+        assert_eq!(
+            held,
+            if name == "quarantine" { 2 } else { 0 },
+            "{name}: {repaired}"
+        );
+        let last = report(&reconcile(&live, &policy), 0);
+        assert_eq!(counts(&last), (0, 0, 0), "{name}: {last}");
+
+        let outbox = live.outbox();
+        assert!(!outbox.is_empty(), "{name}");
+        for record in &outbox {
+            let event = record.get_document("event").expect("the event is kept");
+            let version = event
+                .get_document("fullDocument")
+                .ok()
+                .and_then(|d| d.get("schemaVersion").cloned());
+            match name {
+                "quarantine" => assert!(
+                    !matches!(version, Some(v) if v != bson::Bson::Int32(1)),
+                    "{name}: a record the policy refuses: {record}"
+                ),
+                "domain-events" => {
+                    let kind = record.get_str("eventType").expect("a typed record");
+                    assert!(kind.starts_with("Order"), "{name}: {record}");
+                }
+                _ => assert!(record.get("eventType").is_none(), "{name}: {record}"),
+            }
+        }
+        assert_eq!(
+            outbox.len(),
+            if name == "quarantine" { 8 } else { 10 },
+            "{name}"
+        );
+        if name == "quarantine" {
+            assert!(!format!("{outbox:?}").contains("4111111111111111"));
+        }
+    }
+}
