@@ -26,8 +26,18 @@ ID, when none is given), :func:`skip`, :func:`quarantine` or :func:`record` (an 
 shaped by the policy). An exception in ``init`` or ``decide`` fails the run with its message;
 what was committed before stays.
 
+The same ``decide`` says what becomes of the documents operator commands read from the watched
+collection (contract 1.3): ``handoff backfill`` and ``handoff reconcile --repair`` drive snapshot
+runs, through the same run loop, in which each document is an event whose ``operation_type`` is
+``"snapshot"``: ``event.id`` is its baseline ID, ``event.field("documentKey._id")`` its key and
+``event.field("fullDocument")`` the document as read, ``null`` for a correction of a document the
+source no longer holds. :func:`run_kind` tells the runs apart (``"changes"``, ``"backfill"``,
+``"repair"``). The host keeps a snapshot run's commits and writes them with the command's
+progress; an exception in ``init`` or ``decide`` fails the command, and nothing is written.
+
 Everything runs natively too: :func:`run` drives a run over any object with the :class:`Host`
-methods, and :class:`FakeHost` is one in memory, for unit tests with plain CPython.
+methods, and :class:`FakeHost` is one in memory, for unit tests with plain CPython (a snapshot
+run too: ``FakeHost(kind="backfill").snapshot(token, key, document)``).
 """
 
 import hashlib
@@ -55,11 +65,18 @@ __all__ = [
     "quarantine",
     "record",
     "run",
+    "run_kind",
     "skip",
 ]
 
 RESUME_AFTER = "resume-after"
 START_AFTER = "start-after"
+
+CHANGES = "changes"
+BACKFILL = "backfill"
+REPAIR = "repair"
+
+SNAPSHOT = "snapshot"
 
 IDLE = "idle"
 HANDED_OFF = "handed-off"
@@ -287,6 +304,11 @@ class Host:
     def load_checkpoint(self):
         raise NotImplementedError
 
+    def run_kind(self):
+        """What the run reads: ``"changes"``, or a snapshot's documents (``"backfill"``,
+        ``"repair"``)."""
+        return CHANGES
+
     def open_stream(self, kind, token):
         raise NotImplementedError
 
@@ -369,6 +391,13 @@ def checkpoint():
     """The :class:`Checkpoint` as loaded at the start of this run."""
     _host()
     return _current["checkpoint"]
+
+
+def run_kind():
+    """What this run reads: ``"changes"`` (the change stream), ``"backfill"`` (the watched
+    collection's existing documents) or ``"repair"`` (documents the outbox disagrees with, for
+    ``reconcile``), the last two as ``snapshot`` events."""
+    return _host().run_kind()
 
 
 def monotonic_ms():
@@ -484,16 +513,23 @@ class FakeHost(Host):
 
     It records ``commits`` (``(expected, next, mode, decisions)``), ``advanced`` watermarks and
     ``logs``, and enforces what the real host checks of the checkpoint's compare-and-set.
+
+    ``kind`` is what :meth:`run_kind` answers. A snapshot run (``"backfill"``, ``"repair"``)
+    starts without a token and its stream reports no watermark, as the host's; :meth:`snapshot`
+    delivers its documents.
     """
 
     WAIT_MS = 1000
 
-    def __init__(self, events=(), token=None, mode=RESUME_AFTER, watermark=None, fields=None, deployment=None):
+    def __init__(
+        self, events=(), token=None, mode=RESUME_AFTER, watermark=None, fields=None, deployment=None, kind=CHANGES
+    ):
         self.events = list(events)
         self.checkpoint = Checkpoint(token, mode)
         self.mark = watermark
         self.fields = dict(fields or {})
         self.identity = deployment or Deployment("orders-to-outbox", "change_demo.orders", "6740a1b2c3d4e5f601234567")
+        self.kind = kind
         self.opened = None
         self.commits = []
         self.advanced = []
@@ -506,6 +542,18 @@ class FakeHost(Host):
 
     def load_checkpoint(self):
         return self.checkpoint
+
+    def run_kind(self):
+        return self.kind
+
+    def snapshot(self, token, key, document):
+        """Delivers a document next as a snapshot event: ``documentKey._id`` is ``key`` and
+        ``fullDocument`` is ``document`` (Extended JSON text each, ``"null"`` for a document the
+        source no longer holds). Returns the host."""
+        self.events.append(Event(token, SNAPSHOT, self.identity.source))
+        self.fields[(token, "documentKey._id")] = key
+        self.fields[(token, "fullDocument")] = document
+        return self
 
     def open_stream(self, kind, token):
         if self.opened is not None:
@@ -531,6 +579,8 @@ class FakeHost(Host):
         return event
 
     def watermark(self):
+        if self.kind != CHANGES:
+            return None
         if self.mark is not None and not self.events:
             return self.mark
         return self._delivered[-1].token if self._delivered else None
@@ -593,6 +643,11 @@ if _PolicyExport is not None:
         "warn": _types.LogLevel.WARN,
         "error": _types.LogLevel.ERROR,
     }
+    _KINDS = {
+        _types.RunKind.CHANGES: CHANGES,
+        _types.RunKind.BACKFILL: BACKFILL,
+        _types.RunKind.REPAIR: REPAIR,
+    }
     _STATUS = {
         IDLE: _types.RunStatus.IDLE,
         HANDED_OFF: _types.RunStatus.HANDED_OFF,
@@ -640,6 +695,9 @@ if _PolicyExport is not None:
             c = _wit.load_checkpoint()
             mode = START_AFTER if c.mode == _types.ResumeMode.START_AFTER else RESUME_AFTER
             return Checkpoint(c.token, mode)
+
+        def run_kind(self):
+            return _KINDS[_wit.kind_of_run()]
 
         def open_stream(self, kind, token):
             if kind == "now":

@@ -1,4 +1,5 @@
-"""The SDK's run loop against a host in memory: the default policy's semantics, natively.
+"""The SDK's run loop against a host in memory: the default policy's semantics, natively, for
+change runs and snapshot runs.
 
 Run with `python -m unittest` (or pytest) from guest/python.
 """
@@ -204,6 +205,111 @@ class Decisions(unittest.TestCase):
             handoff.deployment()
         with self.assertRaises(ValueError):
             handoff._Log()("loud", "x")
+
+
+def snapshot_host(kind, *keys, deleted=()):
+    """A snapshot run's host delivering the documents `keys` (`deleted` ones as corrections of
+    documents the source no longer holds)."""
+    host = FakeHost(kind=kind)
+    for i, key in enumerate(keys):
+        document = "null" if key in deleted else '{"_id": "%s", "status": "paid"}' % key
+        host.snapshot(token(10 + i), '"%s"' % key, document)
+    return host
+
+
+class SnapshotRuns(unittest.TestCase):
+    def test_each_document_is_committed_with_the_decision_of_decide_in_delivery_order(self):
+        def decide(event):
+            key = event.value("documentKey._id")
+            if key == "o-2":
+                return handoff.skip("not published")
+            if key == "o-3":
+                return handoff.quarantine("q-" + key, "poison")
+            if key == "o-4":
+                document = event.value("fullDocument")
+                return handoff.record(event.id, "OrderPaid", 1, event.field("documentKey._id"), document)
+            return handoff.hand_off()
+
+        host = snapshot_host("backfill", "o-1", "o-2", "o-3", "o-4")
+        report = handoff.run(types.SimpleNamespace(decide=decide), settings(max_events=4), host)
+        paid = {"_id": "o-4", "status": "paid"}
+        self.assertEqual(host.opened, ("now", None))
+        self.assertEqual(
+            [(c[0], c[1], c[3]) for c in host.commits],
+            [
+                (None, token(10), [HandOff(handoff.event_id(token(10)))]),
+                (token(10), token(11), [Skip("not published")]),
+                (token(11), token(12), [Quarantine("q-o-3", "poison")]),
+                (token(12), token(13), [Record(handoff.event_id(token(13)), "OrderPaid", 1, '"o-4"', paid)]),
+            ],
+        )
+        self.assertEqual(host.advanced, [])
+        self.assertEqual(report, handoff.Report("handed-off", 2, handoff.event_id(token(13))))
+
+    def test_decide_sees_snapshot_events_with_their_baseline_ids_and_the_run_kind(self):
+        seen = []
+
+        def decide(event):
+            seen.append((event.operation_type, event.namespace, event.id, handoff.run_kind()))
+            return handoff.hand_off()
+
+        handoff.run(types.SimpleNamespace(decide=decide), settings(max_events=2), snapshot_host("repair", "o-1", "o-2"))
+        self.assertEqual(
+            seen,
+            [
+                ("snapshot", "change_demo.orders", handoff.event_id(token(10)), "repair"),
+                ("snapshot", "change_demo.orders", handoff.event_id(token(11)), "repair"),
+            ],
+        )
+        handoff.run(types.SimpleNamespace(decide=decide), settings(), FakeHost(events("insert")))
+        self.assertEqual(seen[-1][3], "changes")
+
+    def test_a_deleted_document_reaches_decide_with_a_null_full_document(self):
+        def decide(event):
+            if event.value("fullDocument") is None:
+                return handoff.record(event.id, "OrderDeleted", 1, event.field("documentKey._id"), {})
+            return handoff.hand_off()
+
+        host = snapshot_host("repair", "o-1", "o-2", deleted=("o-2",))
+        handoff.run(types.SimpleNamespace(decide=decide), settings(max_events=2), host)
+        self.assertEqual(
+            [c[3][0] for c in host.commits],
+            [HandOff(handoff.event_id(token(10))), Record(handoff.event_id(token(11)), "OrderDeleted", 1, '"o-2"', {})],
+        )
+
+    def test_the_default_decisions_hand_every_document_off_under_its_baseline_id(self):
+        host = snapshot_host("backfill", "o-1", "o-2", deleted=("o-2",))
+        report = handoff.run(default_policy(), settings(max_events=2), host)
+        self.assertEqual(host.outbox(), [handoff.event_id(token(10)), handoff.event_id(token(11))])
+        self.assertEqual(report, handoff.Report("handed-off", 2, handoff.event_id(token(11))))
+
+    def test_a_run_past_the_documents_ends_without_a_watermark(self):
+        host = snapshot_host("backfill", "o-1")
+        report = handoff.run(default_policy(), settings(max_events=2), host)
+        self.assertEqual((len(host.commits), host.advanced), (1, []))
+        self.assertEqual(report.events_handed_off, 1)
+
+    def test_an_exception_in_decide_or_init_fails_the_run_naming_its_cause(self):
+        def decide(event):
+            if event.value("documentKey._id") == "o-2":
+                raise KeyError("sku")
+            return handoff.hand_off()
+
+        host = snapshot_host("backfill", "o-1", "o-2")
+        with self.assertRaises(PolicyError) as raised:
+            handoff.run(types.SimpleNamespace(decide=decide), settings(max_events=2), host)
+        self.assertEqual(
+            str(raised.exception), "decide failed on event %s (snapshot): KeyError: 'sku'" % handoff.event_id(token(11))
+        )
+
+        def init(s):
+            raise ValueError("no prefix")
+
+        host = snapshot_host("backfill", "o-1")
+        with self.assertRaises(PolicyError) as raised:
+            handoff.run(types.SimpleNamespace(init=init, decide=decide), settings(max_events=1), host)
+        self.assertEqual(str(raised.exception), "init refused the settings: ValueError: no prefix")
+        self.assertEqual((host.opened, host.commits), (None, []))
 
 
 if __name__ == "__main__":

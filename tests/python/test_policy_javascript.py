@@ -1,18 +1,22 @@
 """JavaScript policies end to end: the default policy on the JavaScript SDK (guest/javascript)
 passes the default's cases, and a project from `handoff policy new --lang javascript` builds,
-checks, passes its sample case and changes its results when its decisions change.
+checks, passes its sample case and changes its results when its decisions change; `backfill` and
+`reconcile --repair` hand their documents to the same `decide` as snapshot events.
 
 Needs Node.js and npm, and guest/javascript/node_modules (tests/run installs it with `npm ci`).
 The compiled components are kept in one artifact cache for the module (HANDOFF_CACHE_DIR), so
 each is compiled once."""
 
+import hashlib
 import json
 import os
 import shutil
 import subprocess
+import uuid
 from pathlib import Path
 
 import pytest
+from bson import json_util
 
 from handoff_cli import HANDOFF_BIN, WORKSPACE
 
@@ -45,6 +49,22 @@ def handoff(env, *args, cwd=None):
 def ok(proc):
     assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
     return proc.stdout
+
+
+def componentized(env, folder, name, decisions, *options):
+    """The policy module `decisions` on a copy of the SDK, built with componentize-js (and
+    `options`) into `folder/name.wasm`."""
+    (folder / "sdk").mkdir(exist_ok=True)
+    shutil.copy(GUEST / "sdk" / "handoff.js", folder / "sdk" / "handoff.js")
+    source = folder / name
+    source.mkdir()
+    (source / "policy.js").write_text(decisions)
+    shutil.copy(GUEST / "default" / "component.js", source / "component.js")
+    wasm = folder / f"{name}.wasm"
+    ok(run([GUEST / "node_modules" / ".bin" / "componentize-js",
+            "--wit", WORKSPACE / "wit" / "policy.wit", "--world-name", "handoff-policy", *options,
+            "--out", wasm, f"{name}/component.js"], env, cwd=folder))  # fmt: skip
+    return wasm
 
 
 def policy_test(env, wasm, cases):
@@ -149,16 +169,7 @@ def test_a_component_built_with_componentize_js_defaults_runs_and_cannot_fetch(e
     """componentize-js with its default features imports wasi:http (for fetch): the host links it
     without an implementation, so the policy runs, and a call ends the run with nothing written."""
     assert (GUEST / "node_modules").is_dir(), "run `npm ci` in guest/javascript first (tests/run does)"
-    (tmp_path / "sdk").mkdir()
-    shutil.copy(GUEST / "sdk" / "handoff.js", tmp_path / "sdk" / "handoff.js")
-    source = tmp_path / "fetcher"
-    source.mkdir()
-    (source / "policy.js").write_text(FETCHER)
-    shutil.copy(GUEST / "default" / "component.js", source / "component.js")
-    wasm = tmp_path / "fetcher.wasm"
-    ok(run([GUEST / "node_modules" / ".bin" / "componentize-js",
-            "--wit", WORKSPACE / "wit" / "policy.wit", "--world-name", "handoff-policy",
-            "--out", wasm, "fetcher/component.js"], env, cwd=tmp_path))
+    wasm = componentized(env, tmp_path, "fetcher", FETCHER)
     check = ok(handoff(env, "policy", "check", wasm))
     assert "import:    wasi:http/outgoing-handler@" in check, check
     assert "any call ends the run as a policy failure" in check, check
@@ -175,3 +186,57 @@ def test_a_component_built_with_componentize_js_defaults_runs_and_cannot_fetch(e
     lines = ok(handoff(env, "inspect", "--state", state)).splitlines()
     assert len(lines) == 1, lines
     assert json.loads(lines[0])["token"] is None, lines[0]
+
+
+SNAPSHOT_DECISIONS = """\
+import { handOff, quarantine, record, runKind, skip } from '../sdk/handoff.js';
+
+export function decide(event) {
+  if (event.operationType !== 'snapshot') return handOff();
+  const document = JSON.parse(event.field('fullDocument'));
+  if (document === null) {
+    const aggregateId = event.field('documentKey._id');
+    return record({ eventType: 'OrderRemoved', aggregateId, payload: { run: runKind() } });
+  }
+  if ('card' in document) return quarantine(event.id, 'a card number');
+  if (document.status === 'draft') return skip('drafts are not published');
+  return handOff();
+}
+"""
+
+
+def test_backfill_and_repair_documents_reach_the_javascript_decide_as_snapshot_events(env, sim, tmp_path):
+    assert (GUEST / "node_modules").is_dir(), "run `npm ci` in guest/javascript first (tests/run does)"
+    wasm = componentized(env, tmp_path, "snapshots", SNAPSHOT_DECISIONS, "--disable", "http", "fetch-event")
+    ok(handoff(env, "policy", "precompile", wasm))
+    database = "snapshots_" + uuid.uuid4().hex[:8]
+    client = sim.client()
+    db = client[database]
+    db.orders.insert_many(
+        [{"_id": 1, "total": 10}, {"_id": 2, "status": "draft"}, {"_id": 3, "card": "4111111111111111"}]
+    )
+    deployment = {**env, "MONGODB_URI": sim.uri, "SOURCE_DATABASE": database}
+
+    backfill = ok(handoff(deployment, "backfill", "--policy", wasm, "--reason", "initial load", "--json"))
+    done = json.loads(backfill)["this_run"]
+    assert (done["handed_off"], done["skipped"], done["quarantined"]) == (1, 1, 1), done
+    [record] = db.kestra_change_outbox.find()
+    assert (record["event"]["operationType"], record["event"]["documentKey"]) == ("snapshot", {"_id": 1})
+    # The policy's ID is the baseline's: the SHA-256 of the snapshot token's canonical text.
+    token_text = json_util.dumps(record["event"]["_id"], sort_keys=True)
+    assert record["_id"] == "orders-to-outbox/" + hashlib.sha256(token_text.encode()).hexdigest()
+    [held] = db.kestra_change_quarantine.find()
+    assert (held["reason"], held["event"]["documentKey"]) == ("a card number", {"_id": 3})
+
+    # The consumer's record of a delete is lost: the repair's correction of the document the
+    # source no longer holds reaches decide with a null fullDocument.
+    db.orders.delete_one({"_id": 1})
+    ok(handoff(deployment, "run", "--policy", wasm, "--max-wait-seconds", "1"))
+    assert db.kestra_change_outbox.delete_one({"event.operationType": "delete"}).deleted_count == 1
+    repair = ok(handoff(deployment, "reconcile", "--json", "--policy", wasm, "--repair", "--reason", "a lost delete"))
+    report = json.loads(repair)
+    assert (report["orphan"]["keys"], report["repair"]["written"]) == (["1"], 1), report
+    removed = db.kestra_change_outbox.find_one({"eventType": "OrderRemoved"})
+    assert (removed["aggregateId"], removed["payload"]) == (1, {"run": "repair"}), removed
+    assert removed["event"]["fullDocument"] is None
+    client.close()

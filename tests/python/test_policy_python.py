@@ -1,19 +1,23 @@
 """Python policies end to end: the default policy written in Python (guest/python/default on the
 SDK guest/python/handoff_policy.py) built with componentize-py passes the default's cases and
 replays like the Rust default; `policy new --lang python` → `policy build` → `policy check` →
-`policy test` works as generated, and an edited `decide` changes the results.
+`policy test` works as generated, and an edited `decide` changes the results; `backfill` and
+`reconcile --repair` hand their documents to the same `decide` as snapshot events.
 
 componentize-py is the pinned one tests/run installs into this virtual environment
 (tests/python/requirements-componentize-py.txt); it missing is a failure, not a skip.
 """
 
+import hashlib
 import json
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
+from bson import json_util
 
 from handoff_cli import HANDOFF_BIN, WORKSPACE
 
@@ -73,22 +77,27 @@ def outputs_of(proc):
     raise AssertionError(f"no outputs line:\n{proc.stdout}\n{proc.stderr}")
 
 
-@pytest.fixture(scope="module")
-def python_default(env, tmp_path_factory):
-    """guest/python/default built with componentize-py's default options."""
-    wasm = tmp_path_factory.mktemp("default") / "default.wasm"
+def componentized(env, decisions, wasm):
+    """The policy module in the folder `decisions` on the SDK, built with componentize-py's default
+    options and compiled into the module's artifact cache."""
     proc = subprocess.run(
         [
             str(COMPONENTIZE_PY),
             "-d", "wit", "-w", "handoff-policy",
             "componentize", "handoff_policy",
-            "-p", "guest/python/default", "-p", "guest/python",
+            "-p", str(decisions), "-p", "guest/python",
             "-o", str(wasm),
         ],
         cwd=WORKSPACE, env=env, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return precompiled(env, wasm)
+
+
+@pytest.fixture(scope="module")
+def python_default(env, tmp_path_factory):
+    """guest/python/default built with componentize-py's default options."""
+    return componentized(env, "guest/python/default", tmp_path_factory.mktemp("default") / "default.wasm")
 
 
 def test_the_pinned_componentize_py_is_installed():
@@ -196,3 +205,63 @@ def test_building_without_the_pinned_componentize_py_says_what_to_install(env, t
     assert other.returncode != 0
     assert f"componentize-py {PIN}" in other.stderr and "pins 0.0.1" in other.stderr, other.stderr
     assert not (project / "build/policy.wasm").exists()
+
+
+SNAPSHOT_DECISIONS = """\
+import handoff_policy as handoff
+
+
+def decide(event):
+    if event.operation_type != "snapshot":
+        return handoff.hand_off(event.id)
+    document = event.value("fullDocument")
+    if document is None:
+        key = event.field("documentKey._id")
+        return handoff.record(event.id, "OrderRemoved", 1, key, {"run": handoff.run_kind()})
+    if "card" in document:
+        return handoff.quarantine(event.id, "a card number")
+    if document.get("status") == "draft":
+        return handoff.skip("drafts are not published")
+    return handoff.hand_off(event.id)
+"""
+
+
+def test_backfill_and_repair_documents_reach_the_python_decide_as_snapshot_events(env, sim, tmp_path):
+    decisions = tmp_path / "decisions"
+    decisions.mkdir()
+    (decisions / "policy.py").write_text(SNAPSHOT_DECISIONS)
+    wasm = componentized(env, decisions, tmp_path / "snapshots.wasm")
+    database = "snapshots_" + uuid.uuid4().hex[:8]
+    client = sim.client()
+    db = client[database]
+    db.orders.insert_many(
+        [{"_id": 1, "total": 10}, {"_id": 2, "status": "draft"}, {"_id": 3, "card": "4111111111111111"}]
+    )
+    deployment = {**env, "MONGODB_URI": sim.uri, "SOURCE_DATABASE": database}
+
+    backfill = handoff(deployment, "backfill", "--policy", wasm, "--reason", "initial load", "--json")
+    assert backfill.returncode == 0, backfill.stdout + backfill.stderr
+    done = json.loads(backfill.stdout)["this_run"]
+    assert (done["handed_off"], done["skipped"], done["quarantined"]) == (1, 1, 1), done
+    [record] = db.kestra_change_outbox.find()
+    assert (record["event"]["operationType"], record["event"]["documentKey"]) == ("snapshot", {"_id": 1})
+    # The policy's ID is the baseline's: the SHA-256 of the snapshot token's canonical text.
+    token_text = json_util.dumps(record["event"]["_id"], sort_keys=True)
+    assert record["_id"] == "orders-to-outbox/" + hashlib.sha256(token_text.encode()).hexdigest()
+    [held] = db.kestra_change_quarantine.find()
+    assert (held["reason"], held["event"]["documentKey"]) == ("a card number", {"_id": 3})
+
+    # The consumer's record of a delete is lost: the repair's correction of the document the
+    # source no longer holds reaches decide with a null fullDocument.
+    db.orders.delete_one({"_id": 1})
+    run = handoff(deployment, "run", "--policy", wasm, "--max-wait-seconds", "1")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert db.kestra_change_outbox.delete_one({"event.operationType": "delete"}).deleted_count == 1
+    repair = handoff(deployment, "reconcile", "--json", "--policy", wasm, "--repair", "--reason", "a lost delete")
+    assert repair.returncode == 0, repair.stdout + repair.stderr
+    report = json.loads(repair.stdout)
+    assert (report["orphan"]["keys"], report["repair"]["written"]) == (["1"], 1), report
+    removed = db.kestra_change_outbox.find_one({"eventType": "OrderRemoved"})
+    assert (removed["aggregateId"], removed["payload"]) == (1, {"run": "repair"}), removed
+    assert removed["event"]["fullDocument"] is None
+    client.close()

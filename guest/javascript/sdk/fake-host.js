@@ -13,6 +13,15 @@ export function delivered(token, operationType = 'insert', fields = {}) {
   };
 }
 
+/**
+ * A document of a snapshot run as a delivered event: `documentKey._id` is `key` and
+ * `fullDocument` is `document` (Extended JSON text each, `'null'` for a document the source no
+ * longer holds).
+ */
+export function snapshotDocument(token, key, document) {
+  return delivered(token, 'snapshot', { 'documentKey._id': key, fullDocument: document });
+}
+
 /** A host error as the component sees it (`ComponentError` with the variant as payload). */
 export function hostError(tag, message) {
   const error = new Error(message);
@@ -22,9 +31,11 @@ export function hostError(tag, message) {
 
 /**
  * A fake host: `script` is what `next()` returns in turn (an event, `null` for "nothing yet", an
- * Error to throw); `watermark` what the stream reports at the end.
+ * Error to throw); `watermark` what the stream reports at the end; `kind` what `kindOfRun()`
+ * answers. A snapshot run (`'backfill'`, `'repair'`) delivers `snapshotDocument`s and its stream
+ * reports no watermark, as the host's.
  */
-export function fakeHost({ script = [], checkpoint = {}, watermark, awaitMs = 1000n } = {}) {
+export function fakeHost({ script = [], checkpoint = {}, watermark, awaitMs = 1000n, kind = 'changes' } = {}) {
   const calls = { opened: [], commits: [], advanced: [], logs: [] };
   const pending = [...script];
   let clock = 0n;
@@ -48,7 +59,7 @@ export function fakeHost({ script = [], checkpoint = {}, watermark, awaitMs = 10
       return event;
     },
     watermark() {
-      return watermark;
+      return kind === 'changes' ? watermark : undefined;
     },
     field(token, path) {
       return delivered.get(token)?.fields?.[path];
@@ -58,6 +69,7 @@ export function fakeHost({ script = [], checkpoint = {}, watermark, awaitMs = 10
     calls,
     deploymentIdentity: () => ({ consumer: 'c1', source: 'shop.orders', replicaSetId: '65f0a1b2c3d4e5f601234567' }),
     loadCheckpoint: () => ({ token: checkpoint.token, mode: checkpoint.mode ?? 'resume-after' }),
+    kindOfRun: () => kind,
     openStream(start) {
       calls.opened.push(start);
       return stream;

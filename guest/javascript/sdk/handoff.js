@@ -6,12 +6,19 @@
 // stream's watermark without ever leaving an uncheckpointed gap. A policy only writes
 // `decide(event, context)` (and, if it has parameters, `init(settings)`).
 //
+// The same `decide` says what becomes of the documents operator commands read from the watched
+// collection (contract 1.3): `handoff backfill` and `handoff reconcile --repair` drive snapshot
+// runs through the same run loop, in which each document is an event whose `operationType` is
+// `snapshot` (`fullDocument` is the document as read, `null` for a correction of a document the
+// source no longer holds); `runKind()` tells the runs apart.
+//
 // The module does not import the contract itself: `component.js` binds the component's imports
 // (`handoff:policy/host`) with `exportPolicy`, and tests bind a fake host with `bindHost`. The
-// host object has the shape of those imports: deploymentIdentity, loadCheckpoint, openStream
-// (returning a stream with next, watermark and field), commitBatch, commitRecords,
+// host object has the shape of those imports: deploymentIdentity, loadCheckpoint, kindOfRun,
+// openStream (returning a stream with next, watermark and field), commitBatch, commitRecords,
 // advanceWatermark, monotonicMs and log, with the contract's values (u64 as BigInt, variants as
-// `{tag, val}`, options as `undefined`, errors thrown with the variant as `payload`).
+// `{tag, val}`, enums as strings, options as `undefined`, errors thrown with the variant as
+// `payload`).
 
 let bound = null;
 
@@ -57,6 +64,15 @@ export function deployment() {
 export function checkpoint() {
   const { token, mode } = host().loadCheckpoint();
   return { token: token ?? undefined, mode };
+}
+
+/**
+ * What this run reads: `'changes'` (the change stream), `'backfill'` (the watched collection's
+ * existing documents) or `'repair'` (documents the outbox disagrees with, for `reconcile`), the
+ * last two as `snapshot` events.
+ */
+export function runKind() {
+  return host().kindOfRun();
 }
 
 /** Milliseconds on the host's monotonic clock (virtual in a replay), as a Number. */
@@ -114,7 +130,7 @@ export class Event {
   constructor(delivered, id, stream) {
     /** The resume token's text (opaque: only hashed or passed back). */
     this.token = delivered.token;
-    /** `operationType`: insert, update, replace, delete, drop, rename, dropDatabase, ... */
+    /** `operationType`: insert, update, replace, delete, drop, rename, dropDatabase, snapshot, ... */
     this.operationType = delivered.operationType;
     /** `ns` as `database.collection`, or undefined. */
     this.namespace = delivered.namespace ?? undefined;

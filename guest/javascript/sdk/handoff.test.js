@@ -15,9 +15,10 @@ import {
   quarantine,
   record,
   run,
+  runKind,
   skip,
 } from './handoff.js';
-import { delivered, fakeHost, hostError, settings } from './fake-host.js';
+import { delivered, fakeHost, hostError, settings, snapshotDocument } from './fake-host.js';
 
 const handAll = { decide: (event) => handOff() };
 
@@ -216,4 +217,120 @@ test('logs, deployment identity and checkpoint reach the host', async () => {
   ]);
   assert.deepEqual(deployment(), { consumer: 'c1', source: 'shop.orders', replicaSetId: '65f0a1b2c3d4e5f601234567' });
   assert.deepEqual(checkpoint(), { token: 'T0', mode: 'start-after' });
+});
+
+// A snapshot run's host delivering documents `keys`: `deleted` ones are corrections of documents
+// the source no longer holds.
+function snapshotHost(kind, keys, deleted = []) {
+  const script = keys.map((key, i) => {
+    const document = deleted.includes(key) ? 'null' : JSON.stringify({ _id: key, status: 'paid' });
+    return snapshotDocument(`S${i + 1}`, JSON.stringify(key), document);
+  });
+  return fakeHost({ script, kind });
+}
+
+test('a snapshot run commits each document with what decide says, in delivery order', async () => {
+  const host = snapshotHost('backfill', ['o-1', 'o-2', 'o-3', 'o-4']);
+  const policy = {
+    decide(event) {
+      const key = JSON.parse(event.field('documentKey._id'));
+      if (key === 'o-2') return skip('not published');
+      if (key === 'o-3') return quarantine(`q-${key}`, 'poison');
+      if (key === 'o-4') {
+        const aggregateId = event.field('documentKey._id');
+        return record({ eventType: 'OrderPaid', aggregateId, payload: event.field('fullDocument') });
+      }
+      return handOff();
+    },
+  };
+  const report = await runWith(host, policy, settings(4));
+  assert.deepEqual(host.calls.opened, [{ tag: 'now' }]);
+  assert.deepEqual(
+    host.calls.commits.map(({ via, expected, next, decisions }) => [via, expected, next, decisions]),
+    [
+      ['commit-batch', undefined, 'S1', [{ tag: 'hand-off', val: await eventId('S1') }]],
+      ['commit-batch', 'S1', 'S2', [{ tag: 'skip', val: 'not published' }]],
+      ['commit-batch', 'S2', 'S3', [{ tag: 'quarantine', val: { id: 'q-o-3', reason: 'poison' } }]],
+      [
+        'commit-records',
+        'S3',
+        'S4',
+        [
+          {
+            tag: 'hand-off-record',
+            val: {
+              id: await eventId('S4'),
+              eventType: 'OrderPaid',
+              schemaVersion: 1,
+              aggregateId: '"o-4"',
+              aggregateVersion: undefined,
+              payload: '{"_id":"o-4","status":"paid"}',
+            },
+          },
+        ],
+      ],
+    ],
+  );
+  assert.deepEqual(host.calls.advanced, []);
+  assert.deepEqual(report, { status: 'handed-off', eventsHandedOff: 2, lastEventId: await eventId('S4') });
+});
+
+test('decide sees snapshot events with their baseline IDs, and the run kind', async () => {
+  const seen = [];
+  const policy = {
+    decide: (event) => (seen.push([event.operationType, event.id, runKind()]), handOff()),
+  };
+  await runWith(snapshotHost('repair', ['o-1', 'o-2']), policy, settings(2));
+  assert.deepEqual(seen, [
+    ['snapshot', await eventId('S1'), 'repair'],
+    ['snapshot', await eventId('S2'), 'repair'],
+  ]);
+  await runWith(fakeHost({ script: [delivered('T1')], watermark: 'T1' }), policy);
+  assert.equal(seen.at(-1)[2], 'changes');
+});
+
+test('a deleted document reaches decide with a null fullDocument', async () => {
+  const host = snapshotHost('repair', ['o-1', 'o-2'], ['o-2']);
+  const policy = {
+    decide: (event) =>
+      JSON.parse(event.field('fullDocument')) === null
+        ? record({ eventType: 'OrderDeleted', aggregateId: event.field('documentKey._id'), payload: {} })
+        : handOff(),
+  };
+  await runWith(host, policy, settings(2));
+  assert.deepEqual(
+    host.calls.commits.map((c) => [c.decisions[0].tag, c.decisions[0].val.eventType]),
+    [
+      ['hand-off', undefined],
+      ['hand-off-record', 'OrderDeleted'],
+    ],
+  );
+});
+
+test('a snapshot run past its documents ends without a watermark', async () => {
+  const host = snapshotHost('backfill', ['o-1']);
+  const report = await runWith(host, handAll, settings(2));
+  assert.equal(host.calls.commits.length, 1);
+  assert.deepEqual(host.calls.advanced, []);
+  assert.equal(report.eventsHandedOff, 1);
+});
+
+test('a throw in decide or init fails a snapshot run with its message', async () => {
+  const policy = {
+    decide(event) {
+      if (event.field('documentKey._id') === '"o-2"') throw new Error('no sku');
+      return handOff();
+    },
+  };
+  const host = snapshotHost('backfill', ['o-1', 'o-2']);
+  await assert.rejects(exportPolicy(host, policy).run(settings(2)), (error) => error === 'no sku');
+  const refusing = {
+    init() {
+      throw new Error('no prefix');
+    },
+    decide: policy.decide,
+  };
+  const refused = snapshotHost('backfill', ['o-1']);
+  await assert.rejects(exportPolicy(refused, refusing).run(settings(1)), (error) => error === 'no prefix');
+  assert.deepEqual(refused.calls.opened, []);
 });

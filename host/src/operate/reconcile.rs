@@ -1123,38 +1123,23 @@ mod tests {
     }
 
     #[test]
-    fn correction_records_have_deterministic_ids() {
-        let at = doc! { "_data": "8265A1B2C3000000012B0429296E1404" };
-        let key = Bson::Int32(7);
+    fn a_snapshot_event_stands_at_its_position_in_the_outbox_view() {
         let time = Timestamp {
             time: 0x65A1B2C3,
             increment: 1,
         };
-        let a = correction_record("c", "db", "orders", &key, &at, time, None);
-        let b = correction_record("c", "db", "orders", &key, &at, time, None);
-        assert_eq!(a.get_str("_id").ok(), b.get_str("_id").ok());
-        let text = canonical_text(&doc! {
-            "snapshot": { "ns": "db.orders", "documentKey": { "_id": 7 }, "at": at.clone() }
-        });
-        assert_eq!(
-            a.get_str("_id").unwrap(),
-            format!("c/{}", hex::encode(Sha256::digest(text.as_bytes())))
-        );
-        let other = doc! { "_data": "8265A1B2C3000000022B0429296E1404" };
-        let c = correction_record("c", "db", "orders", &key, &other, time, None);
-        assert_ne!(a.get_str("_id").ok(), c.get_str("_id").ok());
-        let event = a.get_document("event").unwrap();
-        assert_eq!(event.get_str("operationType").unwrap(), "snapshot");
-        assert_eq!(event.get("fullDocument"), Some(&Bson::Null));
-        assert_eq!(
-            a.get_document("snapshot")
-                .unwrap()
-                .get_str("command")
-                .unwrap(),
-            "reconcile"
-        );
-        let view_position = Position::of_event(event).unwrap();
-        assert_eq!(view_position.cluster_time(), time);
+        let at = SnapshotPosition {
+            token: doc! { "_data": "8265A1B2C3000000012B0429296E1404" },
+            cluster_time: time,
+        };
+        let read = Read {
+            key: Bson::Int32(7),
+            document: None,
+        };
+        let event = crate::backend::snapshot::event("db", "orders", &read, &at);
+        let position = Position::of_event(&event).unwrap();
+        assert_eq!(position.cluster_time(), time);
+        assert_eq!(position.data, "8265A1B2C3000000012B0429296E1404");
     }
 
     #[test]

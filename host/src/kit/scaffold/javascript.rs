@@ -22,7 +22,11 @@ pub(super) fn files(name: &str) -> Vec<(PathBuf, String)> {
         ("wit/policy.wit".into(), CONTRACT_WIT.to_string()),
         ("policy.js".into(), POLICY_JS.to_string()),
         ("policy.test.js".into(), POLICY_TEST_JS.to_string()),
-        ("component.js".into(), COMPONENT_JS.to_string()),
+        // The contract's version, from `wit/policy.wit` (the build script reads it).
+        (
+            "component.js".into(),
+            COMPONENT_JS.replace("{contract}", env!("HANDOFF_CONTRACT")),
+        ),
         ("handoff.js".into(), SDK_JS.to_string()),
         ("fake-host.js".into(), FAKE_HOST_JS.to_string()),
         ("README.md".into(), README_MD.replace("{name}", name)),
@@ -60,5 +64,20 @@ mod tests {
             build.contains("--out build/policy.wasm component.js"),
             "{build}"
         );
+    }
+
+    #[test]
+    fn the_component_imports_the_contract_this_host_implements() {
+        let files = files("shop-policy");
+        let component = &files
+            .iter()
+            .find(|(path, _)| path == &PathBuf::from("component.js"))
+            .expect("component.js")
+            .1;
+        let import = format!(
+            "'handoff:policy/host@{}'",
+            crate::runtime::policy::CONTRACT
+        );
+        assert!(component.contains(&import), "{component}");
     }
 }
