@@ -47,6 +47,80 @@ pub struct Checkpoint {
     /// The stream configuration recorded; `None` on a checkpoint the baseline created, whose
     /// configuration is the baseline's.
     pub config: Option<StreamConfig>,
+    /// The policy the last run decided with; `None` before any run recorded one.
+    pub policy: Option<PolicyBinding>,
+}
+
+/// The policy a consumer's runs decide with: its component's SHA-256 and a digest of its
+/// parameters. Each run records it in the checkpoint; the commands that hand documents to the
+/// policy (`backfill`, `reconcile`) must decide with the same one, or their records would be
+/// another policy's.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PolicyBinding {
+    pub sha256: String,
+    /// Hex SHA-256 of the parameters, sorted, each key and value length-prefixed.
+    pub params: String,
+}
+
+impl PolicyBinding {
+    pub fn new(sha256: &str, params: &[(String, String)]) -> PolicyBinding {
+        use sha2::Digest as _;
+        let mut sorted: Vec<&(String, String)> = params.iter().collect();
+        sorted.sort();
+        let mut digest = sha2::Sha256::new();
+        for (key, value) in sorted {
+            for part in [key, value] {
+                digest.update((part.len() as u64).to_le_bytes());
+                digest.update(part.as_bytes());
+            }
+        }
+        PolicyBinding {
+            sha256: sha256.to_string(),
+            params: hex::encode(digest.finalize()),
+        }
+    }
+
+    fn document(&self) -> Document {
+        doc! { "sha256": &self.sha256, "params": &self.params }
+    }
+
+    fn from_document(stored: &Document) -> Option<PolicyBinding> {
+        Some(PolicyBinding {
+            sha256: stored.get_str("sha256").ok()?.to_string(),
+            params: stored.get_str("params").ok()?.to_string(),
+        })
+    }
+}
+
+/// Refuses a command that would decide with another policy (or other parameters) than the one
+/// the consumer's last run recorded. A consumer no run has recorded a policy for takes any.
+pub fn check_policy(loaded: &Checkpoint, used: &PolicyBinding, command: &str) -> Result<()> {
+    let Some(recorded) = &loaded.policy else {
+        return Ok(());
+    };
+    if recorded == used {
+        return Ok(());
+    }
+    let what = if recorded.sha256 == used.sha256 {
+        "the same policy with other parameters".to_string()
+    } else {
+        format!(
+            "policy {} (the consumer's runs use {})",
+            short(&used.sha256),
+            short(&recorded.sha256)
+        )
+    };
+    Err(HandoffError::Mismatch(format!(
+        "`{command}` was given {what}: its records would not be the ones the consumer's policy \
+         decides. Pass the consumer's own --policy and --policy-param values, or run the consumer \
+         with the new policy first (each run records the policy it decides with). Nothing was \
+         written"
+    )))
+}
+
+/// The first 12 hex digits of a digest, as printed.
+fn short(sha256: &str) -> String {
+    escape_untrusted(&sha256.chars().take(12).collect::<String>(), 12)
 }
 
 impl Checkpoint {
@@ -58,6 +132,7 @@ impl Checkpoint {
             revision: None,
             holder: None,
             config: None,
+            policy: None,
         }
     }
 }
@@ -110,6 +185,8 @@ pub struct Claim {
 /// What a run asks of the checkpoint it loaded.
 pub struct Binding<'a> {
     pub config: &'a StreamConfig,
+    /// The policy the run decides with, recorded in the checkpoint.
+    pub policy: Option<&'a PolicyBinding>,
     /// The operator's reason to accept a configuration other than the recorded one.
     pub accept_change: Option<&'a str>,
     pub lease: &'a Lease,
@@ -174,14 +251,18 @@ pub fn claim(loaded: &Checkpoint, binding: &Binding<'_>) -> Result<Claim> {
             "differences": differences,
         }),
     };
+    let mut set = doc! {
+        "owner": &binding.lease.owner,
+        "leaseUntil": binding.lease.until(binding.now),
+        "config": binding.config.to_document(),
+        "configDigest": binding.config.digest(),
+    };
+    if let Some(policy) = binding.policy {
+        set.insert("policy", policy.document());
+    }
     Ok(Claim {
         seen_revision: loaded.revision,
-        set: doc! {
-            "owner": &binding.lease.owner,
-            "leaseUntil": binding.lease.until(binding.now),
-            "config": binding.config.to_document(),
-            "configDigest": binding.config.digest(),
-        },
+        set,
         change,
     })
 }
@@ -237,12 +318,20 @@ pub fn validate(stored: &Document, source: &str, replica_set_id: &str) -> Result
         })?),
         Some(_) => return Err(malformed()),
     };
+    let policy = match stored.get("policy") {
+        None => None,
+        Some(Bson::Document(policy)) => {
+            Some(PolicyBinding::from_document(policy).ok_or_else(malformed)?)
+        }
+        Some(_) => return Err(malformed()),
+    };
     Ok(Checkpoint {
         token,
         mode,
         revision,
         holder,
         config,
+        policy,
     })
 }
 
@@ -381,6 +470,7 @@ mod tests {
         let mine = lease("handoff@me:1:1");
         let binding = |now| Binding {
             config: &config,
+            policy: None,
             accept_change: None,
             lease: &mine,
             now,
@@ -422,6 +512,7 @@ mod tests {
             &baseline,
             &Binding {
                 config: &images,
+                policy: None,
                 accept_change: None,
                 lease: &mine,
                 now,
@@ -439,6 +530,7 @@ mod tests {
             &baseline,
             &Binding {
                 config: &images,
+                policy: None,
                 accept_change: Some("pre-images enabled on orders"),
                 lease: &mine,
                 now,
@@ -483,6 +575,7 @@ mod tests {
                     &partitioned,
                     &Binding {
                         config: &other,
+                        policy: None,
                         accept_change: reason,
                         lease: &mine,
                         now,
@@ -512,6 +605,7 @@ mod tests {
             &partitioned,
             &Binding {
                 config: &same_share,
+                policy: None,
                 accept_change: Some("pre-images enabled on orders"),
                 lease: &mine,
                 now,
@@ -526,6 +620,7 @@ mod tests {
             &bound,
             &Binding {
                 config: &images,
+                policy: None,
                 accept_change: Some("again"),
                 lease: &mine,
                 now,
@@ -533,5 +628,63 @@ mod tests {
         )
         .unwrap();
         assert!(same.change.is_none());
+    }
+
+    #[test]
+    fn a_run_records_its_policy_and_another_one_is_refused() {
+        let params = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let quarantine = PolicyBinding::new("ab", &params(&[("supported", "1"), ("x", "y")]));
+        // The order of the parameters does not count; their values and the digest do.
+        assert_eq!(
+            quarantine,
+            PolicyBinding::new("ab", &params(&[("x", "y"), ("supported", "1")]))
+        );
+        let other_params = PolicyBinding::new("ab", &params(&[("supported", "1,2")]));
+        assert_ne!(quarantine, other_params);
+        // No confusion of key and value boundaries.
+        assert_ne!(
+            PolicyBinding::new("ab", &params(&[("a", "bc")])),
+            PolicyBinding::new("ab", &params(&[("ab", "c")]))
+        );
+
+        let config = StreamConfig::default();
+        let mine = lease("handoff@me:1:1");
+        let taken = claim(
+            &Checkpoint::at(None, Mode::ResumeAfter),
+            &Binding {
+                config: &config,
+                policy: Some(&quarantine),
+                accept_change: None,
+                lease: &mine,
+                now: DateTime::from_millis(0),
+            },
+        )
+        .unwrap();
+        let mut stored = initial("c", "db.o", "rs");
+        stored.extend(taken.set);
+        let loaded = validate(&stored, "db.o", "rs").unwrap();
+        assert_eq!(loaded.policy.as_ref(), Some(&quarantine));
+
+        assert!(check_policy(&loaded, &quarantine, "backfill").is_ok());
+        let refused = check_policy(&loaded, &other_params, "backfill").unwrap_err();
+        assert!(matches!(refused, HandoffError::Mismatch(_)), "{refused}");
+        assert!(refused.to_string().contains("other parameters"), "{refused}");
+        let default = PolicyBinding::new("cd", &[]);
+        let refused = check_policy(&loaded, &default, "reconcile").unwrap_err();
+        assert!(refused.to_string().contains("policy cd"), "{refused}");
+        // Before any run recorded one, any policy is taken.
+        let fresh = Checkpoint::at(None, Mode::ResumeAfter);
+        assert!(check_policy(&fresh, &default, "backfill").is_ok());
+        // A policy field of another shape is a malformed checkpoint.
+        stored.insert("policy", "ab");
+        assert!(matches!(
+            validate(&stored, "db.o", "rs"),
+            Err(HandoffError::MalformedCheckpoint(_))
+        ));
     }
 }

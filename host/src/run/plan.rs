@@ -220,10 +220,12 @@ impl Plan {
             .map_err(store_failure)?;
         let loaded = checkpoint::validate(&stored, &consumer.source, &deployment.replica_set_id)?;
         let lease = Lease::new(self.stream.lease);
+        let decides_with = checkpoint::PolicyBinding::new(&policy.sha256, &self.params);
         let claim = checkpoint::claim(
             &loaded,
             &Binding {
                 config,
+                policy: Some(&decides_with),
                 accept_change: self.stream.accept_config_change.as_deref(),
                 lease: &lease,
                 now: bson::DateTime::now(),
