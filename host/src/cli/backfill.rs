@@ -153,7 +153,7 @@ pub fn run(args: BackfillArgs) -> Result<()> {
         &options.collection,
         connection.deployment(),
     );
-    let outcome = Backfill::new(&connection, &args.target.uri, options, &snapshots).run();
+    let outcome = Backfill::new(&connection, options, &snapshots).run();
     connection.close();
     let summary = outcome?;
     if args.view.json {

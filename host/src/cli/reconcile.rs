@@ -3,7 +3,7 @@
 use clap::Args;
 
 use super::args::{AuditArgs, DecidingArgs, TargetArgs, ViewArgs, reason_text};
-use handoff::backend::mongo::{Connection, Redactor};
+use handoff::backend::mongo::Connection;
 use handoff::error::{HandoffError, Result};
 use handoff::operate::progress::Sink;
 use handoff::operate::reconcile::{self, Options};
@@ -122,7 +122,6 @@ pub fn run(args: ReconcileArgs) -> Result<()> {
     }
     let deciding = args.deciding.load("reconcile")?;
     let connection = Connection::connect(&args.target.uri)?;
-    let redactor = Redactor::for_uri(&args.target.uri).unwrap_or_default();
     let snapshots = deciding.snapshots(
         handoff::session::RunKind::Repair,
         &options.consumer,
@@ -130,7 +129,7 @@ pub fn run(args: ReconcileArgs) -> Result<()> {
         &options.collection,
         connection.deployment(),
     );
-    let outcome = reconcile::reconcile(&connection, &redactor, &options, &snapshots);
+    let outcome = reconcile::reconcile(&connection, &options, &snapshots);
     connection.close();
     let report = outcome?;
     // The HTML report is written whatever became of stdout.

@@ -673,7 +673,10 @@ mod tests {
         assert!(check_policy(&loaded, &quarantine, "backfill").is_ok());
         let refused = check_policy(&loaded, &other_params, "backfill").unwrap_err();
         assert!(matches!(refused, HandoffError::Mismatch(_)), "{refused}");
-        assert!(refused.to_string().contains("other parameters"), "{refused}");
+        assert!(
+            refused.to_string().contains("other parameters"),
+            "{refused}"
+        );
         let default = PolicyBinding::new("cd", &[]);
         let refused = check_policy(&loaded, &default, "reconcile").unwrap_err();
         assert!(refused.to_string().contains("policy cd"), "{refused}");

@@ -5,6 +5,10 @@
 //! (`checkpoint reset`, `backfill`, `reconcile --repair`) write an audit record with what they
 //! changed and why, in the same transaction as the change.
 //!
+//! What is here plans and reports (chunks and watermarks, comparisons, in-flight keys, audit
+//! entries, the reports' renderings); every read and write of the deployment goes through the
+//! typed functions of [`crate::backend::mongo`] (`operator`, `events`, `backfill`, `reconcile`).
+//!
 //! - `status`: checkpoint, lag, oplog window and margin, outbox figures;
 //! - `reset`: the audited compare-and-set of a consumer's checkpoint;
 //! - `backfill`: the collection's existing documents handed off beside the live stream

@@ -15,10 +15,9 @@
 use std::collections::HashMap;
 
 use bson::{Bson, Document, Timestamp, doc};
-use futures_util::TryStreamExt;
-use mongodb::Database;
 use sha2::{Digest as _, Sha256};
 
+use crate::backend::mongo::{Connection, OperationError, reconcile};
 use crate::domain::token::canonical_text;
 use crate::error::HandoffError;
 
@@ -282,24 +281,28 @@ impl OutboxView {
 /// Reads the view of `consumer`'s records of `source` in `outbox`, one batch at a time, calling
 /// `each` after every record (progress).
 pub async fn read(
-    database: &Database,
+    connection: &Connection,
+    database: &str,
     outbox: &str,
     consumer: &str,
     source: &str,
     batch_size: u32,
     mut each: impl FnMut(),
-) -> std::result::Result<OutboxView, mongodb::error::Error> {
+) -> std::result::Result<OutboxView, OperationError> {
     let mut view = OutboxView::new();
-    let mut cursor = database
-        .collection::<Document>(outbox)
-        .find(filter(consumer, source))
-        .projection(projection())
-        .batch_size(batch_size)
-        .await?;
-    while let Some(record) = cursor.try_next().await? {
-        view.add(&record);
-        each();
-    }
+    reconcile::outbox_records(
+        connection,
+        database,
+        outbox,
+        filter(consumer, source),
+        projection(),
+        batch_size,
+        |record| {
+            view.add(&record);
+            each();
+        },
+    )
+    .await?;
     view.settle();
     Ok(view)
 }

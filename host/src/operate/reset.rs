@@ -10,8 +10,9 @@ use bson::{Bson, Document, Timestamp, doc};
 use serde_json::{Value, json};
 
 use super::audit::AuditEntry;
-use crate::backend::mongo::transaction::{self, Decision, Failure};
-use crate::backend::mongo::{Connection, window};
+use crate::backend::mongo::operator::{self, CheckpointMove};
+use crate::backend::mongo::transaction::Failure;
+use crate::backend::mongo::{Connection, OperationError, window};
 use crate::domain::checkpoint::{self, Mode};
 use crate::domain::position::{Position, iso, time_json};
 use crate::domain::text::escape_untrusted;
@@ -144,21 +145,17 @@ fn revision(stored: &Document) -> Option<i64> {
     }
 }
 
-fn unavailable(what: &str, error: &mongodb::error::Error, connection: &Connection) -> HandoffError {
-    if let mongodb::error::ErrorKind::Command(command) = error.kind.as_ref() {
-        match command.code {
-            286 => {
-                return HandoffError::HistoryLost(
-                    "that cluster time is no longer in the oplog: the position cannot be reached; \
-                     reset to a later time or to now"
-                        .into(),
-                );
-            }
-            13 | 18 => return HandoffError::unauthorized(&connection.redact(&error.to_string())),
-            _ => {}
-        }
+/// A failed read or write in the command's failure classes.
+fn unavailable(error: OperationError) -> HandoffError {
+    match error.command_code {
+        Some(286) => HandoffError::HistoryLost(
+            "that cluster time is no longer in the oplog: the position cannot be reached; \
+             reset to a later time or to now"
+                .into(),
+        ),
+        Some(13 | 18) => HandoffError::unauthorized(&error.text),
+        _ => HandoffError::Unavailable(format!("{}: {}", error.what, error.text)),
     }
-    HandoffError::Unavailable(format!("{what}: {}", connection.redact(&error.to_string())))
 }
 
 /// The position a change stream of the source reports before its first event: now, or just
@@ -168,38 +165,22 @@ async fn stream_position(
     target: &Target<'_>,
     at: Option<Timestamp>,
 ) -> Result<Document> {
-    let stage = match at {
-        None => doc! {},
-        Some(t) => doc! { "startAtOperationTime": t },
-    };
-    let db = connection.database(target.database);
-    let reply = db
-        .run_command(doc! {
-            "aggregate": target.collection,
-            "pipeline": [{ "$changeStream": stage }],
-            "cursor": { "batchSize": 0 },
-        })
-        .await
-        .map_err(|e| unavailable("the stream's position could not be read", &e, connection))?;
-    let cursor = reply.get_document("cursor").ok();
-    if let Some(id) = cursor
-        .and_then(|c| c.get_i64("id").ok())
-        .filter(|id| *id != 0)
-    {
-        let _ = db
-            .run_command(doc! { "killCursors": target.collection, "cursors": [id] })
-            .await;
-    }
-    cursor
-        .and_then(|c| c.get_document("postBatchResumeToken").ok())
-        .filter(|t| checkpoint::is_resume_token(t))
-        .cloned()
-        .ok_or_else(|| {
-            HandoffError::Unavailable(
-                "the deployment gave no resume token for that position (MongoDB 4.0.7 or later is required)"
-                    .into(),
-            )
-        })
+    operator::opening_token(
+        connection,
+        target.database,
+        target.collection,
+        at,
+        "the stream's position could not be read",
+    )
+    .await
+    .map_err(unavailable)?
+    .filter(checkpoint::is_resume_token)
+    .ok_or_else(|| {
+        HandoffError::Unavailable(
+            "the deployment gave no resume token for that position (MongoDB 4.0.7 or later is required)"
+                .into(),
+        )
+    })
 }
 
 /// Whether a position after the deployment's present is accepted.
@@ -215,12 +196,15 @@ pub enum Ahead {
 pub fn plan(connection: &Connection, target: &Target<'_>, to: To, ahead: Ahead) -> Result<Plan> {
     let source = target.scope.source(target.database, target.collection);
     connection.block_on(async {
-        let current = connection
-            .database(target.database)
-            .collection::<Document>(target.checkpoints)
-            .find_one(doc! { "_id": target.consumer })
-            .await
-            .map_err(|e| unavailable("the checkpoint could not be read", &e, connection))?;
+        let current = operator::consumer_document(
+            connection,
+            target.database,
+            target.checkpoints,
+            target.consumer,
+            "the checkpoint could not be read",
+        )
+        .await
+        .map_err(unavailable)?;
         let Some(stored) = &current else {
             return Err(HandoffError::BadInput(format!(
                 "consumer {} has no checkpoint in {}.{}: check --consumer-id and the collection \
@@ -359,9 +343,6 @@ pub fn apply(
             _ => Document::new(),
         },
     };
-    let db = connection.database(target.database);
-    let checkpoints = db.collection::<Document>(target.checkpoints);
-    let audit = db.collection::<Document>(target.audit);
     let conflict = || {
         HandoffError::Conflict(
             "the checkpoint changed since it was read (a run committed, or another reset): \
@@ -383,44 +364,29 @@ pub fn apply(
         Some(r) => filter.insert("revision", r),
         None => filter.insert("revision", doc! { "$exists": false }),
     };
-    let update = doc! {
-        "$set": { "token": plan.to_token.clone(), "mode": plan.to_mode.as_str() },
-        "$inc": { "revision": 1_i64 },
-    };
     let record = entry.document();
-    let retries = std::sync::atomic::AtomicU32::new(0);
-    let written = connection.block_on(transaction::run(
-        connection,
-        &checkpoints,
-        &retries,
-        async |session| {
-            let updated = checkpoints
-                .update_one(filter.clone(), update.clone())
-                .session(&mut *session)
-                .await?;
-            if updated.matched_count != 1 {
-                return Ok(Decision::Refuse(()));
-            }
-            match audit.insert_one(&record).session(&mut *session).await {
-                Ok(_) => Ok(Decision::Commit(())),
-                // The audit record of a commit that went through unseen: the checkpoint
-                // moved since, and this reset is done or overtaken.
-                Err(error) if is_duplicate_key(&error) => Ok(Decision::Refuse(())),
-                Err(error) => Err(error),
-            }
+    let change = CheckpointMove {
+        database: target.database,
+        checkpoints: target.checkpoints,
+        audit: target.audit,
+        filter,
+        update: doc! {
+            "$set": { "token": plan.to_token.clone(), "mode": plan.to_mode.as_str() },
+            "$inc": { "revision": 1_i64 },
         },
-    ));
-    match written {
+        record: &record,
+    };
+    match connection.block_on(operator::move_checkpoint(connection, &change)) {
         Ok(()) => {}
+        // The checkpoint moved since it was read, or (its audit record already stored) a commit
+        // of this reset went through unseen: done or overtaken.
         Err(Failure::Refused(())) => return Err(conflict()),
-        Err(Failure::Failed(error)) => {
-            return Err(unavailable("the reset was not written", &error, connection));
-        }
+        Err(Failure::Failed(error)) => return Err(unavailable(error)),
         Err(Failure::Unknown(error)) => {
             return Err(HandoffError::Unavailable(format!(
                 "the reset's commit did not complete ({}): it may or may not have been \
                  applied; look at `handoff status` and the audit collection before retrying",
-                connection.redact(&error.to_string())
+                error.text
             )));
         }
     }
@@ -431,14 +397,4 @@ pub fn apply(
         "checkpoint reset"
     );
     Ok(())
-}
-
-fn is_duplicate_key(error: &mongodb::error::Error) -> bool {
-    match error.kind.as_ref() {
-        mongodb::error::ErrorKind::Write(mongodb::error::WriteFailure::WriteError(e)) => {
-            e.code == 11000
-        }
-        mongodb::error::ErrorKind::Command(c) => c.code == 11000,
-        _ => false,
-    }
 }

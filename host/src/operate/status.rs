@@ -1,9 +1,9 @@
 //! `status`: where a consumer stands, read in one pass and changing nothing.
 
-use bson::{Bson, Document, Timestamp, doc};
+use bson::{Bson, Document, Timestamp};
 use serde_json::{Value, json};
 
-use crate::backend::mongo::{Connection, window};
+use crate::backend::mongo::{Connection, OperationError, operator, window};
 use crate::domain::config::Scope;
 use crate::domain::position::{Position, iso, time_json};
 use crate::domain::text::escape_untrusted;
@@ -11,10 +11,6 @@ use crate::error::{HandoffError, Result};
 
 /// How long each outbox figure may take.
 pub const OUTBOX_READ_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
-
-fn is_time_limit(error: &mongodb::error::Error) -> bool {
-    matches!(error.kind.as_ref(), mongodb::error::ErrorKind::Command(c) if c.code == 50)
-}
 
 /// What `status` reads about one consumer.
 #[derive(Debug, Clone)]
@@ -54,42 +50,30 @@ pub struct Target<'a> {
 impl Status {
     /// Reads the checkpoint, the deployment's figures and the outbox's.
     pub fn read(connection: &Connection, target: &Target<'_>) -> Result<Status> {
-        let db = connection.database(target.database);
         connection.block_on(async {
-            let stored = db
-                .collection::<Document>(target.checkpoints)
-                .find_one(doc! { "_id": target.consumer })
-                .await
-                .map_err(|e| unavailable("the checkpoint", &e, connection))?;
+            let stored = operator::consumer_document(
+                connection,
+                target.database,
+                target.checkpoints,
+                target.consumer,
+                "the checkpoint",
+            )
+            .await
+            .map_err(unavailable)?;
             let token = stored.as_ref().and_then(|s| s.get_document("token").ok());
             let position = window::position(connection, token).await;
             // The outbox figures scan the outbox: on a large one they are given up after
             // OUTBOX_READ_WAIT (shown as unknown) rather than holding the command up.
-            let outbox = db.collection::<Document>(target.outbox);
-            let records = outbox
-                .count_documents(doc! { "consumer": target.consumer })
-                .max_time(OUTBOX_READ_WAIT)
-                .await;
-            let records = match records {
-                Ok(n) => Some(n),
-                Err(e) if is_time_limit(&e) => None,
-                Err(e) => return Err(unavailable("the outbox", &e, connection)),
-            };
-            let last = outbox
-                .find_one(doc! { "consumer": target.consumer })
-                .sort(doc! { "$natural": -1 })
-                .projection(doc! { "event.clusterTime": 1 })
-                .max_time(OUTBOX_READ_WAIT)
-                .await;
-            let last = match last {
-                Ok(last) => last,
-                Err(e) if is_time_limit(&e) => None,
-                Err(e) => return Err(unavailable("the outbox", &e, connection)),
-            };
-            let last_record_time = last
-                .as_ref()
-                .and_then(|r| r.get_document("event").ok())
-                .and_then(|e| e.get_timestamp("clusterTime").ok());
+            let (records, last_record_time) = operator::outbox_figures(
+                connection,
+                target.database,
+                target.outbox,
+                target.consumer,
+                OUTBOX_READ_WAIT,
+                "the outbox",
+            )
+            .await
+            .map_err(unavailable)?;
             Ok(Status {
                 consumer: target.consumer.to_string(),
                 source: target.scope.source(target.database, target.collection),
@@ -250,9 +234,6 @@ impl CheckpointView {
     }
 }
 
-fn unavailable(what: &str, error: &mongodb::error::Error, connection: &Connection) -> HandoffError {
-    HandoffError::Unavailable(format!(
-        "{what} could not be read: {}",
-        connection.redact(&error.to_string())
-    ))
+fn unavailable(error: OperationError) -> HandoffError {
+    HandoffError::Unavailable(format!("{} could not be read: {}", error.what, error.text))
 }

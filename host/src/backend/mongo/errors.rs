@@ -1,10 +1,11 @@
 //! Driver errors as the server reported them, classified into the stream's and the run's
-//! failure classes (credentials removed).
+//! failure classes, or described in plain terms for the operator's commands (credentials
+//! removed).
 
 use mongodb::error::{Error as DriverError, ErrorKind, WriteFailure};
 
-use super::SERVER_SELECTION_TIMEOUT;
 use super::redaction::Redactor;
+use super::{Connection, SERVER_SELECTION_TIMEOUT};
 use crate::domain::stream::{BSON_OBJECT_TOO_LARGE, FRAGMENT_TOO_LARGE, NO_MATCHING_DOCUMENT};
 use crate::domain::{ServerError, StreamError};
 use crate::error::HandoffError;
@@ -80,6 +81,74 @@ pub(super) fn classify_stream(error: &DriverError, redactor: &Redactor) -> Strea
         // Unauthorized, CommandNotSupportedOnView: retrying changes nothing.
         Some(13) | Some(166) => StreamError::Fatal(detail),
         _ => StreamError::Unavailable(detail),
+    }
+}
+
+/// An operation of an operator's command that the server refused or the driver failed, in plain
+/// terms (none of the driver's types): what was being done, the server's codes and the driver's
+/// texts, the URI's credentials removed. The texts are not escaped: each command bounds and
+/// escapes what it prints.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OperationError {
+    /// What was being done (e.g. `reading the chunk`).
+    pub what: &'static str,
+    /// The code of the command the server refused (`ok: 0`), if it refused one.
+    pub command_code: Option<i32>,
+    /// The server's code for the command, else for its first failed write or its write concern;
+    /// 18 (`AuthenticationFailed`) when the credentials were refused.
+    pub code: Option<i32>,
+    /// The server's message for a refused command, else the driver's text.
+    pub message: String,
+    /// The driver's whole text.
+    pub text: String,
+}
+
+impl OperationError {
+    /// `error`, met while doing `what`, described with `redactor`'s credentials removed.
+    pub(super) fn of(what: &'static str, error: &DriverError, redactor: &Redactor) -> Self {
+        let command = match error.kind.as_ref() {
+            ErrorKind::Command(e) => Some(e),
+            _ => None,
+        };
+        let code = match error.kind.as_ref() {
+            ErrorKind::Command(e) => Some(e.code),
+            ErrorKind::Write(WriteFailure::WriteError(e)) => Some(e.code),
+            ErrorKind::Write(WriteFailure::WriteConcernError(e)) => Some(e.code),
+            ErrorKind::InsertMany(e) => e
+                .write_errors
+                .as_ref()
+                .and_then(|w| w.first())
+                .map(|w| w.code),
+            ErrorKind::Authentication { .. } => Some(18),
+            _ => None,
+        };
+        let text = redactor.clean(&error.to_string());
+        OperationError {
+            what,
+            command_code: command.map(|e| e.code),
+            code,
+            message: command.map_or_else(|| text.clone(), |e| redactor.clean(&e.message)),
+            text,
+        }
+    }
+}
+
+impl Connection {
+    /// How the driver's errors met while doing `what` are told to an operator's command.
+    pub(super) fn failed(
+        &self,
+        what: &'static str,
+    ) -> impl Fn(DriverError) -> OperationError + Copy {
+        move |error| OperationError::of(what, &error, &self.redactor)
+    }
+}
+
+/// Whether the server refused a write for a duplicate key (`DuplicateKey`, 11000).
+pub(super) fn duplicate_key(error: &DriverError) -> bool {
+    match error.kind.as_ref() {
+        ErrorKind::Write(WriteFailure::WriteError(e)) => e.code == 11000,
+        ErrorKind::Command(e) => e.code == 11000,
+        _ => false,
     }
 }
 

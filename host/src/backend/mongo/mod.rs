@@ -1,5 +1,6 @@
 //! MongoDB through the official driver: the live change stream and the checkpoint + outbox
-//! transaction.
+//! transaction, and every read and write of the operator's commands. Nothing outside this
+//! module names the driver.
 //!
 //! The driver is async; the policy runtime is not. A connection owns a small tokio runtime and
 //! every trait method blocks on it, so the policy's host calls stay plain function calls.
@@ -22,15 +23,26 @@
 //! - `connection`: the client, its runtime, the deployment's identity and the run's deadline;
 //! - `redaction`: credentials removed from every text before it is printed or logged;
 //! - `registry`: the state collections listed in their database's registry before they are written;
-//! - `errors`: driver errors as server errors and the run's failure classes;
+//! - `errors`: driver errors as server errors and the run's failure classes, or as the
+//!   [`OperationError`] the operator's commands report;
 //! - `source`: the watched collection's change stream ([`ChangeSource`](crate::domain::ChangeSource));
 //! - `store`: the checkpoint and record transaction ([`CheckpointStore`](crate::domain::CheckpointStore));
 //! - `transaction`: the one transaction runner every write goes through (runs, resets, backfill,
 //!   reconcile's repair);
-//! - `window`: the deployment's cluster time and oplog window (lag and margin figures).
+//! - `window`: the deployment's cluster time and oplog window (lag and margin figures);
+//! - `events`: the change streams an operator's command reads itself (current positions, keys
+//!   changed after a checkpoint, a backfill's watermarks);
+//! - `operator`: the operator's commands' common reads (a checkpoint, a collection's documents
+//!   and size), `status`'s outbox figures and `checkpoint reset`'s position and compare-and-set;
+//! - `backfill`: a backfill's state, watermarks, checkpoint start, chunks and chunk commits;
+//! - `reconcile`: a consumer's outbox records and a repair's correction records.
 
+pub mod backfill;
 mod connection;
 mod errors;
+pub mod events;
+pub mod operator;
+pub mod reconcile;
 mod redaction;
 pub mod registry;
 mod source;
@@ -47,6 +59,7 @@ use mongodb::options::{
 use mongodb::{Client, Database};
 
 pub use connection::{Connection, DeadlinePassed, Pool, UNPARSABLE_URI};
+pub use errors::OperationError;
 pub use redaction::Redactor;
 pub use source::MongoSource;
 pub use store::MongoStore;

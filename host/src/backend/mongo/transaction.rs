@@ -26,6 +26,7 @@ use mongodb::error::{
 };
 use mongodb::{ClientSession, Collection};
 
+use super::errors::OperationError;
 use super::{Connection, TRANSACTION_ATTEMPTS, transaction_options};
 
 /// What one attempt's statements decided.
@@ -39,16 +40,34 @@ pub enum Decision<T, E> {
     Again,
 }
 
-/// Why a transaction did not commit, or may not have.
+/// Why a transaction did not commit, or may not have; `D` is how the server's failure is told
+/// (the driver's error, or [`OperationError`] for the operator's commands).
 #[derive(Debug)]
-pub enum Failure<E> {
+pub enum Failure<E, D = DriverError> {
     /// The statements refused: nothing was written.
     Refused(E),
     /// The server failed the transaction (for good, or transiently for longer than the retry
     /// window): nothing was written.
-    Failed(DriverError),
+    Failed(D),
     /// The commit's outcome is unknown after every retry: it may or may not have applied.
-    Unknown(DriverError),
+    Unknown(D),
+}
+
+impl<E> Failure<E> {
+    /// The failure as an operator's command reports it: the driver's error described as met
+    /// while doing `what`, the URI's credentials removed.
+    pub(super) fn described(
+        self,
+        what: &'static str,
+        connection: &Connection,
+    ) -> Failure<E, OperationError> {
+        let described = connection.failed(what);
+        match self {
+            Failure::Refused(refused) => Failure::Refused(refused),
+            Failure::Failed(error) => Failure::Failed(described(error)),
+            Failure::Unknown(error) => Failure::Unknown(described(error)),
+        }
+    }
 }
 
 /// Runs `statements` in a transaction under the rules above; `abandon_on` is a collection a

@@ -74,10 +74,7 @@ mod tests {
             .find(|(path, _)| path == &PathBuf::from("component.js"))
             .expect("component.js")
             .1;
-        let import = format!(
-            "'handoff:policy/host@{}'",
-            crate::runtime::policy::CONTRACT
-        );
+        let import = format!("'handoff:policy/host@{}'", crate::runtime::policy::CONTRACT);
         assert!(component.contains(&import), "{component}");
     }
 }
