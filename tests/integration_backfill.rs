@@ -839,6 +839,13 @@ fn every_backfilled_document_is_one_the_consumers_policy_decided() {
         assert!(payload.get("total").or(payload.get("card")).is_some());
     }
 
+    // The consumer's runs decide with the quarantine policy: a backfill with another is refused.
+    support::ok(&live.run(&["--policy", handoff_test_policies::QUARANTINE]));
+    let before = snapshots(&live).len();
+    let out = backfill(&live, &["--restart"]).output().expect("backfill");
+    support::refused(&out, 4, "the consumer's runs use");
+    assert_eq!(snapshots(&live).len(), before);
+
     // A policy built before snapshot runs cannot say what a snapshot becomes: refused.
     let out = backfill(
         &live,

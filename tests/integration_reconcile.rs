@@ -582,9 +582,21 @@ fn a_key_the_policy_quarantined_is_held_not_missing_and_never_repaired_into_the_
     assert_eq!(counts(&held), (0, 0, 0), "{held}");
     assert_eq!(held["held_by_policy"]["quarantined"]["count"], 1, "{held}");
     assert_eq!(keys(&held["held_by_policy"], "quarantined"), vec!["2"]);
-    // The default policy would hand the poison document off: for it, the key is missing.
-    let default = report(&reconcile(&live, &[]), 16);
-    assert_eq!(counts(&default), (1, 0, 0), "{default}");
+    // Another policy (the default, which would hand the poison document off) or other
+    // parameters would not decide what the consumer's runs decide: refused, nothing written.
+    let default = reconcile(&live, &["--repair", "--reason", "forgot the policy"]);
+    support::refused(&default, 4, "the consumer's runs use");
+    let mut other = policy.clone();
+    other.extend([
+        "--policy-param",
+        "supported=1,99",
+        "--repair",
+        "--reason",
+        "r",
+    ]);
+    support::refused(&reconcile(&live, &other), 4, "other parameters");
+    assert_eq!(live.outbox_len(), 1);
+    assert!(live.records(AUDIT).is_empty());
 
     // A repair with the consumer's policy writes nothing for the held key …
     let mut repair = policy.clone();

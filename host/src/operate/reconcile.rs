@@ -252,6 +252,7 @@ async fn run(
     let source_name = format!("{}.{}", options.database, options.collection);
     // The checkpoint: where the consumer stands.
     let (loaded, token) = checkpoint(connection, options, &source_name).await?;
+    checkpoint::check_policy(&loaded, &snapshots.binding(), "reconcile")?;
     let mut report = Report {
         consumer: options.consumer.clone(),
         source: source_name.clone(),

@@ -11,7 +11,7 @@ use bson::raw::cstr;
 use bson::{Bson, DateTime, Document, RawDocument, RawDocumentBuf, doc};
 
 use crate::backend::snapshot::{self, KeepingStore, Position, Read, SnapshotSource};
-use crate::domain::checkpoint::{Checkpoint, Mode};
+use crate::domain::checkpoint::{Checkpoint, Mode, PolicyBinding};
 use crate::domain::token::canonical_text;
 use crate::domain::{Consumer, Deployment};
 use crate::error::{HandoffError, Result};
@@ -81,6 +81,11 @@ impl Snapshots<'_> {
             )));
         }
         Ok(())
+    }
+
+    /// The policy and parameters these runs decide with, as a run records them.
+    pub fn binding(&self) -> PolicyBinding {
+        PolicyBinding::new(&self.policy.sha256, &self.params)
     }
 
     /// The policy's decisions over `reads`, read at `at`, in runs of at most
