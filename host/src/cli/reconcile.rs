@@ -103,6 +103,7 @@ impl ReconcileArgs {
             consumer: inputs.consumer_id,
             checkpoints: inputs.checkpoint_collection,
             outbox: inputs.outbox_collection,
+            quarantine: inputs.quarantine_collection,
             audit,
             limit: self.limit as usize,
             chunk_size: self.chunk_size,

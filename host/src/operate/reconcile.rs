@@ -57,6 +57,7 @@ pub struct Options {
     pub consumer: String,
     pub checkpoints: String,
     pub outbox: String,
+    pub quarantine: String,
     pub audit: String,
     /// Keys listed per kind of difference.
     pub limit: usize,
@@ -298,6 +299,20 @@ async fn run(
         view.retain(|entry| entry.position.time >= since);
     }
 
+    // What the quarantine holds: a key whose document the policy quarantines is as it should
+    // be when the quarantine holds that document.
+    let quarantined = outbox_view::read(
+        connection,
+        &options.database,
+        &options.quarantine,
+        &options.consumer,
+        &source_name,
+        options.chunk_size,
+        || {},
+    )
+    .await
+    .map_err(server)?;
+
     // The comparison.
     let (mut differences, checked_keys) =
         compare::differences(connection, options, view, &in_flight).await?;
@@ -321,18 +336,24 @@ async fn run(
     report.in_flight = in_flight.len() as u64;
     report.checked = checked_keys;
     differences.sort_by(|a, b| a.text.cmp(&b.text));
-    // What the policy would make of each key as it is now: one it would quarantine or skip is
-    // what the policy produced, not a difference.
+    // What the policy would make of each key as it is now: one it would skip is what the policy
+    // produced, and so is one it would quarantine that the quarantine holds as it is now.
     let fates = repair::policy_fates(connection, options, snapshots, &differences).await?;
     let mut kept = Vec::with_capacity(differences.len());
-    for (difference, fate) in differences.into_iter().zip(fates) {
+    for (difference, (fate, now)) in differences.into_iter().zip(fates) {
         let held = match fate {
-            Fate::HandedOff => {
+            Fate::Quarantined
+                if quarantined
+                    .get(&difference.text)
+                    .is_some_and(|entry| entry.said == now) =>
+            {
+                &mut report.quarantined
+            }
+            Fate::Skipped => &mut report.skipped,
+            Fate::HandedOff | Fate::Quarantined => {
                 kept.push(difference);
                 continue;
             }
-            Fate::Quarantined => &mut report.quarantined,
-            Fate::Skipped => &mut report.skipped,
         };
         held.add(&difference.text, options.limit);
     }

@@ -44,49 +44,89 @@ pub async fn outbox_records(
 pub struct RepairNames<'a> {
     pub database: &'a str,
     pub outbox: &'a str,
+    pub quarantine: &'a str,
     /// The audit collection.
     pub audit: &'a str,
 }
 
-/// One repair transaction through the transaction runner: the `records` whose `_id` the outbox
-/// does not hold yet, and the audit record (once: a retried first transaction whose commit went
-/// through has it already). Returns how many records were written and how many were found
-/// already stored. A failure's `what` is `handing off correction records`.
+/// A repair batch's records: what the policy handed off and what it quarantined.
+pub struct Corrections<'a> {
+    pub outbox: &'a [RawDocumentBuf],
+    pub quarantine: &'a [RawDocumentBuf],
+}
+
+/// One repair transaction through the transaction runner: the records whose `_id` their
+/// collection (outbox or quarantine) does not hold yet, and the audit record (once: a retried
+/// first transaction whose commit went through has it already). Returns how many records were
+/// written and how many were found already stored. A failure's `what` is `handing off
+/// correction records`.
 pub async fn commit_corrections(
     connection: &Connection,
     names: &RepairNames<'_>,
-    records: &[RawDocumentBuf],
+    corrections: &Corrections<'_>,
     audit: Option<&Document>,
 ) -> Result<(u64, u64), Failure<Infallible, OperationError>> {
     let db = connection.database(names.database);
     let outbox = db.collection::<RawDocumentBuf>(names.outbox);
+    let quarantine = db.collection::<RawDocumentBuf>(names.quarantine);
     let audit_records = db.collection::<Document>(names.audit);
     let retries = std::sync::atomic::AtomicU32::new(0);
     let abandon_on = outbox.clone_with_type::<Document>();
     transaction::run(connection, &abandon_on, &retries, async |session| {
-        statements(session, &outbox, &audit_records, records, audit)
-            .await
-            .map(Decision::<_, Infallible>::Commit)
+        if let Some(audit) = audit {
+            insert_audit_once(session, &audit_records, audit).await?;
+        }
+        let (mut written, mut present) = (0, 0);
+        for (collection, records) in [
+            (&outbox, corrections.outbox),
+            (&quarantine, corrections.quarantine),
+        ] {
+            let (w, p) = insert_fresh(session, collection, records).await?;
+            written += w;
+            present += p;
+        }
+        Ok(Decision::<_, Infallible>::Commit((written, present)))
     })
     .await
     .map_err(|failure| failure.described("handing off correction records", connection))
 }
 
-/// The statements of a repair transaction: the records whose `_id` the outbox does not hold yet
-/// are inserted, the audit record once.
-async fn statements(
+/// The audit record, unless a retried first transaction whose commit went through holds it.
+async fn insert_audit_once(
     session: &mut ClientSession,
-    outbox: &Collection<RawDocumentBuf>,
     audit_records: &Collection<Document>,
+    audit: &Document,
+) -> Result<(), DriverError> {
+    let held = audit_records
+        .find_one(doc! { "_id": audit.get("_id").cloned().unwrap_or(Bson::Null) })
+        .projection(doc! { "_id": 1 })
+        .session(&mut *session)
+        .await?;
+    if held.is_none() {
+        audit_records
+            .insert_one(audit)
+            .session(&mut *session)
+            .await?;
+    }
+    Ok(())
+}
+
+/// The `records` whose `_id` `collection` does not hold yet, inserted. Returns (written,
+/// already present).
+async fn insert_fresh(
+    session: &mut ClientSession,
+    collection: &Collection<RawDocumentBuf>,
     records: &[RawDocumentBuf],
-    audit: Option<&Document>,
 ) -> Result<(u64, u64), DriverError> {
+    if records.is_empty() {
+        return Ok((0, 0));
+    }
     let ids: Vec<&str> = records
         .iter()
         .filter_map(|r| r.get_str("_id").ok())
         .collect();
     let mut stored = HashSet::new();
-    let mut cursor = outbox
+    let mut cursor = collection
         .clone_with_type::<Document>()
         .find(doc! { "_id": { "$in": &ids } })
         .projection(doc! { "_id": 1 })
@@ -102,22 +142,8 @@ async fn statements(
         .iter()
         .filter(|r| !r.get_str("_id").is_ok_and(|id| stored.contains(id)))
         .collect();
-    // A retried first transaction whose commit went through has its audit record already.
-    if let Some(audit) = audit {
-        let held = audit_records
-            .find_one(doc! { "_id": audit.get("_id").cloned().unwrap_or(Bson::Null) })
-            .projection(doc! { "_id": 1 })
-            .session(&mut *session)
-            .await?;
-        if held.is_none() {
-            audit_records
-                .insert_one(audit)
-                .session(&mut *session)
-                .await?;
-        }
-    }
     if !fresh.is_empty() {
-        outbox
+        collection
             .insert_many(fresh.iter().copied())
             .ordered(true)
             .session(&mut *session)

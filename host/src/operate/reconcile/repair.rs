@@ -4,19 +4,19 @@
 
 use std::time::Duration;
 
-use bson::{Bson, Document, RawDocumentBuf, doc};
+use bson::{Bson, Document, doc};
 
 use super::compare::{Difference, read_keys};
 use super::in_flight::now;
 use super::{Options, REPAIR_BATCH, Repaired, Report, server, time_text};
-use crate::backend::mongo::reconcile::{RepairNames, commit_corrections};
+use crate::backend::mongo::reconcile::{Corrections, RepairNames, commit_corrections};
 use crate::backend::mongo::transaction::Failure;
 use crate::backend::mongo::{Connection, registry};
 use crate::backend::snapshot::{Position as SnapshotPosition, Read};
 use crate::domain::text::escape_untrusted;
 use crate::error::{HandoffError, Result};
 use crate::operate::audit::AuditEntry;
-use crate::operate::outbox_view::{Position, key_text};
+use crate::operate::outbox_view::{Position, Said, digest, key_text};
 use crate::operate::progress::Progress;
 use crate::run::snapshot::{Fate, Snapshots};
 
@@ -50,19 +50,24 @@ fn snapshot_position(token: Document, at: &Position) -> SnapshotPosition {
     }
 }
 
-/// What the consumer's policy makes of each difference's document as it is now, in order.
+/// What the consumer's policy makes of each difference's document as it is now, and what the
+/// source holds for it, in order.
 pub(super) async fn policy_fates(
     connection: &Connection,
     options: &Options,
     snapshots: &Snapshots<'_>,
     differences: &[Difference],
-) -> Result<Vec<Fate>> {
+) -> Result<Vec<(Fate, Said)>> {
     let mut fates = Vec::with_capacity(differences.len());
     for batch in differences.chunks(REPAIR_BATCH) {
         let (token, at) = now(connection, options).await?;
         let reads = reads_of(connection, options, batch).await?;
         let decided = snapshots.decide(&reads, &snapshot_position(token, &at))?;
-        fates.extend(decided.fates);
+        let held = reads.iter().map(|read| match &read.document {
+            Some(document) => Said::Present(digest(document)),
+            None => Said::Absent,
+        });
+        fates.extend(decided.fates.into_iter().zip(held));
     }
     Ok(fates)
 }
@@ -80,7 +85,7 @@ pub(super) async fn repair(
     registry::register(
         connection,
         &options.database,
-        &[&options.outbox, &options.audit],
+        &[&options.outbox, &options.quarantine, &options.audit],
     )
     .await?;
     let evidence = doc! {
@@ -117,6 +122,7 @@ pub(super) async fn repair(
     let names = RepairNames {
         database: &options.database,
         outbox: &options.outbox,
+        quarantine: &options.quarantine,
         audit: &options.audit,
     };
     let progress = Progress::to("repair", Some(differences.len() as u64), options.progress);
@@ -125,9 +131,12 @@ pub(super) async fn repair(
         let (position, at) = position_after(connection, options, batch).await?;
         let reads = reads_of(connection, options, batch).await?;
         let decided = snapshots.decide(&reads, &snapshot_position(position, &at))?;
-        repaired.held += (decided.fates.len() as u64) - decided.count(Fate::HandedOff);
-        let (written, present) =
-            commit(connection, &names, &decided.outbox, audit.as_ref()).await?;
+        repaired.held += decided.count(Fate::Skipped);
+        let corrections = Corrections {
+            outbox: &decided.outbox,
+            quarantine: &decided.quarantine,
+        };
+        let (written, present) = commit(connection, &names, &corrections, audit.as_ref()).await?;
         audit = None;
         repaired.written += written;
         repaired.already_present += present;
@@ -173,10 +182,10 @@ async fn position_after(
 async fn commit(
     connection: &Connection,
     names: &RepairNames<'_>,
-    records: &[RawDocumentBuf],
+    corrections: &Corrections<'_>,
     audit: Option<&Document>,
 ) -> Result<(u64, u64)> {
-    match commit_corrections(connection, names, records, audit).await {
+    match commit_corrections(connection, names, corrections, audit).await {
         Ok(counts) => Ok(counts),
         Err(Failure::Refused(never)) => match never {},
         Err(Failure::Failed(error)) => Err(server(error)),
