@@ -207,3 +207,37 @@ fn a_lease_duration_out_of_bounds_is_bad_input() {
     }
     assert!(live.checkpoint().is_none(), "nothing was written");
 }
+
+/// Statements that keep asking to start again (they never learn what they wait for) end the
+/// transaction after a bounded number of tries, with nothing written, instead of looping.
+#[test]
+fn statements_that_always_start_again_end_in_a_failure_not_a_loop() {
+    use handoff::backend::mongo::transaction::{self, Decision, Failure, MAX_AGAIN};
+    let live = Live::start();
+    let connection = Connection::connect(&live.uri()).expect("connect");
+    let outbox = connection
+        .database(&live.db)
+        .collection::<bson::Document>(OUTBOX);
+    let retries = std::sync::atomic::AtomicU32::new(0);
+    let mut calls = 0u32;
+    let outcome = connection.block_on(transaction::run(
+        &connection,
+        &outbox,
+        &retries,
+        async |session| {
+            calls += 1;
+            outbox
+                .insert_one(doc! { "_id": format!("again-{calls}") })
+                .session(&mut *session)
+                .await?;
+            Ok(Decision::<(), ()>::Again)
+        },
+    ));
+    assert!(matches!(outcome, Err(Failure::Failed(_))), "{outcome:?}");
+    assert_eq!(calls, MAX_AGAIN + 1);
+    assert!(
+        live.outbox().is_empty(),
+        "nothing an abandoned attempt wrote stays"
+    );
+    connection.close();
+}

@@ -36,9 +36,14 @@ pub enum Decision<T, E> {
     /// Write nothing and end with `E` (e.g. a compare-and-set found another state).
     Refuse(E),
     /// Nothing is written and the reason is gone (e.g. the statements learned what to leave
-    /// out): start again at once, not counted as a retry.
+    /// out): start again at once, not counted as a retry, at most [`MAX_AGAIN`] times in a row.
     Again,
 }
+
+/// How many times in a row statements may ask to start again ([`Decision::Again`]) before the
+/// transaction fails: each asking means they learned something, and what there is to learn is
+/// bounded (the store asks at most twice per commit).
+pub const MAX_AGAIN: u32 = 4;
 
 /// Why a transaction did not commit, or may not have; `D` is how the server's failure is told
 /// (the driver's error, or [`OperationError`] for the operator's commands).
@@ -81,6 +86,7 @@ pub async fn run<T, E>(
 ) -> Result<T, Failure<E>> {
     let started = Instant::now();
     let mut attempt: u32 = 0;
+    let mut agains: u32 = 0;
     let mut session: Option<ClientSession> = None;
     loop {
         attempt += 1;
@@ -95,9 +101,16 @@ pub async fn run<T, E>(
         {
             Ok(Decision::Commit(value)) => return Ok(value),
             Ok(Decision::Refuse(refused)) => return Err(Failure::Refused(refused)),
-            Ok(Decision::Again) => {
+            Ok(Decision::Again) if agains < MAX_AGAIN => {
+                agains += 1;
                 attempt -= 1;
                 continue;
+            }
+            Ok(Decision::Again) => {
+                return Err(Failure::Failed(DriverError::custom(format!(
+                    "the transaction's statements asked to start again {MAX_AGAIN} times in a \
+                     row; nothing was written"
+                ))));
             }
             Err(failure) => failure,
         };
