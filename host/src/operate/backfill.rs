@@ -47,7 +47,6 @@ use bson::{Bson, DateTime, Document, doc};
 use crate::backend::mongo::backfill::{ChunkCommit, Names, StateWrite, Store};
 use crate::backend::mongo::transaction::Failure;
 use crate::backend::mongo::{Connection, OperationError, registry};
-use crate::domain::checkpoint;
 use crate::domain::text::escape_untrusted;
 use crate::error::HandoffError;
 use crate::operate::audit::AuditEntry;
@@ -233,22 +232,7 @@ impl<'a> Backfill<'a> {
                 ))
             })?),
         };
-        // The policy the consumer's runs decide with, before anything is written.
-        if let Some(stored) = self
-            .store
-            .checkpoint()
-            .await
-            .map_err(BackfillError::Server)?
-        {
-            let loaded = checkpoint::validate(
-                &stored,
-                &source,
-                &self.connection.deployment().replica_set_id,
-            )
-            .map_err(BackfillError::Checkpoint)?;
-            checkpoint::check_policy(&loaded, &self.snapshots.binding(), "backfill")
-                .map_err(BackfillError::Checkpoint)?;
-        }
+        self.check_policy().await?;
         let mut summary = Summary {
             consumer: o.consumer.clone(),
             source: source.clone(),

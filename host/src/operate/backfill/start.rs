@@ -9,6 +9,27 @@ use crate::domain::checkpoint;
 use crate::error::HandoffError;
 
 impl Backfill<'_> {
+    /// Refuses, before anything is written, a policy other than the one the consumer's last run
+    /// recorded: the backfill's records would not be the ones its policy decides.
+    pub(super) async fn check_policy(&self) -> Result<(), BackfillError> {
+        let stored = self
+            .store
+            .checkpoint()
+            .await
+            .map_err(BackfillError::Server)?;
+        let Some(stored) = stored else {
+            return Ok(());
+        };
+        let loaded = checkpoint::validate(
+            &stored,
+            &self.options.source(),
+            &self.connection.deployment().replica_set_id,
+        )
+        .map_err(BackfillError::Checkpoint)?;
+        checkpoint::check_policy(&loaded, &self.snapshots.binding(), "backfill")
+            .map_err(BackfillError::Checkpoint)
+    }
+
     /// Makes the consumer's checkpoint hold a token: a missing one is created and a null token
     /// set to the source stream's current post-batch token (mode resumeAfter), as a fresh
     /// `handoff run` saves it. Returns whether it was set here.
