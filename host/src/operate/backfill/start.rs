@@ -1,5 +1,6 @@
-//! Before the first chunk: the consumer's checkpoint made to hold a token, so that every change
-//! made after the backfill starts is handed off by the regular runs.
+//! Before the first chunk: the policy checked against the one the consumer's runs recorded, and
+//! the consumer's checkpoint made to hold a token, so that every change made after the backfill
+//! starts is handed off by the regular runs.
 
 use bson::Bson;
 
