@@ -887,6 +887,25 @@ fn runs_backfills_repairs_resets_and_kills_keep_the_quarantine_policys_records_e
         report["held_by_policy"]["skipped"]["count"], 0,
         "[{ctx}] {report}"
     );
+    // Held means the quarantine holds each poison document as it is now.
+    let quarantined: Vec<Document> = harness
+        .live
+        .records(QUARANTINE)
+        .iter()
+        .filter_map(|r| {
+            r.get_document("event")
+                .ok()?
+                .get_document("fullDocument")
+                .ok()
+        })
+        .cloned()
+        .collect();
+    for document in harness.live.records("orders").iter().filter(|d| !good(d)) {
+        assert!(
+            quarantined.contains(document),
+            "[{ctx}] the quarantine lacks the poison document as it is now: {document}"
+        );
+    }
     println!(
         "seed {seed}: {total} steps in {:?}; outbox {}, quarantine {}, source {} documents ({poison} poison); reconcile {report}",
         clock.elapsed(),
