@@ -5,6 +5,8 @@
 
 mod support;
 
+use handoff::runtime::policy::CONTRACT;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -199,17 +201,22 @@ fn policy_check_tells_what_a_file_is_and_refuses_what_the_host_would() {
     assert!(text.contains(&format!("sha256:    {digest}")), "{text}");
     assert!(text.contains(&format!("size:      {} bytes", bytes.len())));
     assert!(
-        text.contains("contract:  1.2.0 (this host implements 1.2.0): compatible"),
+        text.contains(&format!(
+            "contract:  {CONTRACT} (this host implements {CONTRACT}): compatible"
+        )),
         "{text}"
     );
     assert!(text.contains("verdict:   this host runs it"));
 
     let legacy = policy(&["check", handoff_test_policies::LEGACY_V1_0]);
-    assert!(stdout(&legacy).contains("contract:  1.0.0 (this host implements 1.2.0): compatible"));
+    assert!(stdout(&legacy).contains(&format!(
+        "contract:  1.0.0 (this host implements {CONTRACT}): compatible"
+    )));
     let legacy_batches = policy(&["check", handoff_test_policies::LEGACY_V1_1]);
     assert!(
-        stdout(&legacy_batches)
-            .contains("contract:  1.1.0 (this host implements 1.2.0): compatible"),
+        stdout(&legacy_batches).contains(&format!(
+            "contract:  1.1.0 (this host implements {CONTRACT}): compatible"
+        )),
         "{}",
         stdout(&legacy_batches)
     );
@@ -253,26 +260,26 @@ fn policy_check_tells_what_a_file_is_and_refuses_what_the_host_would() {
     for (file, needle) in [
         (
             handoff_test_policies::FUTURE_MINOR,
-            "newer than this host's 1.2.0; upgrade handoff",
+            format!("newer than this host's {CONTRACT}; upgrade handoff"),
         ),
         (
             handoff_test_policies::FUTURE_MAJOR,
-            "a different major version is incompatible",
+            "a different major version is incompatible".to_string(),
         ),
         (
             handoff_test_policies::FOREIGN_IMPORT,
-            "imports what the host does not grant: handoff:policy/backdoor",
+            "imports what the host does not grant: handoff:policy/backdoor".to_string(),
         ),
     ] {
         let output = policy(&["check", file]);
         assert_eq!(output.status.code(), Some(9), "{file}");
         assert!(stdout(&output).contains("verdict:   refused"));
-        assert!(stderr(&output).contains(needle), "{}", stderr(&output));
+        assert!(stderr(&output).contains(&needle), "{}", stderr(&output));
         // The same refusal when it is deployed.
         fails(
             &replay(&fixture, &s.path("refused.redb"), &["--policy", file]),
             9,
-            needle,
+            &needle,
         );
     }
     let core = s.path("core.wasm");

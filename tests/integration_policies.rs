@@ -3,6 +3,8 @@
 
 mod support;
 
+use handoff::runtime::policy::CONTRACT;
+
 use serde_json::Value;
 use support::*;
 
@@ -174,7 +176,7 @@ fn a_core_module_and_a_non_policy_component_are_refused() {
     fails(
         &replay(&fixture, &s.state(), &["--policy", empty.to_str().unwrap()]),
         9,
-        "not a handoff policy: it exports no handoff:policy/policy@1.2.0",
+        &format!("not a handoff policy: it exports no handoff:policy/policy@{CONTRACT}"),
     );
     assert!(!s.state().exists());
 }

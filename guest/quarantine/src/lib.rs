@@ -2,7 +2,9 @@
 //! (policy parameter `supported`, comma-separated integers, default `1`) are written to the
 //! quarantine with their token and a reason instead of the outbox, and the stream keeps going: a
 //! poison event never blocks it. An event with a `fullDocument` but no `schemaVersion` is
-//! quarantined too; events without a document (deletes, drops) are handed off. Documents read
+//! quarantined too; events without a document (deletes, drops) are handed off. An update whose
+//! update description sets an unsupported `schemaVersion` is quarantined whatever the document
+//! looked up later holds (the event carries what it set). Documents read
 //! by `backfill` and `reconcile --repair` (`snapshot` events) are judged the same way: a poison
 //! document is quarantined there too, and a correction of a document the source no longer holds
 //! is handed off like a delete. IDs, resume mode,
@@ -57,7 +59,16 @@ impl Policy for Quarantine {
     fn decide(&mut self, event: &mut Delivered<'_>, id: String) -> Decision {
         let document = event.field("fullDocument").filter(|d| d != "null");
         let version = event.field("fullDocument.schemaVersion");
-        match refusal(document.as_deref(), version.as_deref(), &self.supported) {
+        // What an update set is judged too: the document looked up later may no longer hold it,
+        // but the event carries it in its update description.
+        let set = event.field("updateDescription.updatedFields.schemaVersion");
+        let refused =
+            refusal(document.as_deref(), version.as_deref(), &self.supported).or_else(|| {
+                let set = set?;
+                refusal(Some("{}"), Some(&set), &self.supported)
+                    .map(|reason| format!("the update sets {reason}"))
+            });
+        match refused {
             Some(reason) => Decision::Quarantine { id, reason },
             None => Decision::HandOff(id),
         }
@@ -119,6 +130,32 @@ mod tests {
                 .contains("schemaVersion 9 is not supported")
         );
         assert_eq!(host.token(), Some("W"));
+    }
+
+    #[test]
+    fn an_update_setting_an_unsupported_version_is_quarantined_whatever_its_lookup_holds() {
+        let mut host = FakeHost::new()
+            .event("A", "update")
+            .field("A", "fullDocument", "{\"schemaVersion\": 1}")
+            .field("A", "fullDocument.schemaVersion", "1")
+            .field("A", "updateDescription.updatedFields.schemaVersion", "99")
+            .event("B", "update")
+            .field("B", "fullDocument", "null")
+            .field("B", "updateDescription.updatedFields.schemaVersion", "99")
+            .event("C", "update")
+            .field("C", "fullDocument", "{\"schemaVersion\": 1}")
+            .field("C", "fullDocument.schemaVersion", "1")
+            .field("C", "updateDescription.updatedFields.schemaVersion", "1")
+            .watermark("W");
+        run::<Quarantine>(&mut host, &Settings::new(50, 3000)).unwrap();
+        assert_eq!(host.handed_off(), vec![event_id("C")]);
+        let quarantined = host.quarantined();
+        assert_eq!(quarantined.len(), 2);
+        assert!(
+            quarantined[0]
+                .1
+                .contains("the update sets schemaVersion 99")
+        );
     }
 
     #[test]
