@@ -6,7 +6,7 @@
 //! The big case writes, streams and kills the backfill at once; the kill moments are drawn from a
 //! seeded generator whose seed is printed (`HANDOFF_BACKFILL_SEED=<seed>` replays it).
 
-mod support;
+use crate::support;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::process::{Child, Command, Stdio};
@@ -839,7 +839,13 @@ fn every_backfilled_document_is_one_the_consumers_policy_decided() {
         assert!(payload.get("total").or(payload.get("card")).is_some());
     }
 
-    // The consumer's runs decide with the quarantine policy: a backfill with another is refused.
+    // The consumer's runs decide with the quarantine policy (a commit of its decisions records
+    // it): a backfill with another is refused.
+    live.wait(
+        live.coll("orders")
+            .insert_one(doc! { "_id": 7, "schemaVersion": 1 }),
+    )
+    .expect("insert");
     support::ok(&live.run(&["--policy", handoff_test_policies::QUARANTINE]));
     let before = snapshots(&live).len();
     let out = backfill(&live, &["--restart"]).output().expect("backfill");

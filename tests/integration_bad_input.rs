@@ -2,7 +2,7 @@
 //! baseline writes, broken recorded streams and URIs with credentials. Each is refused with a
 //! clear error and its exit code, and nothing is written.
 
-mod support;
+use crate::support;
 
 use std::process::Output;
 

@@ -4,7 +4,7 @@
 //! within a size bound. Whatever is refused is logged and the run goes on, compiling in memory.
 //! And the binary that loads it keeps address-space randomisation.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};

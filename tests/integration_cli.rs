@@ -2,7 +2,7 @@
 //! completions and the manual page, Kestra log lines, and the outputs of a run on stdout and in
 //! `--outputs-file`, on success and on failure.
 
-mod support;
+use crate::support;
 
 use std::process::Command;
 

@@ -3,7 +3,7 @@
 //! says another run holds the consumer (stopped at its start, nothing committed) or the checkpoint
 //! changed under it, and no run ends any other way.
 
-mod support;
+use crate::support;
 
 use std::process::Output;
 use std::time::Duration;

@@ -6,7 +6,7 @@
 //! The moments are drawn from a seeded generator; the seed is printed and can be replayed with
 //! `HANDOFF_CRASH_SEED=<seed>`. `HANDOFF_CRASH_KILLS=<n>` asks for more kills (default 30).
 
-mod support;
+use crate::support;
 
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, Stdio};

@@ -14,7 +14,7 @@
 //! the step's own loop, run with a stand-in `handoff`, counting attempts; Airflow: the exception
 //! the task raises, with a stand-in `handoff`).
 
-mod support;
+use crate::support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::fs::PermissionsExt;

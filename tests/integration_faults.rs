@@ -2,7 +2,7 @@
 //! lost or repeated, or stops with a clear error, its documented exit code, and a checkpoint that
 //! matches the outbox. The next unhindered run then hands off the rest exactly once.
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

@@ -8,7 +8,7 @@
 //! working directory holding the namespace files; its stdout is parsed as Kestra parses it; and the
 //! values later tasks reference exist with the right types.
 
-mod support;
+use crate::support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};

@@ -4,7 +4,7 @@
 //! every log level, the only protocol lines are the host's own: none when the run fails, exactly
 //! the outputs and metrics on stdout when it succeeds.
 
-mod support;
+use crate::support;
 
 use std::process::Output;
 

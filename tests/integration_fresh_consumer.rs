@@ -3,7 +3,7 @@
 //! resumes from that position: the events written in between are handed off, never skipped by a
 //! stream opened "now" a second time.
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

@@ -9,7 +9,7 @@
 //! - outbox IDs are unique;
 //! - a refused decision writes nothing, and after the first failure nothing more is written.
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 
@@ -648,6 +648,7 @@ fn run_case(lines: Vec<Line>, begin: Begin, ops: Vec<Op>) -> Result<(Dump, bool)
                         outbox: Vec::new(),
                         quarantine: Vec::new(),
                         lease: None,
+                        policy: None,
                     })
                     .unwrap();
                 continue;

@@ -5,7 +5,7 @@
 //! keeps to its round trips on one connection, and its figures still come when the lease's release
 //! returns no checkpoint.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

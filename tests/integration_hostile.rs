@@ -4,7 +4,7 @@
 //! attempted is committed, and the default policy then continues on the same state as if the
 //! hostile run had never happened.
 
-mod support;
+use crate::support;
 
 use std::path::PathBuf;
 

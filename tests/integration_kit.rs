@@ -3,7 +3,7 @@
 //! scaffolds a crate that builds and passes as generated, and `record` turns live traffic into a
 //! fixture that replays to the same outbox.
 
-mod support;
+use crate::support;
 
 use handoff::runtime::policy::CONTRACT;
 

@@ -2,7 +2,7 @@
 //! and gives it back at its end, a second run stops at its start while the lease holds, an
 //! expired lease is taken over, and a run that lost its lease cannot commit.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 
@@ -146,6 +146,7 @@ fn a_run_whose_lease_was_taken_over_cannot_commit() {
         outbox: vec![record],
         quarantine: vec![],
         lease: Some(&mine),
+        policy: None,
     };
     assert!(matches!(store.commit(&commit), Err(CommitError::Conflict)));
     assert_eq!(live.checkpoint_token(), start);

@@ -5,7 +5,7 @@
 //! database, one test at a time); those that need a server configured for them (bounded history,
 //! standalone) always use their own test server.
 
-mod support;
+use crate::support;
 
 use std::process::Output;
 use std::time::Duration;

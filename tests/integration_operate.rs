@@ -5,7 +5,7 @@
 //! Each test starts its own test server: the figures are checked against times the test itself
 //! knows (the first write of a fresh server is the oldest entry of its oplog).
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

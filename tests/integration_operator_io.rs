@@ -5,7 +5,7 @@
 //! written; a replica set name from the server is escaped in every log format; and a closed or
 //! full stdout ends a command with its exit code, never a panic, the outputs file still written.
 
-mod support;
+use crate::support;
 
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::process::{Output, Stdio};

@@ -4,7 +4,7 @@
 //! on (refused before anything is written), and the commands a run needs (the documented
 //! least-privilege role).
 
-mod support;
+use crate::support;
 
 use bson::{Bson, Document, doc};
 use futures_util::TryStreamExt;

@@ -1,7 +1,7 @@
 //! Partitioned consumers: N runs share one source, each with its own checkpoint, and between them
 //! hand off every event exactly once, the events of one document key by one partition, in order.
 
-mod support;
+use crate::support;
 
 use std::collections::{HashMap, HashSet};
 

@@ -1,7 +1,7 @@
 //! Policies loaded from files: a second policy swapped in without rebuilding the host, and hostile
 //! ones that the sandbox stops or the host refuses — with nothing committed and a clear error.
 
-mod support;
+use crate::support;
 
 use handoff::runtime::policy::CONTRACT;
 

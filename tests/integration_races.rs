@@ -1,7 +1,7 @@
 //! Two runs racing on one consumer: one compare-and-set (the claim of the checkpoint) loses,
 //! nothing is duplicated or lost.
 
-mod support;
+use crate::support;
 
 use std::sync::{Arc, Barrier};
 

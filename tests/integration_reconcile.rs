@@ -5,7 +5,7 @@
 //! writes nothing; outboxes that cannot be reconciled and bad flags are clear errors that write
 //! nothing.
 
-mod support;
+use crate::support;
 
 use std::process::Output;
 

@@ -1,6 +1,6 @@
 //! Replay scenarios: the default policy over recorded streams, run as the engine runs `handoff`.
 
-mod support;
+use crate::support;
 
 use serde_json::{Value, json};
 use support::*;
@@ -255,6 +255,7 @@ fn resume_after_an_invalidate_token_fails_with_invalid_token() {
                 outbox: vec![],
                 quarantine: vec![],
                 lease: None,
+                policy: None,
             })
             .expect("rewrite mode");
     }

@@ -2,7 +2,7 @@
 //! signals and the watchdog that end a run whatever it does, clocks and random sources that follow
 //! a replay, and one memory cap over every memory and table of a policy.
 
-mod support;
+use crate::support;
 
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, Output};

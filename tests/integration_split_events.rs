@@ -4,7 +4,7 @@
 //! duplicate nothing, and an event handed off again after a reset, split otherwise or whole, is a
 //! duplicate.
 
-mod support;
+use crate::support;
 
 use std::collections::HashMap;
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! Graceful stop: SIGTERM ends a run after its in-flight commit, within a bounded time, with
 //! outputs for what was committed and the checkpoint consistent with the outbox.
 
-mod support;
+use crate::support;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Stdio};

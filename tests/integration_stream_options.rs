@@ -2,7 +2,7 @@
 //! and the invalidation marker, each end to end; the configuration bound to the checkpoint, a
 //! change refused and then accepted; bad options refused before anything is written.
 
-mod support;
+use crate::support;
 
 use bson::{Bson, Document, doc};
 use handoff::domain::StreamConfig;

@@ -4,7 +4,7 @@
 //! (`status`, `checkpoint reset`, the evidence of a failed run) or refuse them with guidance
 //! (`reconcile`, `backfill`).
 
-mod support;
+use crate::support;
 
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Output, Stdio};

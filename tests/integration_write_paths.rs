@@ -29,7 +29,7 @@
 //! followed by a good version before the run reads it would be handed off with the number in its
 //! `updatedFields`: the quarantine policy judges `fullDocument` only.
 
-mod support;
+use crate::support;
 
 use std::collections::{BTreeMap, HashSet};
 use std::process::{Child, Command, Output, Stdio};

@@ -80,6 +80,7 @@ pub(crate) mod checks {
                 outbox,
                 quarantine: vec![],
                 lease: None,
+                policy: None,
             })
         };
         assert!(

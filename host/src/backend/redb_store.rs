@@ -359,6 +359,7 @@ mod tests {
                 outbox: outbox.iter().map(|r| r.try_into().unwrap()).collect(),
                 quarantine: vec![],
                 lease: None,
+                policy: None,
             })
         };
         assert!(

@@ -284,6 +284,7 @@ mod tests {
                 outbox: vec![record.clone()],
                 quarantine: vec![],
                 lease: None,
+                policy: None,
             })
             .unwrap();
         let kept = store.take();

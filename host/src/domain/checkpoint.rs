@@ -52,7 +52,7 @@ pub struct Checkpoint {
 }
 
 /// The policy a consumer's runs decide with: its component's SHA-256 and a digest of its
-/// parameters. Each run records it in the checkpoint; the commands that hand documents to the
+/// parameters. Every commit of a run's decisions records it in the checkpoint; the commands that hand documents to the
 /// policy (`backfill`, `reconcile`) must decide with the same one, or their records would be
 /// another policy's.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -80,7 +80,8 @@ impl PolicyBinding {
         }
     }
 
-    fn document(&self) -> Document {
+    /// The checkpoint's `policy` field.
+    pub fn document(&self) -> Document {
         doc! { "sha256": &self.sha256, "params": &self.params }
     }
 
@@ -93,7 +94,8 @@ impl PolicyBinding {
 }
 
 /// Refuses a command that would decide with another policy (or other parameters) than the one
-/// the consumer's last run recorded. A consumer no run has recorded a policy for takes any.
+/// that decided the consumer's last committed events. A consumer no run has committed for takes
+/// any.
 pub fn check_policy(loaded: &Checkpoint, used: &PolicyBinding, command: &str) -> Result<()> {
     let Some(recorded) = &loaded.policy else {
         return Ok(());
@@ -185,8 +187,6 @@ pub struct Claim {
 /// What a run asks of the checkpoint it loaded.
 pub struct Binding<'a> {
     pub config: &'a StreamConfig,
-    /// The policy the run decides with, recorded in the checkpoint.
-    pub policy: Option<&'a PolicyBinding>,
     /// The operator's reason to accept a configuration other than the recorded one.
     pub accept_change: Option<&'a str>,
     pub lease: &'a Lease,
@@ -251,18 +251,14 @@ pub fn claim(loaded: &Checkpoint, binding: &Binding<'_>) -> Result<Claim> {
             "differences": differences,
         }),
     };
-    let mut set = doc! {
-        "owner": &binding.lease.owner,
-        "leaseUntil": binding.lease.until(binding.now),
-        "config": binding.config.to_document(),
-        "configDigest": binding.config.digest(),
-    };
-    if let Some(policy) = binding.policy {
-        set.insert("policy", policy.document());
-    }
     Ok(Claim {
         seen_revision: loaded.revision,
-        set,
+        set: doc! {
+            "owner": &binding.lease.owner,
+            "leaseUntil": binding.lease.until(binding.now),
+            "config": binding.config.to_document(),
+            "configDigest": binding.config.digest(),
+        },
         change,
     })
 }
@@ -470,7 +466,6 @@ mod tests {
         let mine = lease("handoff@me:1:1");
         let binding = |now| Binding {
             config: &config,
-            policy: None,
             accept_change: None,
             lease: &mine,
             now,
@@ -512,7 +507,6 @@ mod tests {
             &baseline,
             &Binding {
                 config: &images,
-                policy: None,
                 accept_change: None,
                 lease: &mine,
                 now,
@@ -530,7 +524,6 @@ mod tests {
             &baseline,
             &Binding {
                 config: &images,
-                policy: None,
                 accept_change: Some("pre-images enabled on orders"),
                 lease: &mine,
                 now,
@@ -575,7 +568,6 @@ mod tests {
                     &partitioned,
                     &Binding {
                         config: &other,
-                        policy: None,
                         accept_change: reason,
                         lease: &mine,
                         now,
@@ -605,7 +597,6 @@ mod tests {
             &partitioned,
             &Binding {
                 config: &same_share,
-                policy: None,
                 accept_change: Some("pre-images enabled on orders"),
                 lease: &mine,
                 now,
@@ -620,7 +611,6 @@ mod tests {
             &bound,
             &Binding {
                 config: &images,
-                policy: None,
                 accept_change: Some("again"),
                 lease: &mine,
                 now,
@@ -652,21 +642,8 @@ mod tests {
             PolicyBinding::new("ab", &params(&[("ab", "c")]))
         );
 
-        let config = StreamConfig::default();
-        let mine = lease("handoff@me:1:1");
-        let taken = claim(
-            &Checkpoint::at(None, Mode::ResumeAfter),
-            &Binding {
-                config: &config,
-                policy: Some(&quarantine),
-                accept_change: None,
-                lease: &mine,
-                now: DateTime::from_millis(0),
-            },
-        )
-        .unwrap();
         let mut stored = initial("c", "db.o", "rs");
-        stored.extend(taken.set);
+        stored.insert("policy", quarantine.document());
         let loaded = validate(&stored, "db.o", "rs").unwrap();
         assert_eq!(loaded.policy.as_ref(), Some(&quarantine));
 

@@ -3,7 +3,7 @@
 
 use bson::{Bson, DateTime, Document, RawDocument, RawDocumentBuf};
 
-use super::checkpoint::{CONFIG_CHANGES_KEPT, Claim, Mode};
+use super::checkpoint::{CONFIG_CHANGES_KEPT, Claim, Mode, PolicyBinding};
 use super::deployment::Consumer;
 use super::lease::Lease;
 
@@ -21,6 +21,9 @@ pub struct Commit<'a> {
     /// The run's lease: the checkpoint must still be held by its owner, and the commit renews
     /// it. `None` for a caller that holds none (tests, tools).
     pub lease: Option<&'a Lease>,
+    /// The policy that decided the records, recorded in the checkpoint with them (`policy`).
+    /// `None` for a move that holds no decision (a watermark, a tool's write).
+    pub policy: Option<&'a PolicyBinding>,
 }
 
 impl Commit<'_> {
@@ -128,6 +131,9 @@ pub(crate) fn compare_and_set(
     let mut updated = stored.clone();
     updated.insert("token", commit.next.clone());
     updated.insert("mode", commit.mode.as_str());
+    if let Some(policy) = commit.policy {
+        updated.insert("policy", policy.document());
+    }
     if commit.holds_fragments() {
         updated.insert(SPLIT_EVENTS_WRITTEN, true);
     }
@@ -753,6 +759,7 @@ mod tests {
                     outbox: vec![],
                     quarantine: vec![],
                     lease: None,
+                    policy: None,
                 },
             )
         };
@@ -785,6 +792,7 @@ mod tests {
             outbox: vec![],
             quarantine: vec![],
             lease: Some(&lease),
+            policy: None,
         };
         let before = DateTime::now();
         let updated = compare_and_set(&stored, &commit).unwrap();

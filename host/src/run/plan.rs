@@ -220,12 +220,10 @@ impl Plan {
             .map_err(store_failure)?;
         let loaded = checkpoint::validate(&stored, &consumer.source, &deployment.replica_set_id)?;
         let lease = Lease::new(self.stream.lease);
-        let decides_with = checkpoint::PolicyBinding::new(&policy.sha256, &self.params);
         let claim = checkpoint::claim(
             &loaded,
             &Binding {
                 config,
-                policy: Some(&decides_with),
                 accept_change: self.stream.accept_config_change.as_deref(),
                 lease: &lease,
                 now: bson::DateTime::now(),
@@ -270,7 +268,8 @@ impl Plan {
         .with_max_events(self.inputs.max_events)
         .with_outbox_options(self.outbox)
         .with_split_events(config.split_large_events)
-        .with_lease(lease.clone());
+        .with_lease(lease.clone())
+        .with_policy(checkpoint::PolicyBinding::new(&policy.sha256, &self.params));
         let ran = runtime.run(policy, session, &self.settings(), &self.limits);
         // The next run need not wait for the lease to expire. A run that cannot release it
         // (its deadline passed, the server is gone) leaves it to expire.

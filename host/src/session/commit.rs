@@ -378,6 +378,7 @@ impl Session {
             outbox,
             quarantine,
             lease: self.lease.as_ref(),
+            policy: self.policy.as_ref(),
         };
         let result = self.store.commit(&step);
         self.committed.transaction_retries = self.store.transaction_retries();
@@ -494,6 +495,7 @@ impl Session {
             outbox: Vec::new(),
             quarantine: Vec::new(),
             lease: self.lease.as_ref(),
+            policy: None,
         };
         let result = self.store.commit(&step);
         self.committed.transaction_retries = self.store.transaction_retries();

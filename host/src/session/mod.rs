@@ -42,6 +42,7 @@ pub use report::{Committed, Failed, Report, ResumeAttempts, Status, Summary};
 pub use stream::EventView;
 
 use crate::domain::StopSignal;
+use crate::domain::checkpoint::PolicyBinding;
 use crate::domain::time::VirtualTime;
 use crate::domain::token::canonical_text;
 use crate::domain::{ChangeSource, Checkpoint, CheckpointStore, Consumer, Deployment, Lease, Mode};
@@ -141,6 +142,8 @@ pub struct Session {
     /// The stream splits large events (`--split-large-events`): only then is `splitEvent` read.
     split_events: bool,
     kind: RunKind,
+    /// The policy that decides, recorded in the checkpoint by every commit of its decisions.
+    policy: Option<PolicyBinding>,
 }
 
 /// What a run reads: the change stream, or documents an operator command read (a snapshot run,
@@ -189,7 +192,14 @@ impl Session {
             lease_renewed: Instant::now(),
             split_events: false,
             kind: RunKind::Changes,
+            policy: None,
         }
+    }
+
+    /// Records `policy` in the checkpoint with every commit of its decisions.
+    pub fn with_policy(mut self, policy: PolicyBinding) -> Self {
+        self.policy = Some(policy);
+        self
     }
 
     /// A snapshot run (`backfill`, `repair`) instead of the change stream.

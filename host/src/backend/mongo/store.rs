@@ -168,6 +168,9 @@ impl MongoStore {
             .map_or(Bson::Null, |t| Bson::Document(t.clone()));
         let mut filter = doc! { "_id": &commit.consumer.consumer, "token": expected, "source": &commit.consumer.source };
         let mut set = doc! { "token": commit.next.clone(), "mode": commit.mode.as_str() };
+        if let Some(policy) = commit.policy {
+            set.insert("policy", policy.document());
+        }
         if commit.holds_fragments() {
             set.insert(SPLIT_EVENTS_WRITTEN, true);
         }

@@ -1,7 +1,7 @@
 //! `local.oplog.rs`: the window of retained history as operator tools read it, and
 //! `replSetGetStatus`'s view of the current cluster time.
 
-mod common;
+use crate::common;
 
 use bson::{Bson, Document, Timestamp, doc};
 use futures_util::TryStreamExt;

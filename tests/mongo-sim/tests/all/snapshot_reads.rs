@@ -1,7 +1,7 @@
 //! Reads outside a transaction at a cluster time: `readConcern: {level: "snapshot",
 //! atClusterTime?}` on `find`, `aggregate` and `distinct`, and the driver's snapshot sessions.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! Pre- and post-images: `changeStreamPreAndPostImages` on `create` / `collMod`,
 //! `fullDocument: whenAvailable | required` and `fullDocumentBeforeChange`.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

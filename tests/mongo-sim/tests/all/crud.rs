@@ -1,4 +1,4 @@
-mod common;
+use crate::common;
 
 use bson::{Bson, Document, doc};
 use futures_util::TryStreamExt;

@@ -1,7 +1,7 @@
 //! `showExpandedEvents`: DDL events (`create`, `createIndexes`, `dropIndexes`, `modify`),
 //! `collectionUUID`, `operationDescription` and `updateDescription.disambiguatedPaths`.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! Stages after `$changeStream`: `$addFields`, `$set`, `$unset`, `$replaceRoot`,
 //! `$replaceWith`, `$redact`, the expressions they evaluate, and the errors for the rest.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -1,4 +1,4 @@
-mod common;
+use crate::common;
 
 use bson::{Bson, Document, doc, oid::ObjectId};
 use futures_util::TryStreamExt;

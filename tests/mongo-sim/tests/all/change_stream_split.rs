@@ -1,7 +1,7 @@
 //! `$changeStreamSplitLargeEvent`: events over 16 MiB arrive as fragments, each with its own
 //! resume token, and a stream resumes after any fragment.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

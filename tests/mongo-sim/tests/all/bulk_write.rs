@@ -1,7 +1,7 @@
 //! `bulkWrite` (MongoDB 8.0) through the official driver's `Client::bulk_write`: operations across
 //! namespaces, per-operation results, ordered failures, transactions, and its absence on 7.0.
 
-mod common;
+use crate::common;
 
 use bson::{Document, doc};
 use mongo_sim::Config;

@@ -1,4 +1,4 @@
-mod common;
+use crate::common;
 
 use bson::{Document, doc};
 use common::RawConn;
