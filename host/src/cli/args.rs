@@ -63,16 +63,8 @@ pub struct InputArgs {
     /// Idle seconds before the run ends, 1-30.
     #[arg(long, env = "MAX_WAIT_SECONDS", default_value = "10")]
     pub max_wait_seconds: String,
-    /// Keep the raw change event (`event`) in outbox records a policy shapes (true or false).
-    #[arg(
-        long,
-        env = "OUTBOX_KEEP_EVENT",
-        default_value = "true",
-        value_name = "BOOL",
-        value_parser = clap::value_parser!(bool),
-        action = clap::ArgAction::Set
-    )]
-    pub outbox_keep_event: bool,
+    #[command(flatten)]
+    pub keep: KeepEventArgs,
     /// Write an outbox record for each invalidation of the stream (its `_id` the invalidate
     /// event's ID, `marker: "invalidate"`), so that readers see where the stream restarted.
     #[arg(
@@ -105,7 +97,7 @@ impl InputArgs {
 
     pub fn outbox(&self) -> OutboxOptions {
         OutboxOptions {
-            keep_event: self.outbox_keep_event,
+            keep_event: self.keep.outbox_keep_event,
             invalidate_marker: self.invalidate_marker,
         }
     }
@@ -375,8 +367,15 @@ impl PolicyArgs {
 pub struct DecidingArgs {
     #[command(flatten)]
     pub policy: PolicyArgs,
-    /// Keep the snapshot event (`event`) in outbox records the policy shapes (true or false), as
-    /// the consumer's runs do with `--outbox-keep-event`.
+    #[command(flatten)]
+    pub keep: KeepEventArgs,
+}
+
+/// What outbox records a policy shapes keep of their event: the same for a run's changes and a
+/// snapshot run's documents.
+#[derive(Args, Clone, Debug)]
+pub struct KeepEventArgs {
+    /// Keep the raw event (`event`) in outbox records a policy shapes (true or false).
     #[arg(
         long,
         env = "OUTBOX_KEEP_EVENT",
@@ -410,7 +409,7 @@ impl DecidingArgs {
             params,
             limits: self.policy.limits(),
             outbox: OutboxOptions {
-                keep_event: self.outbox_keep_event,
+                keep_event: self.keep.outbox_keep_event,
                 invalidate_marker: false,
             },
         })

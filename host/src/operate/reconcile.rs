@@ -279,17 +279,20 @@ async fn run(
     );
 
     // What the outbox says.
-    let mut view = outbox_view::read(
-        connection,
-        &options.database,
-        &options.outbox,
-        &options.consumer,
-        &source_name,
-        options.chunk_size,
-        || {},
-    )
-    .await
-    .map_err(server)?;
+    let view_of = async |collection: &str| {
+        outbox_view::read(
+            connection,
+            &options.database,
+            collection,
+            &options.consumer,
+            &source_name,
+            options.chunk_size,
+            || {},
+        )
+        .await
+        .map_err(server)
+    };
+    let mut view = view_of(&options.outbox).await?;
     if let Some(error) = view.unusable.error(&options.consumer) {
         return Err(error);
     }
@@ -301,17 +304,7 @@ async fn run(
 
     // What the quarantine holds: a key whose document the policy quarantines is as it should
     // be when the quarantine holds that document.
-    let quarantined = outbox_view::read(
-        connection,
-        &options.database,
-        &options.quarantine,
-        &options.consumer,
-        &source_name,
-        options.chunk_size,
-        || {},
-    )
-    .await
-    .map_err(server)?;
+    let quarantined = view_of(&options.quarantine).await?;
 
     // The comparison.
     let (mut differences, checked_keys) =
