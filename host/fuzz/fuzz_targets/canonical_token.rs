@@ -8,8 +8,8 @@ fuzz_target!(|data: &[u8]| {
     let Ok(token) = bson::Document::from_reader(data) else {
         return;
     };
-    let text = handoff::domain::token::canonical_text(&token);
-    assert_eq!(text, handoff::domain::token::canonical_text(&token));
+    let text = handoff_domain::token::canonical_text(&token);
+    assert_eq!(text, handoff_domain::token::canonical_text(&token));
     assert!(text.bytes().all(|b| (0x20..0x7f).contains(&b)), "{text}");
     assert!(text.starts_with('{') && text.ends_with('}'), "{text}");
     let mut reversed = bson::Document::new();
@@ -17,5 +17,5 @@ fuzz_target!(|data: &[u8]| {
     for (key, value) in entries.into_iter().rev() {
         reversed.insert(key.clone(), value.clone());
     }
-    assert_eq!(text, handoff::domain::token::canonical_text(&reversed));
+    assert_eq!(text, handoff_domain::token::canonical_text(&reversed));
 });

@@ -1,9 +1,9 @@
-//! The checkpoint loader on arbitrary BSON documents: `handoff::domain::checkpoint::validate` accepts or
+//! The checkpoint loader on arbitrary BSON documents: `handoff_domain::checkpoint::validate` accepts or
 //! refuses, never panics, and whatever it accepts is the document's own token and a known mode.
 #![no_main]
 
 use bson::Bson;
-use handoff::domain::Mode;
+use handoff_domain::Mode;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -12,7 +12,7 @@ fuzz_target!(|data: &[u8]| {
     };
     // A fixed deployment (most documents stop at the source check) and the document's own source
     // and replica set (reaches the shape checks).
-    let _ = handoff::domain::checkpoint::validate(&stored, "shop.orders", "65f000000000000000000001");
+    let _ = handoff_domain::checkpoint::validate(&stored, "shop.orders", "65f000000000000000000001");
     let source = stored
         .get_str("source")
         .unwrap_or("shop.orders")
@@ -21,7 +21,7 @@ fuzz_target!(|data: &[u8]| {
         .get_str("replicaSetId")
         .unwrap_or("65f000000000000000000001")
         .to_string();
-    if let Ok(checkpoint) = handoff::domain::checkpoint::validate(&stored, &source, &replica_set) {
+    if let Ok(checkpoint) = handoff_domain::checkpoint::validate(&stored, &source, &replica_set) {
         match (stored.get("token"), &checkpoint.token) {
             (Some(Bson::Document(saved)), Some(token)) => {
                 // As BSON: `Document` equality fails for a token holding NaN.

@@ -3,7 +3,7 @@
 //! of the input (an ellipsis marks a cut).
 #![no_main]
 
-use handoff::domain::text::escape_untrusted;
+use handoff_domain::text::escape_untrusted;
 use libfuzzer_sys::fuzz_target;
 
 const ELLIPSIS: &str = "\u{2026}";

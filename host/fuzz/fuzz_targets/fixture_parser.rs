@@ -2,7 +2,7 @@
 //! parses keeps each event's token text canonical.
 #![no_main]
 
-use handoff::backend::replay::{Entry, Fixture};
+use handoff_domain::fixture::{Entry, Fixture};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -14,10 +14,10 @@ fuzz_target!(|data: &[u8]| {
             match entry {
                 Entry::Event { event, token_text } => {
                     let token = event.get_document("_id").expect("an event has a token");
-                    assert_eq!(&handoff::domain::token::canonical_text(token), token_text);
+                    assert_eq!(&handoff_domain::token::canonical_text(token), token_text);
                 }
                 Entry::PostBatch { token, token_text } => {
-                    assert_eq!(&handoff::domain::token::canonical_text(token), token_text);
+                    assert_eq!(&handoff_domain::token::canonical_text(token), token_text);
                 }
                 Entry::Error(_) => {}
             }

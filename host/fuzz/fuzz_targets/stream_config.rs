@@ -4,8 +4,8 @@
 //! allowed list gets through.
 #![no_main]
 
-use handoff::domain::StreamConfig;
-use handoff::domain::config::{ALLOWED_STAGES, Partition, parse_pipeline};
+use handoff_domain::StreamConfig;
+use handoff_domain::config::{ALLOWED_STAGES, Partition, parse_pipeline};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -32,7 +32,7 @@ fuzz_target!(|data: &[u8]| {
         let again = StreamConfig::from_document(&config.to_document()).expect("its own form");
         assert_eq!(again.digest(), config.digest());
         let state =
-            handoff::domain::state::StateCollections::new("db", &["checkpoints", "outbox"]);
+            handoff_domain::state::StateCollections::new("db", &["checkpoints", "outbox"]);
         let _ = config.stages(&state);
     }
 });

@@ -27,3 +27,21 @@ pub mod reconcile;
 pub mod report;
 pub mod reset;
 pub mod status;
+
+#[cfg(test)]
+mod tests {
+    use crate::domain::state::DEFAULT_NAMES;
+
+    #[test]
+    fn every_default_state_name_is_reserved() {
+        for name in [
+            crate::domain::deployment::DEFAULT_CHECKPOINTS,
+            crate::domain::deployment::DEFAULT_OUTBOX,
+            super::audit::DEFAULT_COLLECTION,
+            super::backfill::DEFAULT_SIGNAL_COLLECTION,
+            super::backfill::DEFAULT_STATE_COLLECTION,
+        ] {
+            assert!(DEFAULT_NAMES.contains(&name), "{name}");
+        }
+    }
+}

@@ -19,9 +19,7 @@ use std::sync::Arc;
 use bson::Document;
 use sha2::{Digest, Sha256};
 
-mod fixture;
-
-pub use fixture::{Entry, Fixture, RecordedDeployment};
+pub use crate::domain::fixture::{Entry, Fixture, RecordedDeployment};
 
 use crate::domain::time::{DEFAULT_WALL_EPOCH_SECS, VirtualClock, VirtualTime};
 use crate::domain::token::canonical_text;

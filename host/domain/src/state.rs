@@ -217,19 +217,6 @@ mod tests {
     }
 
     #[test]
-    fn every_default_state_name_is_reserved() {
-        for name in [
-            crate::domain::deployment::DEFAULT_CHECKPOINTS,
-            crate::domain::deployment::DEFAULT_OUTBOX,
-            crate::operate::audit::DEFAULT_COLLECTION,
-            crate::operate::backfill::DEFAULT_SIGNAL_COLLECTION,
-            crate::operate::backfill::DEFAULT_STATE_COLLECTION,
-        ] {
-            assert!(DEFAULT_NAMES.contains(&name), "{name}");
-        }
-    }
-
-    #[test]
     fn only_string_ids_are_names() {
         let names = registered_names([
             doc! { "_id": "outbox_eu" },

@@ -15,9 +15,9 @@ use std::collections::HashMap;
 use bson::{Bson, Document};
 use serde_json::Value;
 
-use crate::domain::ServerError;
-use crate::domain::token::canonical_text;
+use crate::ServerError;
 use crate::error::{HandoffError, Result};
+use crate::token::canonical_text;
 
 /// The deployment a fixture was recorded from.
 #[derive(Clone, Debug, PartialEq, Eq)]

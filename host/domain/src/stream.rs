@@ -187,7 +187,7 @@ pub trait ChangeSource: Send {
         false
     }
     /// Whether an event of `database.collection` is of handoff's own state
-    /// ([`crate::domain::state`]); only a wide stream has any to leave out.
+    /// ([`crate::state`]); only a wide stream has any to leave out.
     fn is_state(&mut self, _database: &str, _collection: &str) -> Result<bool, StreamError> {
         Ok(false)
     }

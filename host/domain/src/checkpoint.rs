@@ -499,7 +499,7 @@ mod tests {
         // A checkpoint the baseline created has the baseline's configuration.
         let baseline = Checkpoint::at(None, Mode::ResumeAfter);
         let images = StreamConfig {
-            before_change: crate::domain::config::BeforeChange::Required,
+            before_change: crate::config::BeforeChange::Required,
             ..StreamConfig::default()
         };
         let mine = lease("me");

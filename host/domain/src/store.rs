@@ -112,10 +112,7 @@ pub trait CheckpointStore: Send + Sync {
 /// The compare-and-set both embedded stores apply: the filter `{_id, token: expected, source}`
 /// with MongoDB's equality (`token: null` also matches a missing token), then
 /// `$set: {token: next, mode}`. Returns the updated checkpoint.
-pub(crate) fn compare_and_set(
-    stored: &Document,
-    commit: &Commit<'_>,
-) -> Result<Document, CommitError> {
+pub fn compare_and_set(stored: &Document, commit: &Commit<'_>) -> Result<Document, CommitError> {
     let token_matches = match (stored.get("token"), commit.expected) {
         (None | Some(bson::Bson::Null), None) => true,
         (Some(bson::Bson::Document(saved)), Some(expected)) => same_token(saved, expected),
@@ -156,7 +153,7 @@ fn revision(stored: &Document) -> Option<i64> {
 /// The claim both embedded stores apply: the revision must be the one the run read; the
 /// claim's fields are set, the revision incremented and an accepted configuration change
 /// appended to `configChanges` (the last [`CONFIG_CHANGES_KEPT`] kept).
-pub(crate) fn apply_claim(stored: &Document, claim: &Claim) -> Result<Document, CommitError> {
+pub fn apply_claim(stored: &Document, claim: &Claim) -> Result<Document, CommitError> {
     let seen = revision(stored);
     if seen != claim.seen_revision {
         return Err(CommitError::Conflict);
@@ -182,7 +179,7 @@ pub(crate) fn apply_claim(stored: &Document, claim: &Claim) -> Result<Document, 
 }
 
 /// The release both embedded stores apply: `None` when `owner` does not hold the checkpoint.
-pub(crate) fn apply_release(stored: &Document, owner: &str, at: DateTime) -> Option<Document> {
+pub fn apply_release(stored: &Document, owner: &str, at: DateTime) -> Option<Document> {
     if stored.get_str("owner").ok() != Some(owner) {
         return None;
     }
@@ -504,7 +501,7 @@ pub fn record_id(record: &RawDocument) -> Result<&str, CommitError> {
 /// The `_id`s of records, which must be strings, each record checked to be well-formed BSON (an
 /// embedded store keeps the bytes it is given, and a record it cannot read back would fail every
 /// later read of the consumer).
-pub(crate) fn record_ids(records: &[RawDocumentBuf]) -> Result<Vec<String>, CommitError> {
+pub fn record_ids(records: &[RawDocumentBuf]) -> Result<Vec<String>, CommitError> {
     records
         .iter()
         .map(|record| {

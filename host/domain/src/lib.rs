@@ -13,11 +13,18 @@
 //! - `store`: the atomic commit and the checkpoint-store trait;
 //! - `token`: a resume token's canonical text (the form the policy sees and hashes);
 //! - `text`: untrusted text (policy messages, server errors) made safe to print;
-//! - `time`: the virtual clock a recorded stream runs on.
+//! - `time`: the virtual clock a recorded stream runs on;
+//! - `fixture`: a recorded change stream's text format, parsed;
+//! - `error`: the failure classes and exit codes.
+//!
+//! A crate of its own: no room above it can be named here, and the crates that only speak this
+//! vocabulary (the fuzz targets) build without the runtime or the driver.
 
 pub mod checkpoint;
 pub mod config;
 pub mod deployment;
+pub mod error;
+pub mod fixture;
 pub mod lease;
 pub mod position;
 pub mod state;
