@@ -35,6 +35,17 @@ pub struct Read {
     pub document: Option<Document>,
 }
 
+impl Read {
+    /// A document as read, keyed by its `_id` (`None` without one).
+    pub fn of(document: Document) -> Option<Read> {
+        let key = document.get("_id")?.clone();
+        Some(Read {
+            key,
+            document: Some(document),
+        })
+    }
+}
+
 /// The `snapshot` event of a document read at `at`: what the policy reads and what a raw outbox
 /// record keeps. Its `_id` is the position's token plus the document's namespace and key, unique
 /// to the document and the position, and keeps the position's `_data` (the stream's order).

@@ -402,7 +402,7 @@ impl DecidingArgs {
     pub fn load(&self, command: &str) -> Result<Deciding> {
         let params = self.policy.params()?;
         let (runtime, policy) = self.policy.load()?;
-        handoff::run::snapshot::Snapshots::check_policy(&policy, command)?;
+        handoff::run::snapshot::Snapshots::check_contract(&policy, command)?;
         Ok(Deciding {
             runtime,
             policy,

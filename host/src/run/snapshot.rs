@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bson::raw::cstr;
-use bson::{Bson, DateTime, Document, RawDocument, RawDocumentBuf, doc};
+use bson::{DateTime, Document, RawDocument, RawDocumentBuf, doc};
 
 use crate::backend::snapshot::{self, KeepingStore, Position, Read, SnapshotSource};
 use crate::domain::checkpoint::{Checkpoint, Mode, PolicyBinding};
@@ -70,7 +70,7 @@ pub struct Snapshots<'a> {
 impl Snapshots<'_> {
     /// Refuses a policy built before snapshot runs: it cannot tell a snapshot from a change, so
     /// nothing it would decide about one is known.
-    pub fn check_policy(policy: &Policy, command: &str) -> Result<()> {
+    pub fn check_contract(policy: &Policy, command: &str) -> Result<()> {
         if policy.contract < SNAPSHOT_CONTRACT {
             return Err(HandoffError::BadInput(format!(
                 "`{command}` hands documents to the consumer's policy as snapshot events, which \
@@ -95,7 +95,8 @@ impl Snapshots<'_> {
             RunKind::Backfill => "backfill",
             RunKind::Repair | RunKind::Changes => "reconcile",
         };
-        let marker = doc! { "command": command, "at": DateTime::now() };
+        let marker = RawDocumentBuf::try_from(&doc! { "command": command, "at": DateTime::now() })
+            .map_err(|e| HandoffError::Internal(e.into()))?;
         let mut decided = Decided::default();
         for reads in reads.chunks(DOCUMENTS_PER_RUN) {
             let events: Vec<Document> = reads
@@ -121,9 +122,7 @@ impl Snapshots<'_> {
                                 ))
                             })?;
                     fates[*index] = fate;
-                    let marker = RawDocumentBuf::try_from(&marker)
-                        .map_err(|e| HandoffError::Internal(e.into()))?;
-                    record.append(cstr!("snapshot"), marker);
+                    record.append(cstr!("snapshot"), marker.clone());
                     marked.push(record);
                 }
                 Ok(marked)
@@ -196,21 +195,4 @@ fn token_of(record: &RawDocument) -> Option<String> {
             .ok()?,
     };
     Some(canonical_text(&Document::try_from(token).ok()?))
-}
-
-/// The key of a document as a snapshot reads it.
-pub fn read(document: Document) -> Option<Read> {
-    let key = document.get("_id")?.clone();
-    Some(Read {
-        key,
-        document: Some(document),
-    })
-}
-
-/// A correction of a key the source no longer holds.
-pub fn gone(key: Bson) -> Read {
-    Read {
-        key,
-        document: None,
-    }
 }

@@ -12,10 +12,10 @@ use bson::{Bson, Document, doc};
 use super::{Backfill, BackfillError};
 use crate::backend::mongo::backfill::Watermark;
 use crate::backend::mongo::events::Events;
-use crate::backend::snapshot::Position;
+use crate::backend::snapshot::{Position, Read};
 use crate::domain::checkpoint;
 use crate::domain::token::cluster_time;
-use crate::run::snapshot::{self, Decided};
+use crate::run::snapshot::Decided;
 
 /// What one chunk came to.
 pub(super) enum Chunk {
@@ -135,7 +135,7 @@ impl Backfill<'_> {
                 dropped += 1;
                 continue;
             }
-            reads.extend(snapshot::read(row));
+            reads.extend(Read::of(row));
         }
         let decided = self
             .snapshots
