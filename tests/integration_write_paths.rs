@@ -8,7 +8,8 @@
 //! 1. every outbox record is one the quarantine policy produces: no event with a `fullDocument`
 //!    of a schema version other than 1 (a delete, an update whose document was gone at lookup, a
 //!    snapshot of nothing carry none), and the card number is nowhere in the outbox; every
-//!    quarantine record holds a document of another schema version;
+//!    quarantine record holds a document of another schema version or an update that sets one;
+//!    no outbox record is an update that sets one;
 //! 2. each event at most once per consumer: no two outbox records hold the same event (its
 //!    token's canonical text), nor two quarantine records;
 //! 3. every change event the consumer's runs passed (after the position the consumer started at,
@@ -27,7 +28,8 @@
 //! schema version alone: an update event holds the fields it set (`updateDescription`) and the
 //! document as it is when a run reads it (`updateLookup`), so a `$set` of the card number
 //! followed by a good version before the run reads it would be handed off with the number in its
-//! `updatedFields`: the quarantine policy judges `fullDocument` only.
+//! `updatedFields`: the quarantine policy judges the document's schema version and the version an
+//! update sets, not the other fields.
 
 use crate::support;
 
@@ -460,6 +462,14 @@ impl Harness {
                 ),
                 Some(other) => panic!("[{ctx}] a fullDocument {other}: {}", shown()),
             }
+            if let Some(set) = sets_version(event) {
+                assert!(
+                    matches!(set, Bson::Int32(1) | Bson::Int64(1)),
+                    "[{ctx}] INVARIANT 1: the outbox holds an update that sets a schema version \
+                     the quarantine policy refuses: {}",
+                    shown()
+                );
+            }
             // 2. At most once in the outbox.
             assert!(
                 handed_off.insert(canonical_text(token)),
@@ -506,14 +516,18 @@ impl Harness {
                 "[{ctx}] a quarantine record without the policy's reason: {}",
                 shown()
             );
-            match event.get("fullDocument") {
-                Some(Bson::Document(document)) => assert!(
+            match (event.get("fullDocument"), sets_version(event)) {
+                // An update that sets an unsupported version is refused whatever its lookup
+                // found (the document may have been made good or gone since).
+                (_, Some(set)) if set != Bson::Int32(1) && set != Bson::Int64(1) => {}
+                (Some(Bson::Document(document)), _) => assert!(
                     !good(document),
                     "[{ctx}] INVARIANT 1: the quarantine holds a good document: {}",
                     shown()
                 ),
                 _ => panic!(
-                    "[{ctx}] INVARIANT 1: the quarantine holds an event without a document: {}",
+                    "[{ctx}] INVARIANT 1: the quarantine holds an event without a document \
+                     or a refused update: {}",
                     shown()
                 ),
             }
@@ -769,6 +783,17 @@ fn spawn(mut command: Command) -> Child {
 }
 
 /// Whether the quarantine policy hands a document off: schema version 1.
+/// The schema version an update event's update description sets, if it sets one.
+fn sets_version(event: &Document) -> Option<Bson> {
+    event
+        .get_document("updateDescription")
+        .ok()?
+        .get_document("updatedFields")
+        .ok()?
+        .get("schemaVersion")
+        .cloned()
+}
+
 fn good(document: &Document) -> bool {
     matches!(
         document.get("schemaVersion"),
