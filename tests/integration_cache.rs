@@ -33,7 +33,7 @@ const SHOP: &[&str] = &[
 fn run(s: &Scratch, cache: &Path, state: &str, extra: &[&str]) -> Output {
     handoff()
         .env("HANDOFF_CACHE_DIR", cache)
-        .env("HANDOFF_LOG", "warn,handoff::runtime::cache=debug")
+        .env("HANDOFF_LOG", "warn,handoff_runtime::cache=debug")
         .arg("replay")
         .arg(s.three_events())
         .arg("--state")
@@ -395,7 +395,7 @@ fn the_size_bound_evicts_the_least_recently_used_of_its_own_artifacts() {
     // The default policy's artifact pushes the total of the cache's own artifacts over 256 MiB.
     let output = handoff()
         .env("HANDOFF_CACHE_DIR", &dir)
-        .env("HANDOFF_LOG", "warn,handoff::runtime::cache=info")
+        .env("HANDOFF_LOG", "warn,handoff_runtime::cache=info")
         .arg("replay")
         .arg(s.three_events())
         .arg("--state")

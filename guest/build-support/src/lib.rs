@@ -61,3 +61,17 @@ pub fn build(workspace: &Path, target_dir: &Path, args: &[&str]) -> PathBuf {
     );
     target_dir.join("wasm32-wasip2").join("release")
 }
+
+/// The contract's version, from the package line of `wit/policy.wit` (`package
+/// handoff:policy@X.Y.Z;`), the one place it is written; asks cargo to run the build script again
+/// when the file changes.
+pub fn contract(workspace: &Path) -> String {
+    let wit = workspace.join("wit/policy.wit");
+    println!("cargo:rerun-if-changed={}", wit.display());
+    let text = std::fs::read_to_string(&wit).expect("wit/policy.wit");
+    text.lines()
+        .find_map(|line| line.trim().strip_prefix("package handoff:policy@"))
+        .and_then(|rest| rest.strip_suffix(';'))
+        .expect("the WIT package line")
+        .to_string()
+}

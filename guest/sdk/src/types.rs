@@ -1,0 +1,292 @@
+//! The contract's values as a policy sees them: the checkpoint, the deployment, events, the
+//! run's settings and kind, decisions, the report, and the host's refusals.
+
+use std::fmt;
+
+/// The most events one commit may cover.
+pub const MAX_BATCH: usize = 500;
+
+/// How a stream resumes from a saved token.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// After the token's event (`resumeAfter`).
+    ResumeAfter,
+    /// After the token (`startAfter`): the only way past an invalidation.
+    StartAfter,
+}
+
+/// The checkpoint as the host loaded it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Checkpoint {
+    /// The last committed token; `None` for a consumer that has never committed.
+    pub token: Option<String>,
+    /// How the next stream must resume from `token`.
+    pub mode: Mode,
+}
+
+/// What the run is pinned to.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Deployment {
+    /// The stable consumer identity.
+    pub consumer: String,
+    /// The watched namespace, `database.collection`.
+    pub source: String,
+    /// The replica set's ID, as a hex ObjectId.
+    pub replica_set_id: String,
+}
+
+/// Where the stream opens.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Start {
+    /// At the deployment's current time (no saved token).
+    Now,
+    /// `resumeAfter` the checkpoint's token.
+    ResumeAfter(String),
+    /// `startAfter` the checkpoint's token.
+    StartAfter(String),
+}
+
+/// One change event as the stream delivered it; further fields are read through the host.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Event {
+    /// The event's `_id`, its resume token, in canonical text form (opaque but for hashing).
+    pub token: String,
+    /// `operationType`: insert, update, replace, delete, drop, rename, dropDatabase,
+    /// invalidate, or any type a newer server sends.
+    pub operation_type: String,
+    /// `ns` as `database.collection`, when the event has one.
+    pub namespace: Option<String>,
+    /// `clusterTime` as seconds since the epoch and increment, when present.
+    pub cluster_time: Option<(u32, u32)>,
+}
+
+impl Event {
+    /// An event with a token and an operation type, without namespace or cluster time.
+    pub fn new(token: impl Into<String>, operation_type: impl Into<String>) -> Event {
+        Event {
+            token: token.into(),
+            operation_type: operation_type.into(),
+            namespace: None,
+            cluster_time: None,
+        }
+    }
+
+    /// Whether this event invalidates the stream (it is then skipped and ends the run).
+    pub fn is_invalidate(&self) -> bool {
+        self.operation_type == "invalidate"
+    }
+
+    /// Whether this event is a document an operator command read (`backfill`, `reconcile
+    /// --repair`), not a change: `fullDocument` holds the document as read, or `null` when the
+    /// source no longer holds it (contract 1.3).
+    pub fn is_snapshot(&self) -> bool {
+        self.operation_type == SNAPSHOT
+    }
+}
+
+/// The operation type of a snapshot event (contract 1.3).
+pub const SNAPSHOT: &str = "snapshot";
+
+/// What a run reads (contract 1.3). The run loop is the same for every kind.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RunKind {
+    /// The change stream, live or replayed.
+    #[default]
+    Changes,
+    /// The watched collection's existing documents, as `snapshot` events (`handoff backfill`).
+    Backfill,
+    /// Documents the consumer's outbox disagrees with, as `snapshot` events (`handoff
+    /// reconcile`).
+    Repair,
+}
+
+/// The run's outcome as reported to the host.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Status {
+    /// Caught up without handing off an event.
+    Idle,
+    /// At least one event was handed off and the stream was not invalidated.
+    HandedOff,
+    /// The stream was invalidated; its token is saved with `startAfter`.
+    Invalidated,
+}
+
+/// The limits and parameters of one run, validated by the host.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Settings {
+    /// Stop after this many events (1-500).
+    pub max_events: u32,
+    /// Stop after this long without an event, in milliseconds; restarts after each event.
+    pub max_wait_ms: u64,
+    /// Policy parameters, `key=value` pairs given to the host (`--policy-param`).
+    pub params: Vec<(String, String)>,
+}
+
+impl Settings {
+    /// Settings without parameters.
+    pub fn new(max_events: u32, max_wait_ms: u64) -> Settings {
+        Settings {
+            max_events,
+            max_wait_ms,
+            params: Vec::new(),
+        }
+    }
+
+    /// The same settings with one more parameter.
+    pub fn param_set(mut self, key: impl Into<String>, value: impl Into<String>) -> Settings {
+        self.params.push((key.into(), value.into()));
+        self
+    }
+
+    /// A policy parameter by key.
+    pub fn param(&self, key: &str) -> Option<&str> {
+        self.params
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// An outbox record shaped by the policy (contract 1.2): a domain event with a stable business
+/// schema. `aggregate_id`, `aggregate_version` and `payload` are Extended JSON text (what
+/// [`Delivered::field`](crate::Delivered::field) returns reads back as is).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Record {
+    /// The event ID.
+    pub id: String,
+    /// `eventType`, e.g. `OrderCreated`: 1-100 characters from `[A-Za-z0-9._:-]`.
+    pub event_type: String,
+    pub schema_version: u32,
+    /// One Extended JSON value, e.g. `"o-5"`; at most 1 KiB.
+    pub aggregate_id: String,
+    /// One Extended JSON value, when known.
+    pub aggregate_version: Option<String>,
+    /// One Extended JSON document (no `_id` at its top level, no `$` keys); at most 4 MiB.
+    pub payload: String,
+}
+
+/// What becomes of one delivered event.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// An outbox record (the change event as delivered) with this event ID: 1 to 200
+    /// characters from `[A-Za-z0-9._:-]`.
+    HandOff(String),
+    /// This policy-shaped outbox record (contract 1.2).
+    Record(Box<Record>),
+    /// No record; the checkpoint moves past the event and the host logs the reason.
+    Skip(String),
+    /// A quarantine record (the event as delivered, its token and the reason) with this ID,
+    /// instead of an outbox record: a poison event never blocks the stream.
+    Quarantine { id: String, reason: String },
+}
+
+impl Decision {
+    /// The outbox ID of a hand-off, `None` for a skip or a quarantine.
+    pub fn handed_off(&self) -> Option<&str> {
+        match self {
+            Decision::HandOff(id) => Some(id),
+            Decision::Record(record) => Some(&record.id),
+            Decision::Skip(_) | Decision::Quarantine { .. } => None,
+        }
+    }
+}
+
+/// The report of a successful run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Report {
+    pub status: Status,
+    /// Outbox records committed by this run.
+    pub events_handed_off: u32,
+    /// The last committed outbox ID (the invalidate event's baseline ID when invalidated),
+    /// empty when none.
+    pub last_event_id: String,
+}
+
+/// The level of a log line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Level {
+    Trace,
+    Debug,
+    Info,
+    Warn,
+    Error,
+}
+
+/// Why the stream failed, as the host classified the server's error. Displays as the host's
+/// message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StreamError {
+    /// The token fell off the retained history: events may be missing.
+    HistoryLost(String),
+    /// The token cannot be used with this mode.
+    InvalidToken(String),
+    /// The server refused to continue the stream.
+    Fatal(String),
+    /// The backend is unavailable after the host's retries.
+    Unavailable(String),
+    /// The request broke the contract.
+    Rejected(String),
+}
+
+impl StreamError {
+    /// The host's message.
+    pub fn message(&self) -> &str {
+        match self {
+            StreamError::HistoryLost(m)
+            | StreamError::InvalidToken(m)
+            | StreamError::Fatal(m)
+            | StreamError::Unavailable(m)
+            | StreamError::Rejected(m) => m,
+        }
+    }
+}
+
+/// Why a commit or a watermark advance was not applied; nothing was written. Displays as the
+/// host's message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CommitError {
+    /// The checkpoint is not at `expected` any more: another run moved it.
+    Conflict(String),
+    /// The host refused the decision.
+    Rejected(String),
+    /// The backend failed after its retries.
+    Unavailable(String),
+}
+
+impl CommitError {
+    /// The host's message.
+    pub fn message(&self) -> &str {
+        match self {
+            CommitError::Conflict(m) | CommitError::Rejected(m) | CommitError::Unavailable(m) => m,
+        }
+    }
+}
+
+impl fmt::Display for StreamError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.message())
+    }
+}
+
+impl fmt::Display for CommitError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.message())
+    }
+}
+
+impl std::error::Error for StreamError {}
+impl std::error::Error for CommitError {}
+
+/// A run's error is the host's message: the host keeps the classification of every failure it
+/// reported.
+impl From<StreamError> for String {
+    fn from(error: StreamError) -> String {
+        error.to_string()
+    }
+}
+
+impl From<CommitError> for String {
+    fn from(error: CommitError) -> String {
+        error.to_string()
+    }
+}

@@ -1,0 +1,69 @@
+//! `handoff policy check`: what a `.wasm` file is, whether this host can run it, and why not.
+
+use wasmtime::component::Component;
+
+use handoff_domain::error::{HandoffError, Result};
+use handoff_runtime::policy::{CONTRACT, EXPORT_PREFIX, PolicySource, check_contract, granted};
+
+/// What a check found.
+pub struct Report {
+    pub lines: Vec<String>,
+    /// The refusal, if the host would not run the file.
+    pub refusal: Option<HandoffError>,
+}
+
+/// Inspects a policy file without running it.
+pub fn check(source: &PolicySource) -> Result<Report> {
+    let mut lines = vec![
+        format!("file:      {}", source.origin),
+        format!("size:      {} bytes", source.bytes.len()),
+        format!("sha256:    {}", source.sha256),
+    ];
+    if let Err(refusal) = source.check_format() {
+        lines.push("component: no".into());
+        return Ok(Report {
+            lines,
+            refusal: Some(refusal),
+        });
+    }
+    lines.push("component: yes".into());
+    let engine = wasmtime::Engine::default();
+    let component = match Component::new(&engine, &source.bytes) {
+        Ok(component) => component,
+        Err(e) => {
+            let refusal = HandoffError::Policy(format!(
+                "the policy {} does not compile: {e:#}",
+                source.origin
+            ));
+            return Ok(Report {
+                lines,
+                refusal: Some(refusal),
+            });
+        }
+    };
+    let ty = component.component_type();
+    for (name, _) in ty.exports(&engine) {
+        let note = if name.starts_with(EXPORT_PREFIX) {
+            "  (the policy's run)"
+        } else {
+            ""
+        };
+        lines.push(format!("export:    {name}{note}"));
+    }
+    for (name, _) in ty.imports(&engine) {
+        lines.push(match granted(name) {
+            Some(what) => format!("import:    {name}  (granted: {what})"),
+            None => format!("import:    {name}  (NOT granted: the host refuses the policy)"),
+        });
+    }
+    let refusal = match check_contract(&engine, &component, &source.origin) {
+        Ok(version) => {
+            lines.push(format!(
+                "contract:  {version} (this host implements {CONTRACT}): compatible"
+            ));
+            None
+        }
+        Err(refusal) => Some(refusal),
+    };
+    Ok(Report { lines, refusal })
+}

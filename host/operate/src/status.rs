@@ -1,0 +1,239 @@
+//! `status`: where a consumer stands, read in one pass and changing nothing.
+
+use bson::{Bson, Document, Timestamp};
+use serde_json::{Value, json};
+
+use handoff_domain::config::Scope;
+use handoff_domain::error::{HandoffError, Result};
+use handoff_domain::position::{Position, iso, time_json};
+use handoff_domain::text::escape_untrusted;
+use handoff_mongo::{Connection, OperationError, operator, window};
+
+/// How long each outbox figure may take.
+pub const OUTBOX_READ_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// What `status` reads about one consumer.
+#[derive(Debug, Clone)]
+pub struct Status {
+    pub consumer: String,
+    pub source: String,
+    pub checkpoint: Option<CheckpointView>,
+    pub position: Position,
+    /// The consumer's outbox records (none: counting took longer than allowed).
+    pub outbox_records: Option<u64>,
+    /// The cluster time of the outbox record inserted last.
+    pub last_record_time: Option<Timestamp>,
+}
+
+/// The checkpoint as stored, described without its token.
+#[derive(Debug, Clone)]
+pub struct CheckpointView {
+    pub source: Option<String>,
+    pub mode: Option<String>,
+    pub has_token: bool,
+    pub revision: Option<i64>,
+    pub lease_owner: Option<String>,
+    pub lease_until: Option<bson::DateTime>,
+}
+
+/// Where the consumer's state lives.
+pub struct Target<'a> {
+    /// What the consumer watches (its checkpoint's `source` follows from it).
+    pub scope: Scope,
+    pub database: &'a str,
+    pub collection: &'a str,
+    pub consumer: &'a str,
+    pub checkpoints: &'a str,
+    pub outbox: &'a str,
+}
+
+impl Status {
+    /// Reads the checkpoint, the deployment's figures and the outbox's.
+    pub fn read(connection: &Connection, target: &Target<'_>) -> Result<Status> {
+        connection.block_on(async {
+            let stored = operator::consumer_document(
+                connection,
+                target.database,
+                target.checkpoints,
+                target.consumer,
+                "the checkpoint",
+            )
+            .await
+            .map_err(unavailable)?;
+            let token = stored.as_ref().and_then(|s| s.get_document("token").ok());
+            let position = window::position(connection, token).await;
+            // The outbox figures scan the outbox: on a large one they are given up after
+            // OUTBOX_READ_WAIT (shown as unknown) rather than holding the command up.
+            let (records, last_record_time) = operator::outbox_figures(
+                connection,
+                target.database,
+                target.outbox,
+                target.consumer,
+                OUTBOX_READ_WAIT,
+                "the outbox",
+            )
+            .await
+            .map_err(unavailable)?;
+            Ok(Status {
+                consumer: target.consumer.to_string(),
+                source: target.scope.source(target.database, target.collection),
+                checkpoint: stored.as_ref().map(CheckpointView::of),
+                position,
+                outbox_records: records,
+                last_record_time,
+            })
+        })
+    }
+
+    pub fn to_json(&self) -> Value {
+        let checkpoint = self.checkpoint.as_ref().map(|c| {
+            json!({
+                "source": c.source,
+                "mode": c.mode,
+                "has_token": c.has_token,
+                "revision": c.revision,
+                // Only a lease still running: one given back or expired holds nothing.
+                "lease": c.active_lease().map(|(owner, until)| json!({
+                    "owner": owner,
+                    "until": until.try_to_rfc3339_string().ok(),
+                })),
+            })
+        });
+        let mut value = json!({
+            "consumer": self.consumer,
+            "source": self.source,
+            "checkpoint": checkpoint,
+            "outbox": {
+                "records": self.outbox_records,
+                "last_record_cluster_time": self.last_record_time.map(time_json),
+            },
+        });
+        if let (Value::Object(map), Value::Object(figures)) = (&mut value, self.position.to_json())
+        {
+            map.extend(figures);
+        }
+        value
+    }
+
+    /// The human view: one labelled line per figure.
+    pub fn rows(&self) -> Vec<(&'static str, String)> {
+        let p = &self.position;
+        let time = |t: Option<Timestamp>| {
+            t.map_or("unknown".to_string(), |t| {
+                format!("{} ({}.{})", iso(t), t.time, t.increment)
+            })
+        };
+        let seconds = |s: Option<i64>| {
+            s.map_or("unknown".to_string(), |s| {
+                let sign = if s < 0 { "-" } else { "" };
+                format!(
+                    "{sign}{} ({s} s)",
+                    super::progress::human_duration(s.unsigned_abs() as f64)
+                )
+            })
+        };
+        let checkpoint = match &self.checkpoint {
+            None => "none (the consumer has not run yet)".to_string(),
+            Some(c) => {
+                let mut text = format!(
+                    "{}, {}",
+                    escape_untrusted(c.mode.as_deref().unwrap_or("resumeAfter"), 32),
+                    if c.has_token {
+                        "token saved"
+                    } else {
+                        "no token yet"
+                    }
+                );
+                if let Some(revision) = c.revision {
+                    text.push_str(&format!(", revision {revision}"));
+                }
+                match c.active_lease() {
+                    Some((owner, until)) => {
+                        text.push_str(&format!(
+                            ", leased by {} until {}",
+                            escape_untrusted(owner, 128),
+                            until.try_to_rfc3339_string().unwrap_or_default()
+                        ));
+                    }
+                    None => text.push_str(", lease free"),
+                }
+                if c.source.as_deref() != Some(self.source.as_str()) {
+                    text.push_str(&format!(
+                        " (belongs to {}!)",
+                        escape_untrusted(c.source.as_deref().unwrap_or("no source"), 256)
+                    ));
+                }
+                text
+            }
+        };
+        let mut rows = vec![
+            ("consumer", format!("{} on {}", self.consumer, self.source)),
+            ("checkpoint", checkpoint),
+            ("checkpoint at", time(p.checkpoint)),
+            ("cluster time", time(p.cluster_now)),
+            ("lag", seconds(p.lag_seconds())),
+            ("checkpoint age", seconds(p.checkpoint_age_seconds())),
+            ("oldest in oplog", time(p.window.map(|w| w.oldest))),
+            ("oplog window", seconds(p.oplog_window_seconds())),
+            ("oplog margin", seconds(p.oplog_margin_seconds())),
+            (
+                "outbox",
+                format!(
+                    "{} records, last at {}",
+                    self.outbox_records
+                        .map_or("unknown".to_string(), |n| n.to_string()),
+                    time(self.last_record_time)
+                ),
+            ),
+        ];
+        if let Some(ahead) = p.ahead_seconds() {
+            rows.push((
+                "ERROR",
+                format!(
+                    "the checkpoint stands {ahead} s after the deployment's present: every event \
+                     written until then is skipped without a trace; move it back with \
+                     `handoff checkpoint reset --to now` (or --to-time), then reconcile"
+                ),
+            ));
+        }
+        if p.fell_off() == Some(true) {
+            rows.push((
+                "WARNING",
+                format!(
+                    "the checkpoint is older than the oplog: about {} s of history are gone",
+                    p.estimated_gap_seconds().unwrap_or(0)
+                ),
+            ));
+        }
+        rows
+    }
+}
+
+impl CheckpointView {
+    /// The run holding the consumer now, and until when.
+    pub fn active_lease(&self) -> Option<(&str, bson::DateTime)> {
+        match (&self.lease_owner, self.lease_until) {
+            (Some(owner), Some(until)) if until > bson::DateTime::now() => Some((owner, until)),
+            _ => None,
+        }
+    }
+
+    fn of(stored: &Document) -> CheckpointView {
+        CheckpointView {
+            source: stored.get_str("source").ok().map(str::to_string),
+            mode: stored.get_str("mode").ok().map(str::to_string),
+            has_token: matches!(stored.get("token"), Some(Bson::Document(_))),
+            revision: match stored.get("revision") {
+                Some(Bson::Int64(n)) => Some(*n),
+                Some(Bson::Int32(n)) => Some(i64::from(*n)),
+                _ => None,
+            },
+            lease_owner: stored.get_str("owner").ok().map(str::to_string),
+            lease_until: stored.get_datetime("leaseUntil").ok().copied(),
+        }
+    }
+}
+
+fn unavailable(error: OperationError) -> HandoffError {
+    HandoffError::Unavailable(format!("{} could not be read: {}", error.what, error.text))
+}

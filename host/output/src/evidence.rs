@@ -1,0 +1,281 @@
+//! What a failed run tells the operator beyond its class: where the checkpoint stands against
+//! the oplog, how much history is gone, and the exact commands to run next.
+//!
+//! Given for the failures an operator has to act on: history lost, an unusable token, a fatal
+//! stream, a checkpoint of another source, a conflict. Times only, never the token itself.
+
+use serde_json::{Value, json};
+
+use handoff_domain::Collections;
+use handoff_domain::config::{Scope, Watched};
+use handoff_domain::deployment::{DEFAULT_CHECKPOINTS, DEFAULT_OUTBOX};
+use handoff_domain::error::HandoffError;
+use handoff_domain::position::{Position, iso};
+
+/// A failed run's evidence.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Evidence {
+    pub position: Option<Position>,
+    /// The commands to run next, in order, ready to paste (`MONGODB_URI` from the environment).
+    pub next: Vec<String>,
+}
+
+impl Evidence {
+    /// The evidence of `error`, for the classes that call for an operator.
+    pub fn of(
+        error: &HandoffError,
+        position: Option<&Position>,
+        consumer: &str,
+        watched: Option<&Watched>,
+        collections: Option<&Collections>,
+    ) -> Option<Evidence> {
+        let target = target_flags(consumer, watched, collections);
+        let status = format!("handoff status {target}");
+        let reset = |extra: &str| {
+            format!("handoff checkpoint reset {target} --to now --reason '<why>'{extra}")
+        };
+        // Reconcile compares one collection with the outbox: a wider consumer has none.
+        let one_collection = watched.is_none_or(|w| w.scope == Scope::Collection);
+        let next = match error {
+            // The saved position cannot be read from: reconcile (which reads the stream from
+            // it) works again once the checkpoint was moved.
+            HandoffError::HistoryLost(_)
+            | HandoffError::InvalidToken(_)
+            | HandoffError::StreamFatal(_)
+                if one_collection =>
+            {
+                vec![
+                    status,
+                    reset(" --dry-run"),
+                    reset(""),
+                    format!("handoff reconcile {target} --repair --reason '<why>'"),
+                    format!("handoff reconcile {target}"),
+                ]
+            }
+            HandoffError::HistoryLost(_)
+            | HandoffError::InvalidToken(_)
+            | HandoffError::StreamFatal(_) => vec![status, reset(" --dry-run"), reset("")],
+            HandoffError::Mismatch(_) => vec![status],
+            HandoffError::Conflict(_) => vec![status],
+            _ => return None,
+        };
+        Some(Evidence {
+            position: position.cloned(),
+            next,
+        })
+    }
+
+    /// One sentence for the guidance output.
+    pub fn summary(&self) -> String {
+        let mut parts = Vec::new();
+        if let Some(position) = &self.position {
+            match position.checkpoint {
+                Some(t) => parts.push(format!(
+                    "checkpoint at cluster time {}.{} ({})",
+                    t.time,
+                    t.increment,
+                    iso(t)
+                )),
+                None => parts.push("checkpoint time unknown".into()),
+            }
+            match position.window {
+                Some(window) => parts.push(format!(
+                    "oldest oplog entry {}.{} ({})",
+                    window.oldest.time,
+                    window.oldest.increment,
+                    iso(window.oldest)
+                )),
+                None => parts.push("oplog window unknown".into()),
+            }
+            if let Some(gap) = position.estimated_gap_seconds().filter(|g| *g > 0) {
+                parts.push(format!("estimated gap {gap} s"));
+            }
+        }
+        let mut text = String::new();
+        if !parts.is_empty() {
+            text.push_str(&format!("Evidence: {}.", parts.join(", ")));
+        }
+        if !self.next.is_empty() {
+            if !text.is_empty() {
+                text.push(' ');
+            }
+            text.push_str(&format!("Next: {}.", self.next.join("; then ")));
+        }
+        text
+    }
+
+    pub fn to_json(&self) -> Value {
+        let mut value = self
+            .position
+            .as_ref()
+            .map_or_else(|| json!({}), Position::to_json);
+        value["next_commands"] = json!(self.next);
+        value
+    }
+}
+
+/// `--database D --collection C --consumer-id X` (`--scope S --database D --consumer-id X` for
+/// a database or deployment consumer) and the collections that are not the defaults, each
+/// quoted for a POSIX shell when needed: how an operator command names the consumer.
+pub fn target_flags(
+    consumer: &str,
+    watched: Option<&Watched>,
+    collections: Option<&Collections>,
+) -> String {
+    let mut flags = Vec::new();
+    if let Some(watched) = watched {
+        if watched.scope != Scope::Collection {
+            flags.push(format!("--scope {}", watched.scope.as_str()));
+        }
+        flags.push(format!("--database {}", quote(&watched.database)));
+        if watched.scope == Scope::Collection {
+            flags.push(format!("--collection {}", quote(&watched.collection)));
+        }
+    }
+    flags.push(format!("--consumer-id {}", quote(consumer)));
+    if let Some(c) = collections {
+        if c.checkpoints != DEFAULT_CHECKPOINTS {
+            flags.push(format!("--checkpoint-collection {}", quote(&c.checkpoints)));
+        }
+        if c.outbox != DEFAULT_OUTBOX {
+            flags.push(format!("--outbox-collection {}", quote(&c.outbox)));
+        }
+    }
+    flags.join(" ")
+}
+
+fn quote(text: &str) -> String {
+    let plain = !text.is_empty()
+        && text
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./:@".contains(c));
+    if plain {
+        text.to_string()
+    } else {
+        format!("'{}'", text.replace('\'', "'\\''"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bson::Timestamp;
+    use handoff_domain::position::Window;
+
+    #[test]
+    fn history_lost_carries_times_gap_and_commands() {
+        let position = Position {
+            checkpoint: Some(Timestamp {
+                time: 1_000,
+                increment: 2,
+            }),
+            cluster_now: Some(Timestamp {
+                time: 1_500,
+                increment: 1,
+            }),
+            window: Some(Window {
+                oldest: Timestamp {
+                    time: 1_060,
+                    increment: 1,
+                },
+                newest: Timestamp {
+                    time: 1_500,
+                    increment: 1,
+                },
+            }),
+            wall_now: 1_500,
+        };
+        let evidence = Evidence::of(
+            &HandoffError::HistoryLost("gone".into()),
+            Some(&position),
+            "it's",
+            Some(&Watched {
+                scope: Scope::Collection,
+                database: "shop".into(),
+                collection: "orders.eu".into(),
+            }),
+            Some(&Collections {
+                checkpoints: DEFAULT_CHECKPOINTS.into(),
+                outbox: "outbox_eu".into(),
+                quarantine: "q".into(),
+            }),
+        )
+        .expect("history lost has evidence");
+        let summary = evidence.summary();
+        assert!(
+            summary.contains("checkpoint at cluster time 1000.2"),
+            "{summary}"
+        );
+        assert!(summary.contains("oldest oplog entry 1060.1"), "{summary}");
+        assert!(summary.contains("estimated gap 60 s"), "{summary}");
+        assert!(
+            evidence.next[0]
+                == "handoff status --database shop --collection orders.eu --consumer-id 'it'\\''s' --outbox-collection outbox_eu",
+            "{:?}",
+            evidence.next
+        );
+        assert!(
+            evidence
+                .next
+                .iter()
+                .any(|c| c.contains("checkpoint reset") && c.ends_with("--dry-run"))
+        );
+        let json = evidence.to_json();
+        assert_eq!(json["estimated_gap_seconds"], 60);
+        assert_eq!(json["next_commands"].as_array().map(Vec::len), Some(5));
+    }
+
+    #[test]
+    fn a_wide_consumers_commands_name_its_scope_and_no_reconcile() {
+        let collections = Collections {
+            checkpoints: "cp_eu".into(),
+            outbox: DEFAULT_OUTBOX.into(),
+            quarantine: "q".into(),
+        };
+        for (scope, flags) in [
+            (
+                Scope::Database,
+                "--scope database --database shop --consumer-id wide --checkpoint-collection cp_eu",
+            ),
+            (
+                Scope::Deployment,
+                "--scope deployment --database shop --consumer-id wide --checkpoint-collection cp_eu",
+            ),
+        ] {
+            let watched = Watched {
+                scope,
+                database: "shop".into(),
+                collection: "orders".into(),
+            };
+            let evidence = Evidence::of(
+                &HandoffError::HistoryLost("gone".into()),
+                None,
+                "wide",
+                Some(&watched),
+                Some(&collections),
+            )
+            .expect("history lost has evidence");
+            assert_eq!(
+                evidence.next,
+                [
+                    format!("handoff status {flags}"),
+                    format!("handoff checkpoint reset {flags} --to now --reason '<why>' --dry-run"),
+                    format!("handoff checkpoint reset {flags} --to now --reason '<why>'"),
+                ]
+            );
+        }
+    }
+
+    #[test]
+    fn only_the_operator_classes_have_evidence() {
+        assert!(Evidence::of(&HandoffError::BadInput("x".into()), None, "c", None, None).is_none());
+        assert!(Evidence::of(&HandoffError::Policy("x".into()), None, "c", None, None).is_none());
+        let conflict = Evidence::of(&HandoffError::Conflict("x".into()), None, "c", None, None)
+            .expect("a conflict names status");
+        assert_eq!(
+            conflict.next,
+            vec!["handoff status --consumer-id c".to_string()]
+        );
+        assert_eq!(conflict.summary(), "Next: handoff status --consumer-id c.");
+    }
+}

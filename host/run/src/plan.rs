@@ -1,0 +1,292 @@
+//! A run's plan and the run itself: the policy loads while the backends get ready, the deadline
+//! is fixed once, the checkpoint is created and checked, then the policy drives the session.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::backends::Backends;
+use super::inputs::Inputs;
+use handoff_domain::checkpoint::{self, Binding};
+use handoff_domain::error::{HandoffError, Result};
+use handoff_domain::lease::DEFAULT_LEASE;
+use handoff_domain::position::Position;
+use handoff_domain::{
+    ChangeSource, CheckpointStore, CommitError, Consumer, Lease, StopSignal, StreamConfig,
+};
+
+use handoff_runtime::{Limits, Policy, Runtime, Settings};
+use handoff_session::{Failed, OutboxOptions, Session, Summary};
+
+/// Everything a run is given besides its policy and backends.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    pub inputs: Inputs,
+    pub params: Vec<(String, String)>,
+    pub limits: Limits,
+    /// Raised to end the run after its in-flight commit.
+    pub stop: StopSignal,
+    /// What the outbox keeps of a policy-shaped record's event.
+    pub outbox: OutboxOptions,
+    /// The stream's shape and how the run binds its checkpoint.
+    pub stream: StreamOptions,
+}
+
+/// The stream's shape and how a run binds the checkpoint to it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StreamOptions {
+    pub config: StreamConfig,
+    /// The operator's reason to continue a consumer whose checkpoint records another
+    /// configuration.
+    pub accept_config_change: Option<String>,
+    /// How long the run's lease lasts after each renewal.
+    pub lease: Duration,
+}
+
+impl Default for StreamOptions {
+    /// The baseline's stream, a lease of [`DEFAULT_LEASE`].
+    fn default() -> Self {
+        StreamOptions {
+            config: StreamConfig::default(),
+            accept_config_change: None,
+            lease: DEFAULT_LEASE,
+        }
+    }
+}
+
+/// A run that ended without failing (a stopped run included: its commits stand).
+#[derive(Clone, Debug)]
+pub struct Finished {
+    pub summary: Summary,
+    pub policy_sha256: String,
+    /// From the start of the command to the end of the run.
+    pub duration: Duration,
+    /// Where the consumer stands at the end (lag, margin), when the backend can tell.
+    pub position: Option<Position>,
+}
+
+/// A run that failed: its failure, what it committed before (which stands), and the policy
+/// that ran, once it was loaded.
+#[derive(Debug)]
+pub struct FailedRun {
+    pub failed: Box<Failed>,
+    pub policy_sha256: Option<String>,
+    /// From the start of the command to the failure.
+    pub duration: Duration,
+    /// Where the consumer stands after the failure (the evidence), when the backend can tell.
+    pub position: Option<Box<Position>>,
+    /// What the consumer watches, once the inputs were valid.
+    pub source: Option<handoff_domain::config::Watched>,
+    /// The consumer's collections, once the inputs were valid.
+    pub collections: Option<Box<handoff_domain::Collections>>,
+}
+
+impl FailedRun {
+    /// A failure before the run could begin (its inputs refused, say): nothing was committed.
+    pub fn before_run(error: HandoffError) -> FailedRun {
+        FailedRun {
+            failed: Box::new(Failed::before_commits(error)),
+            policy_sha256: None,
+            duration: handoff_runtime::PROCESS_START
+                .get()
+                .map_or(Duration::ZERO, Instant::elapsed),
+            position: None,
+            source: None,
+            collections: None,
+        }
+    }
+}
+
+impl From<HandoffError> for FailedRun {
+    fn from(error: HandoffError) -> FailedRun {
+        FailedRun::before_run(error)
+    }
+}
+
+/// The moment a run begins: its deadline, counted from now, which the watchdog then honours.
+pub fn begin(limits: &Limits) -> Instant {
+    let deadline = Instant::now() + limits.run_timeout;
+    super::watchdog::extend(deadline);
+    deadline
+}
+
+impl Plan {
+    /// The settings the policy receives.
+    pub fn settings(&self) -> Settings {
+        Settings {
+            max_events: self.inputs.max_events,
+            max_wait_ms: u64::from(self.inputs.max_wait_seconds) * 1000,
+            params: self.params.clone(),
+        }
+    }
+
+    /// Runs once: `load` (the engine and the policy) while `backends` get ready, then the
+    /// policy over the backends' source and store. The backends are closed whatever the outcome.
+    pub fn run(
+        &self,
+        load: impl FnOnce() -> Result<(Runtime, Policy)>,
+        backends: &mut dyn Backends,
+    ) -> Result<Finished, FailedRun> {
+        let started = handoff_runtime::PROCESS_START
+            .get()
+            .copied()
+            .unwrap_or_else(Instant::now);
+        let (loaded, prepared) = std::thread::scope(|scope| {
+            let preparing = scope.spawn(|| backends.prepare());
+            (load(), preparing.join())
+        });
+        let mut policy_sha256 = None;
+        let executed = (|| -> Result<(Summary, String), Failed> {
+            prepared.map_err(|_| {
+                HandoffError::Internal(anyhow::anyhow!("preparing the backends panicked"))
+            })??;
+            let (runtime, policy) = loaded?;
+            policy_sha256 = Some(policy.sha256.clone());
+            let deadline = begin(&self.limits);
+            let (source, store) = backends.open(deadline)?;
+            let summary = self.execute(&runtime, &policy, source, store, deadline)?;
+            Ok((summary, policy.sha256.clone()))
+        })();
+        // The figures are read unless the deployment could not be reached or refused us: then
+        // reading them would only wait.
+        let position = match &executed {
+            Err(failed)
+                if matches!(
+                    failed.error,
+                    HandoffError::Unavailable(_)
+                        | HandoffError::Authentication(_)
+                        | HandoffError::BadInput(_)
+                ) =>
+            {
+                None
+            }
+            _ => backends.position(&self.inputs.consumer_id),
+        };
+        backends.close();
+        // The run's duration includes closing its backends.
+        let duration = started.elapsed();
+        match executed {
+            Ok((summary, policy_sha256)) => Ok(Finished {
+                summary,
+                policy_sha256,
+                duration,
+                position,
+            }),
+            Err(failed) => Err(FailedRun {
+                failed: Box::new(failed),
+                policy_sha256,
+                duration,
+                position: position.map(Box::new),
+                source: Some(handoff_domain::config::Watched {
+                    scope: self.stream.config.scope,
+                    database: self.inputs.database.clone(),
+                    collection: self.inputs.collection.clone(),
+                }),
+                collections: Some(Box::new(self.inputs.collections())),
+            }),
+        }
+    }
+
+    /// Runs the policy once against `source` and `store`, until `deadline` at the latest.
+    pub fn execute(
+        &self,
+        runtime: &Runtime,
+        policy: &Policy,
+        mut source: Box<dyn ChangeSource>,
+        store: Arc<dyn CheckpointStore>,
+        deadline: Instant,
+    ) -> Result<Summary, Failed> {
+        let started = Instant::now();
+        let deployment = source.deployment()?;
+        let config = &self.stream.config;
+        let consumer = Consumer {
+            consumer: self.inputs.consumer_id.clone(),
+            source: config.source(&self.inputs.database, &self.inputs.collection),
+        };
+        let store_failure = |e: CommitError| match e {
+            CommitError::Unavailable(m) => HandoffError::Unavailable(m),
+            CommitError::Unauthorized(m) => HandoffError::unauthorized(&m),
+            other => HandoffError::Unavailable(other.to_string()),
+        };
+        let stored = store
+            .ensure_checkpoint(
+                &consumer.consumer,
+                checkpoint::initial_bound(
+                    &consumer.consumer,
+                    &consumer.source,
+                    &deployment.replica_set_id,
+                    config,
+                ),
+            )
+            .map_err(store_failure)?;
+        let loaded = checkpoint::validate(&stored, &consumer.source, &deployment.replica_set_id)?;
+        let lease = Lease::new(self.stream.lease);
+        let claim = checkpoint::claim(
+            &loaded,
+            &Binding {
+                config,
+                accept_change: self.stream.accept_config_change.as_deref(),
+                lease: &lease,
+                now: bson::DateTime::now(),
+            },
+        )?;
+        store
+            .claim(&consumer.consumer, &claim)
+            .map_err(|e| match e {
+                CommitError::Conflict => HandoffError::Conflict(
+                    "Another run took this consumer's checkpoint while this one started; retry \
+                     from the current token"
+                        .into(),
+                ),
+                other => store_failure(other),
+            })?;
+        if let Some(change) = &claim.change {
+            tracing::warn!(
+                consumer = %consumer.consumer,
+                from = change.get_str("from").unwrap_or_default(),
+                to = change.get_str("to").unwrap_or_default(),
+                "stream configuration change accepted and recorded"
+            );
+        }
+        tracing::info!(
+            consumer = %consumer.consumer,
+            source = %consumer.source,
+            policy_sha256 = %policy.sha256,
+            config_digest = %config.digest(),
+            resume = loaded.token.as_ref().map_or("now", |_| loaded.mode.as_str()),
+            "run starting"
+        );
+        let name = consumer.consumer.clone();
+        let session = Session::new(
+            consumer,
+            deployment,
+            loaded,
+            source,
+            store.clone(),
+            deadline,
+        )
+        .with_stop(self.stop.clone())
+        .with_max_events(self.inputs.max_events)
+        .with_outbox_options(self.outbox)
+        .with_split_events(config.split_large_events)
+        .with_lease(lease.clone())
+        .with_policy(checkpoint::PolicyBinding::new(&policy.sha256, &self.params));
+        let ran = runtime.run(policy, session, &self.settings(), &self.limits);
+        // The next run need not wait for the lease to expire. A run that cannot release it
+        // (its deadline passed, the server is gone) leaves it to expire.
+        // The epoch, not this machine's time: a next run whose clock is behind finds it free.
+        if let Err(error) = store.release(&name, &lease.owner, bson::DateTime::from_millis(0)) {
+            tracing::debug!(
+                error = %handoff_domain::text::escape_untrusted(&error.to_string(), 500),
+                "the lease could not be released; it expires by itself"
+            );
+        }
+        let summary = ran?;
+        tracing::info!(
+            status = summary.status.as_str(),
+            events_handed_off = summary.committed.handed_off,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "run finished"
+        );
+        Ok(summary)
+    }
+}

@@ -1,0 +1,191 @@
+//! What a run committed, as the host saw it, and the policy's report checked against it.
+
+use super::Session;
+use handoff_domain::error::HandoffError;
+use handoff_domain::text::escape_untrusted;
+
+/// How a run ended, as the policy reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Status {
+    Idle,
+    HandedOff,
+    Invalidated,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Idle => "IDLE",
+            Status::HandedOff => "HANDED_OFF",
+            Status::Invalidated => "INVALIDATED",
+        }
+    }
+}
+
+/// The policy's report.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Report {
+    pub status: Status,
+    pub events_handed_off: u32,
+    pub last_event_id: String,
+}
+
+/// What the host saw the run commit.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Committed {
+    pub events: u32,
+    pub handed_off: u32,
+    pub skipped: u32,
+    pub quarantined: u32,
+    /// Records (outbox or quarantine) the store already held for the same event and did not
+    /// write again; they are counted in `handed_off` / `quarantined` too.
+    pub duplicates_suppressed: u32,
+    /// Transactions or commits the store retried (transient errors, unknown commit results).
+    pub transaction_retries: u32,
+    /// Stream openings from a saved token, by outcome (boxed: a failed run's result stays small).
+    pub resume_attempts: Box<ResumeAttempts>,
+    /// The ID of the last committed event, as the baseline reports it: the last outbox ID, or
+    /// for an invalidated run the invalidate event's ID (SHA-256 of its canonical token).
+    pub last_event_id: String,
+    /// The last outbox ID handed off (what a policy built before the invalidate ID may report).
+    pub last_outbox_id: String,
+    pub invalidated: bool,
+    pub watermark_saved: bool,
+    /// Invalidation markers written to the outbox (`--invalidate-marker`); not counted in
+    /// `handed_off`.
+    pub invalidate_markers: u32,
+}
+
+/// Attempts to resume the change stream from a saved token, by outcome class.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ResumeAttempts {
+    pub ok: u32,
+    pub history_lost: u32,
+    pub invalid_token: u32,
+    pub fatal: u32,
+    pub unavailable: u32,
+}
+
+impl ResumeAttempts {
+    /// Counts one attempt that ended with `error` (`None`: it succeeded).
+    pub fn count(&mut self, error: Option<&handoff_domain::StreamError>) {
+        use handoff_domain::StreamError;
+        let slot = match error {
+            None => &mut self.ok,
+            Some(StreamError::HistoryLost(_)) => &mut self.history_lost,
+            Some(StreamError::InvalidToken(_)) => &mut self.invalid_token,
+            Some(
+                StreamError::Fatal(_) | StreamError::TooLarge(_) | StreamError::ImageMissing(_),
+            ) => &mut self.fatal,
+            Some(StreamError::Unavailable(_)) => &mut self.unavailable,
+        };
+        *slot = slot.saturating_add(1);
+    }
+
+    /// The metric name and count of each class.
+    pub fn by_class(&self) -> [(&'static str, u32); 5] {
+        [
+            ("resume_attempts_ok", self.ok),
+            ("resume_attempts_history_lost", self.history_lost),
+            ("resume_attempts_invalid_token", self.invalid_token),
+            ("resume_attempts_fatal", self.fatal),
+            ("resume_attempts_unavailable", self.unavailable),
+        ]
+    }
+}
+
+/// The verified result of a successful run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Summary {
+    pub status: Status,
+    pub committed: Committed,
+    pub consumer_id: String,
+    /// The run was stopped by a signal before the policy finished; `committed` stands.
+    pub stopped: bool,
+}
+
+/// A run that failed, with what it committed before the failure (which stands).
+#[derive(Debug, thiserror::Error)]
+#[error("{error}")]
+pub struct Failed {
+    pub error: HandoffError,
+    pub committed: Committed,
+}
+
+impl Failed {
+    /// A failure before anything could be committed.
+    pub fn before_commits(error: HandoffError) -> Failed {
+        Failed {
+            error,
+            committed: Committed::default(),
+        }
+    }
+}
+
+impl From<HandoffError> for Failed {
+    fn from(error: HandoffError) -> Failed {
+        Failed::before_commits(error)
+    }
+}
+
+impl From<Failed> for HandoffError {
+    fn from(failed: Failed) -> HandoffError {
+        failed.error
+    }
+}
+
+impl Session {
+    /// Checks the policy's outcome against what the host saw committed.
+    pub fn finish(&mut self, outcome: Result<Report, String>) -> Result<Summary, HandoffError> {
+        if let Some(failure) = self.failure.take() {
+            return Err(failure);
+        }
+        if self.stopped || self.stop.requested() {
+            return Ok(self.stopped_summary());
+        }
+        let report =
+            outcome.map_err(|message| HandoffError::Policy(escape_untrusted(&message, 1024)))?;
+        let c = &self.committed;
+        let expected_status = self.stopped_summary().status;
+        // An invalidated run reports the invalidate event's ID; a policy built before the host
+        // reported it may still report its last outbox ID.
+        let id_matches = report.last_event_id == c.last_event_id
+            || (c.invalidated && report.last_event_id == c.last_outbox_id);
+        if report.status != expected_status
+            || report.events_handed_off != c.handed_off
+            || !id_matches
+        {
+            return Err(HandoffError::Policy(format!(
+                "the policy's report ({} event(s), status {}) disagrees with what was committed ({} event(s), status {}); \
+                 the committed events stand",
+                report.events_handed_off,
+                report.status.as_str(),
+                c.handed_off,
+                expected_status.as_str()
+            )));
+        }
+        Ok(Summary {
+            status: report.status,
+            committed: c.clone(),
+            consumer_id: self.consumer.consumer.clone(),
+            stopped: false,
+        })
+    }
+
+    /// The summary of a stopped run: its status follows from what was committed.
+    fn stopped_summary(&self) -> Summary {
+        let c = &self.committed;
+        Summary {
+            status: if c.invalidated {
+                Status::Invalidated
+            } else if c.handed_off > 0 {
+                Status::HandedOff
+            } else {
+                Status::Idle
+            },
+            committed: c.clone(),
+            consumer_id: self.consumer.consumer.clone(),
+            stopped: true,
+        }
+    }
+}

@@ -1,0 +1,179 @@
+//! Which policy runs, within which limits, and what shapes the records it decides.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+
+use handoff::error::{HandoffError, Result};
+use handoff::runtime::cache::ArtifactCache;
+use handoff::runtime::{Limits, Policy, PolicySource, Runtime};
+use handoff::session::OutboxOptions;
+
+/// Which policy runs and within which limits.
+#[derive(Args, Clone, Debug)]
+pub struct PolicyArgs {
+    /// A policy component (.wasm) to run instead of the embedded default.
+    #[arg(long, env = "HANDOFF_POLICY")]
+    pub policy: Option<PathBuf>,
+    /// A policy parameter, `key=value` (repeatable).
+    #[arg(long = "policy-param", value_name = "KEY=VALUE")]
+    pub params: Vec<String>,
+    /// Memory the policy may use, in MiB.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub policy_memory_mib: u32,
+    /// Guest compute allowed between two host calls, in milliseconds.
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..=600_000))]
+    pub policy_slice_ms: u64,
+    /// Wall time allowed for the whole run, in seconds.
+    #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub run_timeout_seconds: u64,
+    /// Do not read or write the compiled-artifact cache.
+    #[arg(long)]
+    pub no_cache: bool,
+    /// How long past the run deadline the watchdog waits before it ends the process (exit 14),
+    /// in seconds.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3_600))]
+    pub watchdog_grace_seconds: u64,
+}
+
+impl PolicyArgs {
+    pub fn limits(&self) -> Limits {
+        Limits {
+            memory_bytes: self.policy_memory_mib as usize * (1 << 20),
+            slice: Duration::from_millis(self.policy_slice_ms),
+            run_timeout: Duration::from_secs(self.run_timeout_seconds),
+        }
+    }
+
+    /// Arms the watchdog from process start: the run deadline plus the grace period, which also
+    /// bounds the policy's compilation.
+    pub fn arm_watchdog(&self) {
+        let start = handoff::runtime::PROCESS_START
+            .get()
+            .copied()
+            .unwrap_or_else(std::time::Instant::now);
+        handoff::run::watchdog::arm(
+            start + Duration::from_secs(self.run_timeout_seconds),
+            Duration::from_secs(self.watchdog_grace_seconds),
+        );
+    }
+
+    pub fn params(&self) -> Result<Vec<(String, String)>> {
+        self.params
+            .iter()
+            .map(|p| {
+                p.split_once('=')
+                    .filter(|(k, _)| !k.is_empty())
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .ok_or_else(|| {
+                        HandoffError::BadInput(format!("--policy-param {p:?} must be KEY=VALUE"))
+                    })
+            })
+            .collect()
+    }
+
+    pub fn source(&self) -> Result<PolicySource> {
+        match &self.policy {
+            Some(path) => PolicySource::from_file(path),
+            None => Ok(PolicySource::embedded_default()),
+        }
+    }
+
+    /// The engine and the loaded policy.
+    pub fn load(&self) -> Result<(Runtime, Policy)> {
+        let source = self.source()?;
+        let cache = if self.no_cache {
+            None
+        } else {
+            ArtifactCache::default_dir()
+        };
+        let (runtime, policy) = Runtime::with_policy(cache, &source)?;
+        tracing::debug!(target: "handoff::startup", "engine ready");
+        tracing::debug!(target: "handoff::startup", contract = %policy.contract, "policy loaded");
+        Ok((runtime, policy))
+    }
+}
+
+/// The consumer's policy, for the commands that hand it documents (`backfill`, `reconcile`): the
+/// same policy, parameters and limits as the consumer's runs.
+#[derive(Args, Clone, Debug)]
+pub struct DecidingArgs {
+    #[command(flatten)]
+    pub policy: PolicyArgs,
+    #[command(flatten)]
+    pub keep: KeepEventArgs,
+}
+
+/// What outbox records a policy shapes keep of their event: the same for a run's changes and a
+/// snapshot run's documents.
+#[derive(Args, Clone, Debug)]
+pub struct KeepEventArgs {
+    /// Keep the raw event (`event`) in outbox records a policy shapes (true or false).
+    #[arg(
+        long,
+        env = "OUTBOX_KEEP_EVENT",
+        default_value = "true",
+        value_name = "BOOL",
+        value_parser = clap::value_parser!(bool),
+        action = clap::ArgAction::Set
+    )]
+    pub outbox_keep_event: bool,
+}
+
+/// The consumer's policy, loaded and checked for snapshot runs, with its parameters.
+pub struct Deciding {
+    pub runtime: Runtime,
+    pub policy: Policy,
+    pub params: Vec<(String, String)>,
+    pub limits: Limits,
+    pub outbox: OutboxOptions,
+}
+
+impl DecidingArgs {
+    /// Loads the policy before anything is read: a policy that cannot decide snapshot documents
+    /// is refused here.
+    pub fn load(&self, command: &str) -> Result<Deciding> {
+        let params = self.policy.params()?;
+        let (runtime, policy) = self.policy.load()?;
+        handoff::run::snapshot::Snapshots::check_contract(&policy, command)?;
+        Ok(Deciding {
+            runtime,
+            policy,
+            params,
+            limits: self.policy.limits(),
+            outbox: OutboxOptions {
+                keep_event: self.keep.outbox_keep_event,
+                invalidate_marker: false,
+            },
+        })
+    }
+}
+
+impl Deciding {
+    /// The snapshot runs of one consumer of `database.collection` on `deployment`.
+    pub fn snapshots(
+        &self,
+        kind: handoff::session::RunKind,
+        consumer: &str,
+        database: &str,
+        collection: &str,
+        deployment: &handoff::domain::Deployment,
+    ) -> handoff::run::snapshot::Snapshots<'_> {
+        handoff::run::snapshot::Snapshots {
+            runtime: &self.runtime,
+            policy: &self.policy,
+            params: self.params.clone(),
+            limits: self.limits.clone(),
+            outbox: self.outbox,
+            consumer: handoff::domain::Consumer {
+                consumer: consumer.to_string(),
+                source: format!("{database}.{collection}"),
+            },
+            deployment: deployment.clone(),
+            kind,
+            database: database.to_string(),
+            collection: collection.to_string(),
+        }
+    }
+}
