@@ -296,7 +296,7 @@ fn a_refused_argument_value_cannot_start_a_line() {
             let mut command = handoff();
             command.args(["--log-format", format, "run"]);
             if how == "env" {
-                command.env("OUTBOX_KEEP_EVENT", &value);
+                command.env(support::env_names::OUTBOX_KEEP_EVENT, &value);
             } else {
                 command.arg(format!("--outbox-keep-event={value}"));
             }

@@ -33,7 +33,7 @@ const BASELINE_INPUTS: &[(&str, &str, &str)] = &[
     ("max_wait_seconds", "INT", "10"),
 ];
 
-/// Folders of `flows/` holding other engines' examples (checked by `integration_engines`).
+/// Folders of `flows/` holding other engines' examples (checked by the `integration_engine_*` suites).
 const OTHER_ENGINES: &[&str] = &["airflow", "argo", "github-actions"];
 
 fn flows() -> Vec<PathBuf> {
@@ -80,27 +80,6 @@ fn expressions(text: &str) -> Vec<String> {
         rest = &rest[start + end + 2..];
     }
     out
-}
-
-/// The environment variables `handoff` reads, from its own help.
-fn variables_handoff_reads() -> BTreeSet<String> {
-    let mut vars = BTreeSet::new();
-    for args in [&["run", "--help"][..], &["--help"][..]] {
-        let help = support::handoff().args(args).output().unwrap();
-        let text = String::from_utf8_lossy(&help.stdout).into_owned();
-        for part in text.split("env: ").skip(1) {
-            let name: String = part
-                .chars()
-                .take_while(|c| c.is_ascii_uppercase() || *c == '_')
-                .collect();
-            vars.insert(name);
-        }
-    }
-    assert!(
-        vars.contains("MONGODB_URI") && vars.contains("HANDOFF_LOG"),
-        "{vars:?}"
-    );
-    vars
 }
 
 /// A minimal Pebble substitution: inputs (with overrides) and the secret.
@@ -250,7 +229,7 @@ impl Capture<'_> {
 
 #[test]
 fn every_flow_keeps_the_baseline_contract_and_runs_against_a_replica_set() {
-    let reads = variables_handoff_reads();
+    let reads = support::variables_handoff_reads();
     for path in flows() {
         let (text, flow) = load(&path);
         let name = path.display().to_string();

@@ -21,7 +21,7 @@ use handoff::domain::token::canonical_text;
 use handoff::domain::{
     Checkpoint, CheckpointStore, Commit, Consumer, Deployment, Dump, Mode, Start,
 };
-use handoff::session::{Decision, Report, Session, Shaped, Status};
+use handoff::session::{Decision, PolicyReport, Session, Shaped, Status};
 use proptest::prelude::*;
 use serde_json::Value;
 
@@ -696,7 +696,7 @@ fn run_case(lines: Vec<Line>, begin: Begin, ops: Vec<Op>) -> Result<(Dump, bool)
     }
     // The run's end: a failure is reported as such; otherwise a true report is accepted.
     let committed = session.committed().clone();
-    let report = Report {
+    let report = PolicyReport {
         status: if committed.invalidated {
             Status::Invalidated
         } else if committed.handed_off > 0 {

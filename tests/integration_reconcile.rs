@@ -23,7 +23,7 @@ fn reconcile(live: &Live, extra: &[&str]) -> Output {
         .args(extra)
         .env("MONGODB_URI", live.uri())
         .env("SOURCE_DATABASE", &live.db)
-        .env_remove("AUDIT_COLLECTION")
+        .env_remove(support::env_names::AUDIT_COLLECTION)
         .env_remove("HANDOFF_OPERATOR")
         .output()
         .expect("run handoff reconcile")

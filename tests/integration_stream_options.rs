@@ -60,10 +60,27 @@ fn a_pipeline_filters_the_stream_and_is_recorded_on_the_checkpoint() {
     live.insert(10..11);
     let out = live
         .command()
+        .env(support::env_names::PIPELINE, INSERTS_ONLY)
+        .output()
+        .unwrap();
+    assert_eq!(support::ok(&out)["events_handed_off"], 1);
+    // Under its former name (`PIPELINE`) too, with a warning that names both.
+    live.insert(11..12);
+    live.wait(live.coll("orders").delete_one(doc! {"_id": 11}))
+        .unwrap();
+    let out = live
+        .command()
         .env("PIPELINE", INSERTS_ONLY)
         .output()
         .unwrap();
     assert_eq!(support::ok(&out)["events_handed_off"], 1);
+    let err = support::stderr(&out);
+    assert!(
+        err.contains("read a variable under its former name")
+            && err.contains("PIPELINE")
+            && err.contains(support::env_names::PIPELINE),
+        "{err}"
+    );
     // The filter names inserts only, yet an invalidation still ends the run with startAfter.
     live.wait(live.coll("orders").drop()).unwrap();
     let out = support::ok(&live.run(&["--pipeline", &file]));

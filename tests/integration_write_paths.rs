@@ -234,7 +234,7 @@ fn command(live: &Live, args: &[&str]) -> Command {
         .args(args)
         .env("MONGODB_URI", live.uri())
         .env("SOURCE_DATABASE", &live.db)
-        .env_remove("AUDIT_COLLECTION")
+        .env_remove(support::env_names::AUDIT_COLLECTION)
         .env_remove("HANDOFF_OPERATOR");
     command
 }

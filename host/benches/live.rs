@@ -27,18 +27,16 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use bson::{Bson, Document, doc};
-use futures_util::StreamExt;
+use bson::{Document, doc};
 use mongo_sim::{Config, ServerHandle};
-use mongodb::change_stream::event::ResumeToken;
-use mongodb::options::{
-    FullDocumentType, InsertOneModel, ReadConcern, ReadPreference, SelectionCriteria,
-    TransactionOptions, UpdateOneModel, WriteConcern, WriteModel,
-};
 use mongodb::{Client, Collection};
-use sha2::Digest;
 
+#[path = "live/cpu.rs"]
+mod cpu;
+#[path = "live/raw_loop.rs"]
+mod raw_loop;
 mod support;
+use cpu::{online_cpus, pin_to_first_cpu, set_affinity};
 use support::{fixture_text, median, startup_us};
 
 /// Events per throughput run, as a busy scheduled run sees them.
@@ -432,144 +430,12 @@ impl Bench {
     }
 }
 
-/// The plain driver loop: the checkpoint read, the stream opened after it with the same options,
-/// and per `BATCH_SIZE` events one transaction with the same compare-and-set and the same outbox
-/// documents as handoff's, with the same concerns. No identity checks, no policy.
-fn raw_loop() {
-    let var = |name: &str| std::env::var(name).unwrap_or_else(|_| panic!("{name} is set"));
-    let number = |name: &str| var(name).parse::<u32>().expect("a number");
-    let (uri, db, consumer, outbox) = (
-        var("MONGODB_URI"),
-        var("SOURCE_DATABASE"),
-        var("CONSUMER_ID"),
-        var("OUTBOX_COLLECTION"),
-    );
-    let (events, batch) = (number("MAX_EVENTS"), number("BATCH_SIZE"));
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    rt.block_on(async {
-        let client = Client::with_uri_str(&uri).await.expect("client");
-        let db = client.database(&db);
-        let source = format!("{}.orders", db.name());
-        let checkpoints = db.collection::<Document>(CHECKPOINTS);
-        let outbox = db.collection::<Document>(&outbox);
-        let checkpoint = checkpoints
-            .find_one(doc! { "_id": &consumer })
-            .await
-            .expect("checkpoint read")
-            .expect("checkpoint");
-        let mut token = checkpoint.get_document("token").expect("token").clone();
-        let resume: ResumeToken =
-            bson::deserialize_from_bson(Bson::Document(token.clone())).expect("token");
-        let mut stream = db
-            .collection::<Document>("orders")
-            .watch()
-            .full_document(FullDocumentType::UpdateLookup)
-            .max_await_time(Duration::from_secs(1))
-            .resume_after(resume)
-            .await
-            .expect("watch")
-            .with_type::<Document>();
-        let options = TransactionOptions::builder()
-            .read_concern(ReadConcern::snapshot())
-            .write_concern(WriteConcern::majority())
-            .selection_criteria(SelectionCriteria::ReadPreference(ReadPreference::Primary))
-            .build();
-        let mut session = client.start_session().await.expect("session");
-        let mut done = 0;
-        while done < events {
-            let mut records = Vec::new();
-            let mut last = token.clone();
-            while records.len() < batch as usize && done + (records.len() as u32) < events {
-                // An idle stream never ends: a missing event fails the run instead of hanging it.
-                let event = tokio::time::timeout(Duration::from_secs(10), stream.next())
-                    .await
-                    .expect("an event within 10 s")
-                    .expect("an event")
-                    .expect("event");
-                last = event.get_document("_id").expect("token").clone();
-                let text = handoff::domain::token::canonical_text(&last);
-                let id = hex::encode(sha2::Sha256::digest(text.as_bytes()));
-                records.push(doc! {
-                    "_id": format!("{consumer}/{id}"),
-                    "consumer": &consumer,
-                    "source": &source,
-                    "event": event,
-                });
-            }
-            let count = records.len() as u32;
-            session
-                .start_transaction()
-                .with_options(options.clone())
-                .await
-                .expect("transaction");
-            // The compare-and-set and the records in one bulkWrite (the test server answers as
-            // MongoDB 8.0), as handoff commits them there.
-            let mut models: Vec<WriteModel> = vec![
-                UpdateOneModel::builder()
-                    .namespace(checkpoints.namespace())
-                    .filter(doc! { "_id": &consumer, "token": &token, "source": &source })
-                    .update(doc! { "$set": { "token": &last, "mode": "resumeAfter" } })
-                    .build()
-                    .into(),
-            ];
-            models.extend(records.into_iter().map(|record| {
-                WriteModel::from(
-                    InsertOneModel::builder()
-                        .namespace(outbox.namespace())
-                        .document(record)
-                        .build(),
-                )
-            }));
-            let written = client
-                .bulk_write(models)
-                .ordered(true)
-                .session(&mut session)
-                .await
-                .expect("compare-and-set and outbox");
-            assert_eq!(written.matched_count, 1, "checkpoint moved");
-            session.commit_transaction().await.expect("commit");
-            token = last;
-            done += count;
-        }
-    });
-}
-
-/// Pins this process (and so the test server's thread and every child started later) to CPU 0.
-fn pin_to_first_cpu() {
-    set_affinity(1);
-}
-
-/// Lets the calling thread, and the children it starts, run on the first `cpus` CPUs (a thread
-/// the process started keeps its own affinity).
-fn set_affinity(cpus: usize) {
-    // SAFETY: a zeroed cpu_set_t is the empty set; CPU_SET and sched_setaffinity only read and
-    // write that local set, and pid 0 names the calling thread.
-    let set = unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        for cpu in 0..cpus.min(libc::CPU_SETSIZE as usize) {
-            libc::CPU_SET(cpu, &mut set);
-        }
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
-    };
-    assert_eq!(set, 0, "sched_setaffinity failed");
-}
-
-/// The CPUs the machine has online, whatever this thread's affinity.
-fn online_cpus() -> usize {
-    // SAFETY: sysconf only reads a system constant.
-    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
-    usize::try_from(n).unwrap_or(1).max(1)
-}
-
 fn main() {
     if std::env::var_os(MEASURE).is_some() {
         measuring_child();
     }
     if std::env::var_os(RAW_LOOP).is_some() {
-        raw_loop();
+        raw_loop::raw_loop();
         return;
     }
     // cargo passes `--bench`; `--spread` is this benchmark's only option.

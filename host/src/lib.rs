@@ -43,4 +43,4 @@ pub use domain::{ChangeSource, Checkpoint, CheckpointStore, Mode};
 pub use error::{HandoffError, Result};
 pub use run::{Finished, Plan};
 pub use runtime::{Limits, Policy, PolicySource, Runtime};
-pub use session::{Session, Summary};
+pub use session::{RunSummary, Session};

@@ -264,7 +264,7 @@ impl Live {
             .args(args)
             .env("MONGODB_URI", &self.uri)
             .env("SOURCE_DATABASE", &self.db)
-            .env_remove("AUDIT_COLLECTION")
+            .env_remove(super::env_names::AUDIT_COLLECTION)
             .env_remove("HANDOFF_OPERATOR")
             .output()
             .expect("run handoff")

@@ -2,6 +2,7 @@
 //! run as the engine runs it, and its outputs and state read back.
 #![allow(dead_code)]
 
+pub mod engines;
 pub mod live;
 
 use std::path::{Path, PathBuf};
@@ -105,39 +106,45 @@ pub fn cache_dir() -> PathBuf {
     Path::new(env!("CARGO_TARGET_TMPDIR")).join("handoff-cache")
 }
 
-/// `handoff` with a clean environment: none of the baseline's variables leak in (not even the
-/// `MONGODB_URI` a run of the suites against a real replica set is given).
+/// The environment variables `handoff` reads, from the file the binary names them in.
+#[path = "../../host/src/cli/env.rs"]
+pub mod env_names;
+
+/// `handoff` with a clean environment: none of the variables it reads leak in, under their
+/// current or former names (not even the `MONGODB_URI` a run of the suites against a real replica
+/// set is given).
 pub fn handoff() -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_handoff"));
-    for key in [
-        "MONGODB_URI",
-        "SOURCE_DATABASE",
-        "SOURCE_COLLECTION",
-        "CONSUMER_ID",
-        "CHECKPOINT_COLLECTION",
-        "OUTBOX_COLLECTION",
-        "MAX_EVENTS",
-        "MAX_WAIT_SECONDS",
-        "HANDOFF_POLICY",
-        "HANDOFF_LOG",
-        "HANDOFF_LOG_FORMAT",
-        "HANDOFF_OUTPUTS_FILE",
-        "QUARANTINE_COLLECTION",
-        "OUTBOX_KEEP_EVENT",
-        "INVALIDATE_MARKER",
-        "STREAM_SCOPE",
-        "PIPELINE",
-        "FULL_DOCUMENT",
-        "FULL_DOCUMENT_BEFORE_CHANGE",
-        "ACCEPT_CONFIG_CHANGE",
-        "LEASE_SECONDS",
-        "PARTITION",
-        "SPLIT_LARGE_EVENTS",
-    ] {
+    let former = env_names::FORMER.iter().map(|(former, _)| former);
+    for key in env_names::ALL.iter().chain(former) {
         command.env_remove(key);
     }
-    command.env("HANDOFF_CACHE_DIR", cache_dir());
+    command.env(env_names::CACHE_DIR, cache_dir());
     command
+}
+
+/// The environment variables `handoff run` reads, from its own help (`[env: NAME=…]`), as a
+/// flow's author sees them.
+pub fn variables_handoff_reads() -> std::collections::BTreeSet<String> {
+    let mut vars = std::collections::BTreeSet::new();
+    for args in [&["run", "--help"][..], &["--help"][..]] {
+        let help = handoff().args(args).output().unwrap();
+        for part in String::from_utf8_lossy(&help.stdout).split("env: ").skip(1) {
+            vars.insert(
+                part.chars()
+                    .take_while(|c| c.is_ascii_uppercase() || *c == '_')
+                    .collect(),
+            );
+        }
+    }
+    for expected in [
+        env_names::MONGODB_URI,
+        env_names::MAX_EVENTS,
+        env_names::LOG,
+    ] {
+        assert!(vars.contains(expected), "{expected} is not in {vars:?}");
+    }
+    vars
 }
 
 /// Runs `handoff replay FIXTURE --state STATE EXTRA…`.

@@ -22,7 +22,7 @@ const AWAIT_MS: u64 = 1000;
 /// Where a snapshot's documents stand in the stream: a resume token the command read (a
 /// watermark's event, or a post-batch token) and its cluster time.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Position {
+pub struct SnapshotPosition {
     pub token: Document,
     pub cluster_time: Timestamp,
 }
@@ -49,7 +49,7 @@ impl Read {
 /// The `snapshot` event of a document read at `at`: what the policy reads and what a raw outbox
 /// record keeps. Its `_id` is the position's token plus the document's namespace and key, unique
 /// to the document and the position, and keeps the position's `_data` (the stream's order).
-pub fn event(database: &str, collection: &str, read: &Read, at: &Position) -> Document {
+pub fn event(database: &str, collection: &str, read: &Read, at: &SnapshotPosition) -> Document {
     let mut token = at.token.clone();
     token.insert(
         "snapshot",
@@ -193,8 +193,8 @@ impl CheckpointStore for KeepingStore {
 mod tests {
     use super::*;
 
-    fn position() -> Position {
-        Position {
+    fn position() -> SnapshotPosition {
+        SnapshotPosition {
             token: doc! { "_data": "826553F1000000000301" },
             cluster_time: Timestamp {
                 time: 1_700_000_000,
@@ -245,7 +245,7 @@ mod tests {
 
     #[test]
     fn tokens_differ_by_key_namespace_and_position() {
-        let token = |db: &str, key: i32, at: &Position| {
+        let token = |db: &str, key: i32, at: &SnapshotPosition| {
             canonical_text(
                 event(db, "orders", &read(key, None), at)
                     .get_document("_id")
@@ -257,7 +257,7 @@ mod tests {
         assert_eq!(a, token("db", 7, &at));
         assert_ne!(a, token("db", 8, &at));
         assert_ne!(a, token("other", 7, &at));
-        let later = Position {
+        let later = SnapshotPosition {
             token: doc! { "_data": "826553F1000000000401" },
             ..position()
         };

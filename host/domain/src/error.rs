@@ -94,7 +94,6 @@ impl HandoffError {
         ))
     }
 
-    /// The process exit code of this class (documented in the README).
     /// The same failure, its message followed by `detail` (evidence, next steps).
     pub fn with_detail(self, detail: &str) -> HandoffError {
         use HandoffError::*;
@@ -117,6 +116,7 @@ impl HandoffError {
         }
     }
 
+    /// The process exit code of this class (documented in the README).
     pub fn exit_code(&self) -> u8 {
         match self {
             HandoffError::Internal(_) => 1,
@@ -156,9 +156,11 @@ impl HandoffError {
         }
     }
 
+    /// [`exit_code`](HandoffError::exit_code) as the process's exit status.
     pub fn to_exit_code(&self) -> ExitCode {
         ExitCode::from(self.exit_code())
     }
 }
 
+/// A result whose failure is one of the classes above.
 pub type Result<T, E = HandoffError> = std::result::Result<T, E>;

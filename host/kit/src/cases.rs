@@ -293,7 +293,7 @@ fn describe_record(record: &bson::Document) -> Value {
 }
 
 /// What one run did, in the form expectations are written in.
-fn describe(result: &Result<handoff_session::Summary>, before: &Dump, after: &Dump) -> Value {
+fn describe(result: &Result<handoff_session::RunSummary>, before: &Dump, after: &Dump) -> Value {
     let mut run = Map::new();
     match result {
         Ok(summary) => {

@@ -6,14 +6,14 @@ use handoff_domain::error::{HandoffError, Result};
 use handoff_runtime::policy::{CONTRACT, EXPORT_PREFIX, PolicySource, check_contract, granted};
 
 /// What a check found.
-pub struct Report {
+pub struct CheckReport {
     pub lines: Vec<String>,
     /// The refusal, if the host would not run the file.
     pub refusal: Option<HandoffError>,
 }
 
 /// Inspects a policy file without running it.
-pub fn check(source: &PolicySource) -> Result<Report> {
+pub fn check(source: &PolicySource) -> Result<CheckReport> {
     let mut lines = vec![
         format!("file:      {}", source.origin),
         format!("size:      {} bytes", source.bytes.len()),
@@ -21,7 +21,7 @@ pub fn check(source: &PolicySource) -> Result<Report> {
     ];
     if let Err(refusal) = source.check_format() {
         lines.push("component: no".into());
-        return Ok(Report {
+        return Ok(CheckReport {
             lines,
             refusal: Some(refusal),
         });
@@ -35,7 +35,7 @@ pub fn check(source: &PolicySource) -> Result<Report> {
                 "the policy {} does not compile: {e:#}",
                 source.origin
             ));
-            return Ok(Report {
+            return Ok(CheckReport {
                 lines,
                 refusal: Some(refusal),
             });
@@ -65,5 +65,5 @@ pub fn check(source: &PolicySource) -> Result<Report> {
         }
         Err(refusal) => Some(refusal),
     };
-    Ok(Report { lines, refusal })
+    Ok(CheckReport { lines, refusal })
 }

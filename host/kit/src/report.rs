@@ -74,13 +74,13 @@ pub struct CaseResult {
 
 /// A whole `policy test` run.
 #[derive(Clone, Debug)]
-pub struct Summary {
+pub struct TestSummary {
     pub policy: String,
     pub policy_sha256: String,
     pub cases: Vec<CaseResult>,
 }
 
-impl Summary {
+impl TestSummary {
     pub fn failed(&self) -> usize {
         self.cases.iter().filter(|c| !c.verdict.passed()).count()
     }
@@ -174,8 +174,8 @@ impl Summary {
 mod tests {
     use super::*;
 
-    fn summary() -> Summary {
-        Summary {
+    fn summary() -> TestSummary {
+        TestSummary {
             policy: "p.wasm".into(),
             policy_sha256: "ab".repeat(32),
             cases: vec![

@@ -48,11 +48,14 @@ impl AuditEntry {
     }
 }
 
+/// The environment variable a workflow engine names the operator in.
+pub const OPERATOR_VARIABLE: &str = "HANDOFF_OPERATOR";
+
 /// Who is acting: `HANDOFF_OPERATOR` when set (a workflow engine names its execution there),
 /// else the login name and the host, `user@host` (the name of the process's real user, else
 /// `$USER`).
 pub fn operator() -> String {
-    if let Ok(name) = std::env::var("HANDOFF_OPERATOR")
+    if let Ok(name) = std::env::var(OPERATOR_VARIABLE)
         && !name.trim().is_empty()
     {
         return bounded(name.trim());

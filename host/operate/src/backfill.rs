@@ -54,7 +54,7 @@ use handoff_mongo::transaction::Failure;
 use handoff_mongo::{Connection, OperationError, registry};
 use handoff_run::snapshot::{Decided, Fate, Snapshots};
 pub use state::State;
-pub use summary::Summary;
+pub use summary::BackfillSummary;
 
 /// The default signal collection (`--signal-collection`).
 pub const DEFAULT_SIGNAL_COLLECTION: &str = "kestra_change_signals";
@@ -213,11 +213,11 @@ impl<'a> Backfill<'a> {
     }
 
     /// Runs the backfill to its end (or its first error), showing progress.
-    pub fn run(&self) -> Result<Summary, BackfillError> {
+    pub fn run(&self) -> Result<BackfillSummary, BackfillError> {
         self.connection.block_on(self.run_async())
     }
 
-    async fn run_async(&self) -> Result<Summary, BackfillError> {
+    async fn run_async(&self) -> Result<BackfillSummary, BackfillError> {
         let started = Instant::now();
         let o = &self.options;
         let source = o.source();
@@ -233,7 +233,7 @@ impl<'a> Backfill<'a> {
             })?),
         };
         self.check_policy().await?;
-        let mut summary = Summary {
+        let mut summary = BackfillSummary {
             consumer: o.consumer.clone(),
             source: source.clone(),
             done: false,
@@ -407,7 +407,12 @@ impl<'a> Backfill<'a> {
         Ok(summary)
     }
 
-    fn audit_entry(&self, loaded: &Option<State>, summary: &Summary, estimated: u64) -> AuditEntry {
+    fn audit_entry(
+        &self,
+        loaded: &Option<State>,
+        summary: &BackfillSummary,
+        estimated: u64,
+    ) -> AuditEntry {
         let o = &self.options;
         AuditEntry {
             consumer: o.consumer.clone(),

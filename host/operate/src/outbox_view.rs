@@ -31,27 +31,27 @@ pub fn digest(document: &Document) -> Digest {
 
 /// A position in the stream: a record's cluster time, then its token's `_data`.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Position {
+pub struct StreamOrder {
     pub time: (u32, u32),
     pub data: String,
 }
 
-impl Position {
+impl StreamOrder {
     /// The position of a change event (or a snapshot / correction record's event).
-    pub fn of_event(event: &Document) -> Option<Position> {
+    pub fn of_event(event: &Document) -> Option<StreamOrder> {
         let time = event.get_timestamp("clusterTime").ok()?;
         let data = event.get_document("_id").ok()?.get_str("_data").ok()?;
-        Some(Position {
+        Some(StreamOrder {
             time: (time.time, time.increment),
             data: data.to_string(),
         })
     }
 
     /// The position of a resume token (its cluster time decoded from `_data`).
-    pub fn of_token(token: &Document) -> Option<Position> {
+    pub fn of_token(token: &Document) -> Option<StreamOrder> {
         let time = handoff_domain::token::cluster_time(token)?;
         let data = token.get_str("_data").ok()?;
-        Some(Position {
+        Some(StreamOrder {
             time: (time.time, time.increment),
             data: data.to_string(),
         })
@@ -77,7 +77,7 @@ pub enum Said {
 pub struct Entry {
     /// The document key (`documentKey._id`).
     pub key: Bson,
-    pub position: Position,
+    pub position: StreamOrder,
     pub said: Said,
 }
 
@@ -168,7 +168,7 @@ impl Unusable {
 pub struct OutboxView {
     entries: HashMap<String, Entry>,
     /// The latest drop of the collection (or rename, or drop of its database) among the records.
-    cleared: Option<Position>,
+    cleared: Option<StreamOrder>,
     pub unusable: Unusable,
     /// Records read.
     pub records: u64,
@@ -190,7 +190,7 @@ impl OutboxView {
             self.unusable.fragments += 1;
             return;
         }
-        let Some(position) = Position::of_event(event) else {
+        let Some(position) = StreamOrder::of_event(event) else {
             self.unusable.without_position += 1;
             return;
         };
@@ -408,9 +408,9 @@ mod tests {
 
     #[test]
     fn positions_order_by_time_then_token() {
-        let a = Position::of_token(&token(10, 2, "01")).unwrap();
-        let b = Position::of_token(&token(10, 2, "02")).unwrap();
-        let c = Position::of_token(&token(11, 0, "00")).unwrap();
+        let a = StreamOrder::of_token(&token(10, 2, "01")).unwrap();
+        let b = StreamOrder::of_token(&token(10, 2, "02")).unwrap();
+        let c = StreamOrder::of_token(&token(11, 0, "00")).unwrap();
         assert!(a < b && b < c);
         assert_eq!(
             c.cluster_time(),

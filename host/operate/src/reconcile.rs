@@ -96,7 +96,7 @@ pub struct Repaired {
 
 /// What `reconcile` found.
 #[derive(Debug, Clone, Default)]
-pub struct Report {
+pub struct ReconcileReport {
     pub consumer: String,
     pub source: String,
     /// Keys compared (in-flight ones left out).
@@ -150,7 +150,7 @@ impl Found {
     }
 }
 
-impl Report {
+impl ReconcileReport {
     /// Missing, orphan and stale keys together.
     pub fn differences(&self) -> u64 {
         self.missing.count + self.orphan.count + self.stale.count
@@ -181,7 +181,7 @@ pub fn reconcile(
     connection: &Connection,
     options: &Options,
     snapshots: &Snapshots<'_>,
-) -> Result<Report> {
+) -> Result<ReconcileReport> {
     connection.block_on(run(connection, options, snapshots))
 }
 
@@ -250,17 +250,17 @@ async fn run(
     connection: &Connection,
     options: &Options,
     snapshots: &Snapshots<'_>,
-) -> Result<Report> {
+) -> Result<ReconcileReport> {
     let source_name = format!("{}.{}", options.database, options.collection);
     // The checkpoint: where the consumer stands.
     let (loaded, token) = checkpoint(connection, options, &source_name).await?;
     checkpoint::check_policy(&loaded, &snapshots.binding(), "reconcile")?;
-    let mut report = Report {
+    let mut report = ReconcileReport {
         consumer: options.consumer.clone(),
         source: source_name.clone(),
         checkpoint_cluster_time: handoff_domain::token::cluster_time(&token),
         since: options.since,
-        ..Report::default()
+        ..ReconcileReport::default()
     };
 
     // Keys changed after the checkpoint, up to now.

@@ -9,7 +9,7 @@ use handoff_domain::error::{HandoffError, Result};
 use handoff_domain::text::escape_chars;
 
 /// A report: a title, then sections of labelled rows.
-pub struct Report {
+pub struct Page {
     pub title: String,
     pub sections: Vec<Section>,
 }
@@ -19,7 +19,7 @@ pub struct Section {
     pub rows: Vec<(String, String)>,
 }
 
-impl Report {
+impl Page {
     pub fn to_html(&self) -> String {
         let mut html = String::from(
             "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
@@ -124,7 +124,7 @@ mod tests {
 
     #[test]
     fn values_are_escaped_and_nothing_is_fetched() {
-        let report = Report {
+        let report = Page {
             title: "status <c>".into(),
             sections: vec![Section {
                 heading: "figures".into(),
@@ -152,7 +152,7 @@ mod tests {
 
     #[test]
     fn names_from_the_server_cannot_reorder_or_break_the_page() {
-        let report = Report {
+        let report = Page {
             title: "status rs0\u{202e}lanif".into(),
             sections: vec![Section {
                 heading: "db.orders\u{2028}x".into(),
@@ -170,7 +170,7 @@ mod tests {
     #[test]
     fn a_report_path_is_checked_before_anything_is_done() {
         let dir = tempfile::tempdir().expect("a temporary folder");
-        let error = |path: &Path| Report::check_path(path).unwrap_err().to_string();
+        let error = |path: &Path| Page::check_path(path).unwrap_err().to_string();
         assert!(error(dir.path()).contains("is a directory"));
         let missing = dir.path().join("gone").join("r.html");
         assert!(
@@ -180,7 +180,7 @@ mod tests {
         );
         assert!(error(&missing).ends_with("nothing was read or written"));
         let path = dir.path().join("r.html");
-        Report::check_path(&path).expect("a writable folder");
+        Page::check_path(&path).expect("a writable folder");
         // The check leaves nothing behind.
         assert_eq!(std::fs::read_dir(dir.path()).expect("list").count(), 0);
     }

@@ -142,7 +142,7 @@ where
 mod tests {
     use super::*;
     use handoff_run::Finished;
-    use handoff_session::{Committed, Status, Summary};
+    use handoff_session::{Committed, RunSummary, Status};
 
     fn protocol(line: &str) -> Value {
         let inner = line
@@ -155,7 +155,7 @@ mod tests {
     #[test]
     fn lines_parse_back_as_kestra_reads_them() {
         let finished = Finished {
-            summary: Summary {
+            summary: RunSummary {
                 status: Status::HandedOff,
                 committed: Committed {
                     events: 3,
@@ -241,7 +241,7 @@ mod tests {
     #[test]
     fn a_stopped_run_says_so() {
         let finished = Finished {
-            summary: Summary {
+            summary: RunSummary {
                 status: Status::Idle,
                 committed: Committed::default(),
                 consumer_id: "c".into(),

@@ -82,7 +82,8 @@ impl RawInputs {
         let consumer_id = name("CONSUMER_ID", &self.consumer_id)?;
         let checkpoint_collection = name("CHECKPOINT_COLLECTION", &self.checkpoint_collection)?;
         let outbox_collection = name("OUTBOX_COLLECTION", &self.outbox_collection)?;
-        let quarantine_collection = name("QUARANTINE_COLLECTION", &self.quarantine_collection)?;
+        let quarantine_collection =
+            name("HANDOFF_QUARANTINE_COLLECTION", &self.quarantine_collection)?;
         if collection == checkpoint_collection
             || collection == outbox_collection
             || checkpoint_collection == outbox_collection

@@ -15,7 +15,7 @@ use handoff_domain::{
 };
 
 use handoff_runtime::{Limits, Policy, Runtime, Settings};
-use handoff_session::{Failed, OutboxOptions, Session, Summary};
+use handoff_session::{Failed, OutboxOptions, RunSummary, Session};
 
 /// Everything a run is given besides its policy and backends.
 #[derive(Clone, Debug)]
@@ -56,7 +56,7 @@ impl Default for StreamOptions {
 /// A run that ended without failing (a stopped run included: its commits stand).
 #[derive(Clone, Debug)]
 pub struct Finished {
-    pub summary: Summary,
+    pub summary: RunSummary,
     pub policy_sha256: String,
     /// From the start of the command to the end of the run.
     pub duration: Duration,
@@ -135,7 +135,7 @@ impl Plan {
             (load(), preparing.join())
         });
         let mut policy_sha256 = None;
-        let executed = (|| -> Result<(Summary, String), Failed> {
+        let executed = (|| -> Result<(RunSummary, String), Failed> {
             prepared.map_err(|_| {
                 HandoffError::Internal(anyhow::anyhow!("preparing the backends panicked"))
             })??;
@@ -194,7 +194,7 @@ impl Plan {
         mut source: Box<dyn ChangeSource>,
         store: Arc<dyn CheckpointStore>,
         deadline: Instant,
-    ) -> Result<Summary, Failed> {
+    ) -> Result<RunSummary, Failed> {
         let started = Instant::now();
         let deployment = source.deployment()?;
         let config = &self.stream.config;

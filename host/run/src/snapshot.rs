@@ -10,7 +10,7 @@ use std::time::Instant;
 use bson::raw::cstr;
 use bson::{DateTime, Document, RawDocument, RawDocumentBuf, doc};
 
-use handoff_backend::snapshot::{self, KeepingStore, Position, Read, SnapshotSource};
+use handoff_backend::snapshot::{self, KeepingStore, Read, SnapshotPosition, SnapshotSource};
 use handoff_domain::checkpoint::{Checkpoint, Mode, PolicyBinding};
 use handoff_domain::error::{HandoffError, Result};
 use handoff_domain::token::canonical_text;
@@ -90,7 +90,7 @@ impl Snapshots<'_> {
 
     /// The policy's decisions over `reads`, read at `at`, in runs of at most
     /// [`DOCUMENTS_PER_RUN`]. Nothing is written.
-    pub fn decide(&self, reads: &[Read], at: &Position) -> Result<Decided> {
+    pub fn decide(&self, reads: &[Read], at: &SnapshotPosition) -> Result<Decided> {
         let command = match self.kind {
             RunKind::Backfill => "backfill",
             RunKind::Repair | RunKind::Changes => "reconcile",

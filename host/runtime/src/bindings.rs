@@ -1,5 +1,5 @@
 //! The WIT contract bound to the host: generated types plus the import implementations, each a
-//! thin translation onto [`Session`](super::session::Session).
+//! thin translation onto [`Session`](handoff_session::Session).
 
 use std::time::Instant;
 
@@ -318,10 +318,13 @@ impl wit_host::HostChangeStream for RunState {
     }
 }
 
-/// The longest log message and field key and value kept, in characters (one more is read so
-/// that a cut stays visible).
+// The longest parts of a log call kept, in characters (one more is read so that a cut stays
+// visible).
+/// The longest log message kept.
 const LOG_MESSAGE_CHARS: usize = 1024;
+/// The longest log field key kept.
 const LOG_KEY_CHARS: usize = 64;
+/// The longest log field value kept.
 const LOG_VALUE_CHARS: usize = 256;
 /// How many log fields are kept.
 const LOG_FIELDS: usize = 16;

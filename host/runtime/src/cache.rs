@@ -57,6 +57,9 @@ pub enum Lookup {
     Refused,
 }
 
+/// The environment variable that names the cache folder.
+pub const CACHE_DIR_VARIABLE: &str = "HANDOFF_CACHE_DIR";
+
 pub struct ArtifactCache {
     dir: PathBuf,
     /// SHA-256 of the engine's precompile compatibility hash.
@@ -102,10 +105,10 @@ impl ArtifactCache {
         self
     }
 
-    /// The default location: `$HANDOFF_CACHE_DIR`, else `$XDG_CACHE_HOME/handoff`, else
+    /// The default location: `$HANDOFF_CACHE_DIR` ([`CACHE_DIR_VARIABLE`]), else `$XDG_CACHE_HOME/handoff`, else
     /// `$HOME/.cache/handoff`.
     pub fn default_dir() -> Option<PathBuf> {
-        if let Some(dir) = std::env::var_os("HANDOFF_CACHE_DIR") {
+        if let Some(dir) = std::env::var_os(CACHE_DIR_VARIABLE) {
             return Some(PathBuf::from(dir));
         }
         if let Some(dir) = std::env::var_os("XDG_CACHE_HOME") {

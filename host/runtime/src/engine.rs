@@ -15,7 +15,7 @@ use super::limits::{Limiter, Limits};
 use super::policy::{Policy, PolicySource, STUBBED_IMPORTS, check_contract};
 use super::wasi::{Waits, wasi_ctx};
 use handoff_domain::error::{HandoffError, Result};
-use handoff_session::{Failed, Report, Session, Status, Summary};
+use handoff_session::{Failed, PolicyReport, RunSummary, Session, Status};
 
 /// How often the epoch advances; the granularity of the compute slice and run deadline.
 const TICK: Duration = Duration::from_millis(10);
@@ -30,6 +30,8 @@ pub struct Settings {
     pub params: Vec<(String, String)>,
 }
 
+/// The policy runtime of one process: the engine, the linker with the contract's imports and
+/// the artifact cache; each run instantiates a policy in a store of its own.
 pub struct Runtime {
     engine: Engine,
     linker: Linker<RunState>,
@@ -109,7 +111,7 @@ impl Runtime {
         session: Session,
         settings: &Settings,
         limits: &Limits,
-    ) -> Result<Summary, Failed> {
+    ) -> Result<RunSummary, Failed> {
         // A policy importing what is linked without an implementation gets functions that trap.
         let stubbed = policy
             .component
@@ -219,8 +221,6 @@ impl Runtime {
     }
 }
 
-/// The engine: component model without concurrency, epoch interruption driven by a ticker thread,
-/// a bounded guest stack.
 /// How many host resources (streams, pollables) a policy may hold at once: each costs host
 /// memory outside its memory cap.
 const MAX_RESOURCES: usize = 10_000;
@@ -231,6 +231,8 @@ fn resource_table() -> ResourceTable {
     table
 }
 
+/// The engine: component model without concurrency, epoch interruption driven by a ticker thread,
+/// a bounded guest stack.
 fn build_engine() -> Result<Engine> {
     let mut config = Config::new();
     config
@@ -303,8 +305,8 @@ fn load_policy(
     })
 }
 
-fn report_from(report: export::Report) -> Report {
-    Report {
+fn report_from(report: export::Report) -> PolicyReport {
+    PolicyReport {
         status: match report.status {
             types::RunStatus::Idle => Status::Idle,
             types::RunStatus::HandedOff => Status::HandedOff,

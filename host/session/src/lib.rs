@@ -38,7 +38,7 @@ pub use record::{
     Shaped,
 };
 pub use refusal::{Refusal, RefusalKind};
-pub use report::{Committed, Failed, Report, ResumeAttempts, Status, Summary};
+pub use report::{Committed, Failed, PolicyReport, ResumeAttempts, RunSummary, Status};
 pub use stream::EventView;
 
 use handoff_domain::StopSignal;

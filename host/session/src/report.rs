@@ -24,7 +24,7 @@ impl Status {
 
 /// The policy's report.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Report {
+pub struct PolicyReport {
     pub status: Status,
     pub events_handed_off: u32,
     pub last_event_id: String,
@@ -96,7 +96,7 @@ impl ResumeAttempts {
 
 /// The verified result of a successful run.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Summary {
+pub struct RunSummary {
     pub status: Status,
     pub committed: Committed,
     pub consumer_id: String,
@@ -136,7 +136,10 @@ impl From<Failed> for HandoffError {
 
 impl Session {
     /// Checks the policy's outcome against what the host saw committed.
-    pub fn finish(&mut self, outcome: Result<Report, String>) -> Result<Summary, HandoffError> {
+    pub fn finish(
+        &mut self,
+        outcome: Result<PolicyReport, String>,
+    ) -> Result<RunSummary, HandoffError> {
         if let Some(failure) = self.failure.take() {
             return Err(failure);
         }
@@ -164,7 +167,7 @@ impl Session {
                 expected_status.as_str()
             )));
         }
-        Ok(Summary {
+        Ok(RunSummary {
             status: report.status,
             committed: c.clone(),
             consumer_id: self.consumer.consumer.clone(),
@@ -173,9 +176,9 @@ impl Session {
     }
 
     /// The summary of a stopped run: its status follows from what was committed.
-    fn stopped_summary(&self) -> Summary {
+    fn stopped_summary(&self) -> RunSummary {
         let c = &self.committed;
-        Summary {
+        RunSummary {
             status: if c.invalidated {
                 Status::Invalidated
             } else if c.handed_off > 0 {

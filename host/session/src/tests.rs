@@ -292,7 +292,7 @@ fn an_invalidated_run_reports_the_invalidate_events_id() {
         .unwrap();
     let invalidate_id = hex::encode(Sha256::digest(tokens[1].as_bytes()));
     assert_eq!(s.committed().last_event_id, invalidate_id);
-    let report = |id: &str| Report {
+    let report = |id: &str| PolicyReport {
         status: Status::Invalidated,
         events_handed_off: 1,
         last_event_id: id.into(),

@@ -2,6 +2,7 @@
 
 use clap::Args;
 
+use crate::cli::env;
 use handoff::domain::config::{Scope, Watched};
 use handoff::error::{HandoffError, Result};
 use handoff::run::inputs::{Inputs, RawInputs};
@@ -16,26 +17,26 @@ pub use stream::StreamArgs;
 #[derive(Args, Clone, Debug)]
 pub struct ConsumerArgs {
     /// Stable consumer identity.
-    #[arg(long, env = "CONSUMER_ID", default_value = "orders-to-outbox")]
+    #[arg(long, env = env::CONSUMER_ID, default_value = "orders-to-outbox")]
     pub consumer_id: String,
     /// Collection (table) of the checkpoint.
     #[arg(
         long,
-        env = "CHECKPOINT_COLLECTION",
+        env = env::CHECKPOINT_COLLECTION,
         default_value = handoff::domain::deployment::DEFAULT_CHECKPOINTS
     )]
     pub checkpoint_collection: String,
     /// Collection (table) of the outbox.
     #[arg(
         long,
-        env = "OUTBOX_COLLECTION",
+        env = env::OUTBOX_COLLECTION,
         default_value = handoff::domain::deployment::DEFAULT_OUTBOX
     )]
     pub outbox_collection: String,
     /// Collection (table) of quarantined events (policies that refuse poison events write there).
     #[arg(
         long,
-        env = "QUARANTINE_COLLECTION",
+        env = env::QUARANTINE_COLLECTION,
         default_value = "kestra_change_quarantine"
     )]
     pub quarantine_collection: String,
@@ -45,18 +46,18 @@ pub struct ConsumerArgs {
 #[derive(Args, Clone, Debug)]
 pub struct InputArgs {
     /// Database of the watched collection and of the checkpoint and outbox collections.
-    #[arg(long, env = "SOURCE_DATABASE", default_value = "change_demo")]
+    #[arg(long, env = env::SOURCE_DATABASE, default_value = "change_demo")]
     pub database: String,
     /// The watched collection.
-    #[arg(long, env = "SOURCE_COLLECTION", default_value = "orders")]
+    #[arg(long, env = env::SOURCE_COLLECTION, default_value = "orders")]
     pub collection: String,
     #[command(flatten)]
     pub consumer: ConsumerArgs,
     /// Events per run, 1-500.
-    #[arg(long, env = "MAX_EVENTS", default_value = "50")]
+    #[arg(long, env = env::MAX_EVENTS, default_value = "50")]
     pub max_events: String,
     /// Idle seconds before the run ends, 1-30.
-    #[arg(long, env = "MAX_WAIT_SECONDS", default_value = "10")]
+    #[arg(long, env = env::MAX_WAIT_SECONDS, default_value = "10")]
     pub max_wait_seconds: String,
     #[command(flatten)]
     pub keep: KeepEventArgs,
@@ -64,7 +65,7 @@ pub struct InputArgs {
     /// event's ID, `marker: "invalidate"`), so that readers see where the stream restarted.
     #[arg(
         long,
-        env = "INVALIDATE_MARKER",
+        env = env::INVALIDATE_MARKER,
         default_value = "false",
         value_name = "BOOL",
         value_parser = clap::value_parser!(bool),
@@ -129,19 +130,19 @@ pub fn reason_text(flag: &str, reason: &str) -> Result<String> {
 #[derive(Args, Clone, Debug)]
 pub struct TargetArgs {
     /// The replica set's connection string (never printed or logged).
-    #[arg(long, env = "MONGODB_URI", hide_env_values = true)]
+    #[arg(long, env = env::MONGODB_URI, hide_env_values = true)]
     pub uri: String,
     /// Database of the watched collection and of the consumer's collections.
-    #[arg(long, env = "SOURCE_DATABASE", default_value = "change_demo")]
+    #[arg(long, env = env::SOURCE_DATABASE, default_value = "change_demo")]
     pub database: String,
     /// The watched collection.
-    #[arg(long, env = "SOURCE_COLLECTION", default_value = "orders")]
+    #[arg(long, env = env::SOURCE_COLLECTION, default_value = "orders")]
     pub collection: String,
     /// What the consumer's stream watches, as `run --scope` says: collection, database (every
     /// collection of --database) or deployment (--database then only holds the consumer's state).
     #[arg(
         long,
-        env = "STREAM_SCOPE",
+        env = env::STREAM_SCOPE,
         default_value = "collection",
         value_name = "SCOPE"
     )]
@@ -156,7 +157,7 @@ pub struct AuditArgs {
     /// Collection of the audit records (who changed what, from what, to what, why).
     #[arg(
         long,
-        env = "AUDIT_COLLECTION",
+        env = env::AUDIT_COLLECTION,
         default_value = handoff::operate::audit::DEFAULT_COLLECTION
     )]
     pub audit_collection: String,

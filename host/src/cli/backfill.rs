@@ -5,6 +5,7 @@ use std::time::Duration;
 use clap::Args;
 
 use super::args::{AuditArgs, DecidingArgs, TargetArgs, ViewArgs, reason_text};
+use crate::cli::env;
 use handoff::backend::mongo::Connection;
 use handoff::error::{HandoffError, Result};
 use handoff::operate::backfill::{
@@ -49,10 +50,10 @@ pub struct BackfillArgs {
     #[arg(long, value_name = "DOCS_PER_SECOND", value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
     pub max_rate: Option<u64>,
     /// Collection of the low and high watermark documents.
-    #[arg(long, env = "SIGNAL_COLLECTION", default_value = DEFAULT_SIGNAL_COLLECTION)]
+    #[arg(long, env = env::SIGNAL_COLLECTION, default_value = DEFAULT_SIGNAL_COLLECTION)]
     pub signal_collection: String,
     /// Collection of the backfill's saved position (one document per consumer).
-    #[arg(long, env = "BACKFILL_STATE_COLLECTION", default_value = DEFAULT_STATE_COLLECTION)]
+    #[arg(long, env = env::BACKFILL_STATE_COLLECTION, default_value = DEFAULT_STATE_COLLECTION)]
     pub state_collection: String,
     /// Start over from the first document, whatever the saved position says (audited).
     #[arg(long)]

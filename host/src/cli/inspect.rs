@@ -14,6 +14,7 @@ use handoff::error::{HandoffError, Result};
 use handoff::run::inputs::valid_name;
 
 use super::args::ConsumerArgs;
+use crate::cli::env;
 
 #[derive(Args)]
 #[command(after_help = concat!(
@@ -31,10 +32,10 @@ pub struct InspectArgs {
 pub fn run(args: InspectArgs) -> Result<()> {
     let c = args.consumer;
     for (key, value) in [
-        ("CONSUMER_ID", &c.consumer_id),
-        ("CHECKPOINT_COLLECTION", &c.checkpoint_collection),
-        ("OUTBOX_COLLECTION", &c.outbox_collection),
-        ("QUARANTINE_COLLECTION", &c.quarantine_collection),
+        (env::CONSUMER_ID, &c.consumer_id),
+        (env::CHECKPOINT_COLLECTION, &c.checkpoint_collection),
+        (env::OUTBOX_COLLECTION, &c.outbox_collection),
+        (env::QUARANTINE_COLLECTION, &c.quarantine_collection),
     ] {
         if !valid_name(value) {
             return Err(HandoffError::BadInput(format!(

@@ -47,6 +47,7 @@ macro_rules! out {
 mod args;
 mod backfill;
 mod checkpoint;
+pub mod env;
 mod inspect;
 mod policy;
 mod reconcile;
@@ -83,7 +84,7 @@ pub enum Outcome {
 pub struct OutputArgs {
     /// Also write the run's outputs as one JSON object to this file, atomically, on success and
     /// on failure (for engines that read a file: Argo Workflows, Airflow, GitHub Actions).
-    #[arg(long, env = "HANDOFF_OUTPUTS_FILE", value_name = "PATH")]
+    #[arg(long, env = env::OUTPUTS_FILE, value_name = "PATH")]
     pub outputs_file: Option<std::path::PathBuf>,
 }
 
@@ -199,7 +200,7 @@ const LONG_VERSION: &str = concat!(
 struct Cli {
     /// Log format: `text` or `json` lines on stderr, or `kestra`: Kestra's log protocol lines on
     /// stdout (`::{"logs":[…]}::`), levels kept.
-    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = "HANDOFF_LOG_FORMAT")]
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = env::LOG_FORMAT)]
     log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
@@ -257,7 +258,7 @@ fn init_logging(format: LogFormat) {
     type Boxed = Box<dyn Layer<Registry> + Send + Sync>;
     // `HANDOFF_LOG` takes the full filter syntax; the default is a plain list of targets, which
     // costs nothing to parse at every start.
-    let filter: Box<dyn Filter<Registry> + Send + Sync> = match std::env::var("HANDOFF_LOG") {
+    let filter: Box<dyn Filter<Registry> + Send + Sync> = match std::env::var(env::LOG) {
         Ok(directives) => Box::new(
             tracing_subscriber::EnvFilter::try_new(&directives)
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_LOG_FILTER)),
@@ -291,8 +292,30 @@ fn init_logging(format: LogFormat) {
         .try_init();
 }
 
+/// Gives each variable's former name (see [`env::FORMER`]) to its current one when only the
+/// former is set. Returns what it found, for warnings once logging is up: `(former, current,
+/// adopted)`, adopted false when the current name was set too and the former is ignored.
+fn adopt_former_names() -> Vec<(&'static str, &'static str, bool)> {
+    let mut found = Vec::new();
+    for &(former, current) in env::FORMER {
+        let Some(value) = std::env::var_os(former) else {
+            continue;
+        };
+        let adopted = std::env::var_os(current).is_none();
+        if adopted {
+            // SAFETY: called first in `main`, before the process starts any thread (the runtime,
+            // the watchdog and the signal handlers come later), so nothing reads the environment
+            // while it changes.
+            unsafe { std::env::set_var(current, value) };
+        }
+        found.push((former, current, adopted));
+    }
+    found
+}
+
 pub fn main() -> ExitCode {
     let _ = PROCESS_START.set(std::time::Instant::now());
+    let former_names = adopt_former_names();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(error) => {
@@ -308,7 +331,7 @@ pub fn main() -> ExitCode {
                     let refused = HandoffError::BadInput(error.kind().to_string());
                     if makes_a_run() {
                         // A run refused for its arguments still reports, as any failed run does.
-                        let consumer = std::env::var("CONSUMER_ID").unwrap_or_default();
+                        let consumer = std::env::var(env::CONSUMER_ID).unwrap_or_default();
                         // The argument's name only: its value may be anything, a secret included.
                         let argument = match error.get(clap::error::ContextKind::InvalidArg) {
                             Some(clap::error::ContextValue::String(name))
@@ -336,6 +359,21 @@ pub fn main() -> ExitCode {
     };
     init_logging(cli.log_format);
     tracing::debug!(target: "handoff::startup", "arguments parsed");
+    for (former, current, adopted) in former_names {
+        if adopted {
+            tracing::warn!(
+                former,
+                current,
+                "read a variable under its former name; rename it"
+            );
+        } else {
+            tracing::warn!(
+                former,
+                current,
+                "ignored a variable's former name: its current name is set"
+            );
+        }
+    }
     // A run that outlives its deadline (compilation included) plus a grace period ends here;
     // signals stop a run from the start (a second one ends the process at once).
     if matches!(&cli.command, Command::Run(_) | Command::Replay(_))
@@ -402,6 +440,47 @@ pub fn main() -> ExitCode {
                 escape_untrusted(&error.to_string(), 8192)
             );
             error.to_exit_code()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::{Cli, env};
+
+    /// Every environment variable an argument reads is named in [`env::ALL`], and every former
+    /// name maps to a current one: a variable added elsewhere would escape the suites' clean
+    /// environment and the list the README documents.
+    #[test]
+    fn every_variable_an_argument_reads_is_named_once() {
+        fn walk(command: &clap::Command, found: &mut Vec<String>) {
+            for arg in command.get_arguments() {
+                if let Some(name) = arg.get_env() {
+                    found.push(name.to_string_lossy().into_owned());
+                }
+            }
+            for sub in command.get_subcommands() {
+                walk(sub, found);
+            }
+        }
+        let mut found = Vec::new();
+        walk(&Cli::command(), &mut found);
+        assert!(found.len() > 20, "{found:?}");
+        for name in &found {
+            assert!(
+                env::ALL.contains(&name.as_str()),
+                "{name} is not in env::ALL"
+            );
+        }
+        for (former, current) in env::FORMER {
+            assert!(
+                env::ALL.contains(current),
+                "{former} maps to {current}, not in env::ALL"
+            );
+            assert!(!env::ALL.contains(former), "{former} is a current name too");
+            assert!(current.starts_with("HANDOFF_"), "{current}");
         }
     }
 }

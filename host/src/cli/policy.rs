@@ -8,7 +8,7 @@ use clap::Subcommand;
 use handoff::error::{HandoffError, Result};
 use handoff::kit::cases::{Case, Filter};
 use handoff::kit::lang::Lang;
-use handoff::kit::report::{CaseResult, Summary, Verdict};
+use handoff::kit::report::{CaseResult, TestSummary, Verdict};
 use handoff::kit::{build, check, scaffold};
 use handoff::runtime::cache::{ArtifactCache, Lookup};
 use handoff::runtime::policy::SHIPPED;
@@ -304,7 +304,7 @@ fn test(
             handoff::operate::progress::Sink::detect()
         },
     );
-    let mut summary = Summary {
+    let mut summary = TestSummary {
         policy: source.origin.clone(),
         policy_sha256: source.sha256.clone(),
         cases: Vec::new(),

@@ -7,7 +7,7 @@ use handoff::backend::mongo::Connection;
 use handoff::error::{HandoffError, Result};
 use handoff::operate::progress::Sink;
 use handoff::operate::reconcile::{self, Options};
-use handoff::operate::report::Report as Page;
+use handoff::operate::report::Page;
 
 #[derive(Args)]
 #[command(after_help = concat!(

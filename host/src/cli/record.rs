@@ -7,6 +7,7 @@ use std::time::Duration;
 use clap::Args;
 
 use super::args::InputArgs;
+use crate::cli::env;
 use handoff::backend::mongo::{Connection, MongoSource};
 use handoff::domain::StreamConfig;
 use handoff::error::Result;
@@ -23,7 +24,7 @@ pub struct RecordArgs {
     #[arg(long)]
     pub out: PathBuf,
     /// The replica set's connection string (never printed or logged).
-    #[arg(long, env = "MONGODB_URI", hide_env_values = true)]
+    #[arg(long, env = env::MONGODB_URI, hide_env_values = true)]
     pub uri: String,
     /// A field path to replace with "<redacted>" in every event (repeatable), e.g. fullDocument.email.
     #[arg(long)]

@@ -3,6 +3,7 @@
 //! protocol line, or a URI with its password), so the parser's message is printed only after
 //! every such value in it is escaped and every credential removed.
 
+use crate::cli::env;
 use clap::error::ContextValue;
 use handoff::backend::mongo::Redactor;
 use handoff::domain::text::{escape_untrusted, hide_uri_credentials};
@@ -44,7 +45,7 @@ pub fn message(error: &clap::Error) -> String {
     let uris = values
         .iter()
         .cloned()
-        .chain(std::env::var("MONGODB_URI").ok())
+        .chain(std::env::var(env::MONGODB_URI).ok())
         .filter(|v| v.contains("://"));
     for uri in uris {
         if let Some(redactor) = Redactor::for_uri(&uri) {

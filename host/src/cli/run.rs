@@ -3,6 +3,7 @@
 use clap::Args;
 
 use super::args::{InputArgs, PolicyArgs, StreamArgs};
+use crate::cli::env;
 use handoff::error::Result;
 use handoff::run::Plan;
 use handoff::run::backends::Mongo;
@@ -21,7 +22,7 @@ use handoff::run::backends::Mongo;
 ))]
 pub struct RunArgs {
     /// The replica set's connection string (never printed or logged).
-    #[arg(long, env = "MONGODB_URI", hide_env_values = true)]
+    #[arg(long, env = env::MONGODB_URI, hide_env_values = true)]
     pub uri: String,
     #[command(flatten)]
     pub inputs: InputArgs,

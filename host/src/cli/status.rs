@@ -8,7 +8,7 @@ use clap::Args;
 use super::args::{TargetArgs, ViewArgs};
 use handoff::backend::mongo::Connection;
 use handoff::error::{HandoffError, Result};
-use handoff::operate::report::{Report, Section};
+use handoff::operate::report::{Page, Section};
 use handoff::operate::status::{Status, Target};
 
 #[derive(Args)]
@@ -47,7 +47,7 @@ pub fn run(args: StatusArgs) -> Result<()> {
     t.inputs()?;
     let scope = t.scope()?;
     if let Some(path) = &args.html {
-        Report::check_path(path)?;
+        Page::check_path(path)?;
     }
     let connection = Connection::connect(&t.uri)?;
     let status = Status::read(
@@ -75,7 +75,7 @@ pub fn run(args: StatusArgs) -> Result<()> {
         handoff::output::write_stdout(&rows)
     };
     if let Some(path) = &args.html {
-        Report {
+        Page {
             title: format!("handoff status: {}", status.consumer),
             sections: vec![Section {
                 heading: status.source.clone(),

@@ -80,4 +80,17 @@ mod tests {
         );
         assert!(component.contains(&import), "{component}");
     }
+
+    /// The JavaScript default's entry (`guest/javascript/default/component.js`, built by the
+    /// JavaScript suite and the benchmarks) imports the same contract: a new minor version of
+    /// `wit/policy.wit` fails here until it does.
+    #[test]
+    fn the_javascript_default_imports_the_contract_this_host_implements() {
+        let component = include_str!("../../../../guest/javascript/default/component.js");
+        let import = format!(
+            "'handoff:policy/host@{}'",
+            handoff_runtime::policy::CONTRACT
+        );
+        assert!(component.contains(&import), "{component}");
+    }
 }

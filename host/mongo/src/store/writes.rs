@@ -16,7 +16,6 @@ use handoff_domain::store::{SPLIT_EVENTS_WRITTEN, decode_record};
 use handoff_domain::stream::BSON_OBJECT_TOO_LARGE;
 use handoff_domain::{Applied, Commit, CommitError};
 
-/// How long past the run's deadline giving the lease back may take.
 use super::MongoStore;
 
 /// What decoding a record into the driver's document and encoding it again costs, per byte of

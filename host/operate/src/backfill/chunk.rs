@@ -10,7 +10,7 @@ use bson::oid::ObjectId;
 use bson::{Bson, Document, doc};
 
 use super::{Backfill, BackfillError};
-use handoff_backend::snapshot::{Position, Read};
+use handoff_backend::snapshot::{Read, SnapshotPosition};
 use handoff_domain::checkpoint;
 use handoff_domain::token::cluster_time;
 use handoff_mongo::backfill::Watermark;
@@ -174,7 +174,7 @@ impl Backfill<'_> {
 }
 
 /// The position of a high watermark's change event: its resume token and cluster time.
-fn watermark_position(event: &Document) -> Result<Position, BackfillError> {
+fn watermark_position(event: &Document) -> Result<SnapshotPosition, BackfillError> {
     let token = event
         .get_document("_id")
         .ok()
@@ -189,7 +189,7 @@ fn watermark_position(event: &Document) -> Result<Position, BackfillError> {
             BackfillError::Unexpected("the high watermark's event has no cluster time".into())
         })?,
     };
-    Ok(Position {
+    Ok(SnapshotPosition {
         token,
         cluster_time,
     })

@@ -6,7 +6,7 @@ use handoff_domain::text::{escape_name, escape_untrusted};
 
 /// What a backfill did.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Summary {
+pub struct BackfillSummary {
     pub consumer: String,
     pub source: String,
     /// Every document was decided by the policy.
@@ -33,7 +33,7 @@ pub struct Summary {
     pub elapsed: Duration,
 }
 
-impl Summary {
+impl BackfillSummary {
     /// The summary for machines.
     pub fn to_json(&self) -> serde_json::Value {
         serde_json::json!({

@@ -7,7 +7,7 @@ use std::collections::HashSet;
 use bson::{Bson, Document, doc};
 
 use super::{Options, server};
-use crate::outbox_view::{self, Entry, OutboxView, Position, Said, key_text};
+use crate::outbox_view::{self, Entry, OutboxView, Said, StreamOrder, key_text};
 use crate::progress::Progress;
 use handoff_domain::error::Result;
 use handoff_mongo::Connection;
@@ -45,11 +45,11 @@ pub(super) struct Difference {
     pub(super) text: String,
     pub(super) key: Bson,
     /// The position of the key's latest record, if any.
-    pub(super) latest: Option<Position>,
+    pub(super) latest: Option<StreamOrder>,
 }
 
 /// A difference as [`compare`] finds it.
-type Compared = Option<(Kind, String, Bson, Option<Position>)>;
+type Compared = Option<(Kind, String, Bson, Option<StreamOrder>)>;
 
 /// Reads the source in `_id` order, class by class, `--chunk-size` documents at a time, calling
 /// `each` with every chunk.

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use bson::{Bson, Document};
 
 use super::{Options, server};
-use crate::outbox_view::{Position, key_text};
+use crate::outbox_view::{StreamOrder, key_text};
 use handoff_domain::checkpoint::Mode;
 use handoff_domain::error::{HandoffError, Result};
 use handoff_domain::text::escape_untrusted;
@@ -31,7 +31,7 @@ fn token_document(token: Option<Bson>) -> Option<Document> {
 pub(super) async fn now(
     connection: &Connection,
     options: &Options,
-) -> Result<(Document, Position)> {
+) -> Result<(Document, StreamOrder)> {
     let what = "reading the stream's current position";
     let mut stream = Events::now(
         connection,
@@ -51,7 +51,7 @@ pub(super) async fn now(
             })?
         }
     };
-    let at = Position::of_token(&token).ok_or_else(|| {
+    let at = StreamOrder::of_token(&token).ok_or_else(|| {
         HandoffError::Unavailable("the server's resume token has no cluster time".into())
     })?;
     Ok((token, at))
@@ -63,7 +63,7 @@ pub(super) async fn changed_keys(
     connection: &Connection,
     options: &Options,
     from: (&Document, Mode),
-    until: &Position,
+    until: &StreamOrder,
     keys: &mut HashSet<String>,
 ) -> Result<Document> {
     let what = "reading the change stream after the checkpoint";
@@ -87,7 +87,7 @@ pub(super) async fn changed_keys(
     let mut last = from.0.clone();
     loop {
         if let Some(token) = token_document(stream.token()) {
-            let reached = Position::of_token(&token).is_some_and(|p| p >= *until);
+            let reached = StreamOrder::of_token(&token).is_some_and(|p| p >= *until);
             last = token;
             if reached {
                 return Ok(last);

@@ -8,11 +8,11 @@ use bson::{Bson, Document, doc};
 
 use super::compare::{Difference, read_keys};
 use super::in_flight::now;
-use super::{Options, REPAIR_BATCH, Repaired, Report, server, time_text};
+use super::{Options, REPAIR_BATCH, ReconcileReport, Repaired, server, time_text};
 use crate::audit::AuditEntry;
-use crate::outbox_view::{Position, Said, digest, key_text};
+use crate::outbox_view::{Said, StreamOrder, digest, key_text};
 use crate::progress::Progress;
-use handoff_backend::snapshot::{Position as SnapshotPosition, Read};
+use handoff_backend::snapshot::{Read, SnapshotPosition};
 use handoff_domain::error::{HandoffError, Result};
 use handoff_domain::text::escape_untrusted;
 use handoff_mongo::reconcile::{Corrections, RepairNames, commit_corrections};
@@ -43,7 +43,7 @@ async fn reads_of(
 }
 
 /// A snapshot position: a resume token and its cluster time.
-fn snapshot_position(token: Document, at: &Position) -> SnapshotPosition {
+fn snapshot_position(token: Document, at: &StreamOrder) -> SnapshotPosition {
     SnapshotPosition {
         token,
         cluster_time: at.cluster_time(),
@@ -78,7 +78,7 @@ pub(super) async fn repair(
     connection: &Connection,
     options: &Options,
     reason: &str,
-    report: &Report,
+    report: &ReconcileReport,
     differences: &[Difference],
     snapshots: &Snapshots<'_>,
 ) -> Result<Repaired> {
@@ -158,7 +158,7 @@ async fn position_after(
     connection: &Connection,
     options: &Options,
     batch: &[Difference],
-) -> Result<(Document, Position)> {
+) -> Result<(Document, StreamOrder)> {
     let latest = batch.iter().filter_map(|d| d.latest.as_ref()).max();
     let mut tries = 0;
     loop {
@@ -219,7 +219,7 @@ mod tests {
             document: None,
         };
         let event = handoff_backend::snapshot::event("db", "orders", &read, &at);
-        let position = Position::of_event(&event).unwrap();
+        let position = StreamOrder::of_event(&event).unwrap();
         assert_eq!(position.cluster_time(), time);
         assert_eq!(position.data, "8265A1B2C3000000012B0429296E1404");
     }

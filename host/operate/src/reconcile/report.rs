@@ -3,11 +3,11 @@
 
 use serde_json::{Value, json};
 
-use super::{Found, Report, time_text};
-use crate::report::{Report as Page, Section};
+use super::{Found, ReconcileReport, time_text};
+use crate::report::{Page, Section};
 use handoff_domain::text::escape_name;
 
-impl Report {
+impl ReconcileReport {
     pub fn to_json(&self) -> Value {
         let found = |f: &Found| json!({ "count": f.count, "keys": f.keys });
         let mut out = json!({
@@ -190,14 +190,14 @@ mod tests {
 
     #[test]
     fn the_report_counts_and_bounds() {
-        let report = Report {
+        let report = ReconcileReport {
             consumer: "c\u{1b}[2J".into(),
             source: "db.orders".into(),
             missing: Found {
                 count: 3,
                 keys: vec!["1".into()],
             },
-            ..Report::default()
+            ..ReconcileReport::default()
         };
         assert_eq!(report.differences(), 3);
         let json = report.to_json();

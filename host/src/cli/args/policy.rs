@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use clap::Args;
 
+use crate::cli::env;
 use handoff::error::{HandoffError, Result};
 use handoff::runtime::cache::ArtifactCache;
 use handoff::runtime::{Limits, Policy, PolicySource, Runtime};
@@ -14,7 +15,7 @@ use handoff::session::OutboxOptions;
 #[derive(Args, Clone, Debug)]
 pub struct PolicyArgs {
     /// A policy component (.wasm) to run instead of the embedded default.
-    #[arg(long, env = "HANDOFF_POLICY")]
+    #[arg(long, env = env::POLICY)]
     pub policy: Option<PathBuf>,
     /// A policy parameter, `key=value` (repeatable).
     #[arg(long = "policy-param", value_name = "KEY=VALUE")]
@@ -112,7 +113,7 @@ pub struct KeepEventArgs {
     /// Keep the raw event (`event`) in outbox records a policy shapes (true or false).
     #[arg(
         long,
-        env = "OUTBOX_KEEP_EVENT",
+        env = env::OUTBOX_KEEP_EVENT,
         default_value = "true",
         value_name = "BOOL",
         value_parser = clap::value_parser!(bool),

@@ -14,6 +14,7 @@ use handoff::error::{HandoffError, Result};
 use handoff::run::StreamOptions;
 
 use super::reason_text;
+use crate::cli::env;
 
 /// The change stream's shape and how a run binds its consumer's checkpoint.
 #[derive(Args, Clone, Debug)]
@@ -23,7 +24,7 @@ pub struct StreamArgs {
     /// pipeline must keep each event's namespace (ns).
     #[arg(
         long,
-        env = "STREAM_SCOPE",
+        env = env::STREAM_SCOPE,
         default_value = "collection",
         value_name = "SCOPE"
     )]
@@ -32,13 +33,13 @@ pub struct StreamArgs {
     /// an array of $match, $project, $addFields, $set, $unset, $replaceRoot, $replaceWith or
     /// $redact stages, in Extended JSON. A pipeline that changes `_id` or `operationType` is
     /// refused.
-    #[arg(long, env = "PIPELINE", value_name = "FILE.json")]
+    #[arg(long, env = env::PIPELINE, value_name = "FILE.json")]
     pub pipeline: Option<String>,
     /// fullDocument: updateLookup (the baseline), default, whenAvailable or required (the last
     /// two read post-images: enable changeStreamPreAndPostImages on the collection).
     #[arg(
         long,
-        env = "FULL_DOCUMENT",
+        env = env::FULL_DOCUMENT,
         default_value = "updateLookup",
         value_name = "MODE"
     )]
@@ -47,7 +48,7 @@ pub struct StreamArgs {
     /// changeStreamPreAndPostImages on the collection).
     #[arg(
         long,
-        env = "FULL_DOCUMENT_BEFORE_CHANGE",
+        env = env::FULL_DOCUMENT_BEFORE_CHANGE,
         default_value = "off",
         value_name = "MODE"
     )]
@@ -55,14 +56,14 @@ pub struct StreamArgs {
     /// This run's share of the source, `I/N` (0 <= I < N <= 1024): N runs with their own
     /// consumer IDs and I = 0..N-1 hand off every event exactly once between them, all events
     /// of one document key by the same run, in order. A consumer keeps its partition for good.
-    #[arg(long, env = "PARTITION", value_name = "I/N")]
+    #[arg(long, env = env::PARTITION, value_name = "I/N")]
     pub partition: Option<String>,
     /// Receive events over 16 MiB as fragments ($changeStreamSplitLargeEvent, MongoDB 7.0 and
     /// 6.0.9+): the fragments of one event reach the policy as one event and are committed
     /// together, one outbox record each.
     #[arg(
         long,
-        env = "SPLIT_LARGE_EVENTS",
+        env = env::SPLIT_LARGE_EVENTS,
         default_value = "false",
         value_name = "BOOL",
         value_parser = clap::value_parser!(bool),
@@ -73,11 +74,11 @@ pub struct StreamArgs {
     pub split_large_events: bool,
     /// Continue a consumer whose checkpoint records another stream configuration; the change,
     /// with this reason, is recorded on the checkpoint. Another partition is never accepted.
-    #[arg(long, env = "ACCEPT_CONFIG_CHANGE", value_name = "REASON")]
+    #[arg(long, env = env::ACCEPT_CONFIG_CHANGE, value_name = "REASON")]
     pub accept_config_change: Option<String>,
     /// How long the run's lease on its consumer lasts after each commit renews it, in seconds: a
     /// second run on the consumer stops at its start while the lease holds.
-    #[arg(long, env = "LEASE_SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(5..=86_400))]
+    #[arg(long, env = env::LEASE_SECONDS, default_value_t = 60, value_parser = clap::value_parser!(u64).range(5..=86_400))]
     pub lease_seconds: u64,
 }
 
