@@ -3,6 +3,7 @@
 //! alone with `cargo test -p handoff --test integration integration_backfill::`, one test with
 //! its name.
 
+mod layering;
 mod support;
 
 mod integration_backfill;

@@ -94,9 +94,25 @@ def event_id(token):
 
 
 class _Value:
-    """Equality, hashing and a readable repr over the slots."""
+    """Equality, hashing and a readable repr over the slots; built from every slot, in order or
+    by name (a class with defaults or derived fields has its own ``__init__``)."""
 
     __slots__ = ()
+
+    def __init__(self, *values, **named):
+        name = type(self).__name__
+        if len(values) > len(self.__slots__):
+            raise TypeError("%s() takes %d values" % (name, len(self.__slots__)))
+        given = dict(zip(self.__slots__, values))
+        for key, value in named.items():
+            if key not in self.__slots__ or key in given:
+                raise TypeError("%s() got an unexpected or repeated %r" % (name, key))
+            given[key] = value
+        missing = [slot for slot in self.__slots__ if slot not in given]
+        if missing:
+            raise TypeError("%s() missing %s" % (name, ", ".join(missing)))
+        for key, value in given.items():
+            setattr(self, key, value)
 
     def _fields(self):
         return tuple(getattr(self, name) for name in self.__slots__)
@@ -126,18 +142,11 @@ class Skip(_Value):
 
     __slots__ = ("reason",)
 
-    def __init__(self, reason):
-        self.reason = reason
-
 
 class Quarantine(_Value):
     """Write a quarantine record (the event, its token and the reason) under ``id``."""
 
     __slots__ = ("id", "reason")
-
-    def __init__(self, id, reason):
-        self.id = id
-        self.reason = reason
 
 
 class Record(_Value):
@@ -263,22 +272,12 @@ class Deployment(_Value):
 
     __slots__ = ("consumer", "source", "replica_set_id")
 
-    def __init__(self, consumer, source, replica_set_id):
-        self.consumer = consumer
-        self.source = source
-        self.replica_set_id = replica_set_id
-
 
 class Report(_Value):
     """The end of a successful run: ``status`` (``"idle"``, ``"handed-off"`` or
     ``"invalidated"``), ``events_handed_off`` and ``last_event_id``."""
 
     __slots__ = ("status", "events_handed_off", "last_event_id")
-
-    def __init__(self, status, events_handed_off, last_event_id):
-        self.status = status
-        self.events_handed_off = events_handed_off
-        self.last_event_id = last_event_id
 
 
 class HostError(Exception):

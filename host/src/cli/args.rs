@@ -42,6 +42,28 @@ pub struct ConsumerArgs {
     pub quarantine_collection: String,
 }
 
+impl ConsumerArgs {
+    /// The inputs `run` validates, with these names and the source and limits given.
+    fn raw_inputs(
+        &self,
+        database: &str,
+        collection: &str,
+        max_events: &str,
+        max_wait_seconds: &str,
+    ) -> RawInputs {
+        RawInputs {
+            database: database.to_string(),
+            collection: collection.to_string(),
+            consumer_id: self.consumer_id.clone(),
+            checkpoint_collection: self.checkpoint_collection.clone(),
+            outbox_collection: self.outbox_collection.clone(),
+            quarantine_collection: self.quarantine_collection.clone(),
+            max_events: max_events.to_string(),
+            max_wait_seconds: max_wait_seconds.to_string(),
+        }
+    }
+}
+
 /// The baseline task's inputs, from flags or its environment variables (defaults: the flow's).
 #[derive(Args, Clone, Debug)]
 pub struct InputArgs {
@@ -78,17 +100,14 @@ pub struct InputArgs {
 
 impl InputArgs {
     pub fn validate(&self) -> Result<Inputs> {
-        RawInputs {
-            database: self.database.clone(),
-            collection: self.collection.clone(),
-            consumer_id: self.consumer.consumer_id.clone(),
-            checkpoint_collection: self.consumer.checkpoint_collection.clone(),
-            outbox_collection: self.consumer.outbox_collection.clone(),
-            quarantine_collection: self.consumer.quarantine_collection.clone(),
-            max_events: self.max_events.clone(),
-            max_wait_seconds: self.max_wait_seconds.clone(),
-        }
-        .validate()
+        self.consumer
+            .raw_inputs(
+                &self.database,
+                &self.collection,
+                &self.max_events,
+                &self.max_wait_seconds,
+            )
+            .validate()
     }
 
     pub fn outbox(&self) -> OutboxOptions {
@@ -123,6 +142,20 @@ pub fn reason_text(flag: &str, reason: &str) -> Result<String> {
         )));
     }
     Ok(reason.to_string())
+}
+
+/// What a snapshot run (`backfill`, `reconcile`) is given: the consumer it looks at, where its
+/// audit records go, how its result is shown and the policy that decides its documents.
+#[derive(Args, Clone, Debug)]
+pub struct SnapshotRunArgs {
+    #[command(flatten)]
+    pub target: TargetArgs,
+    #[command(flatten)]
+    pub audit: AuditArgs,
+    #[command(flatten)]
+    pub view: ViewArgs,
+    #[command(flatten)]
+    pub deciding: DecidingArgs,
 }
 
 /// The consumer an operator command looks at: the deployment, the watched collection and the
@@ -212,17 +245,9 @@ impl TargetArgs {
 
     /// The names checked as `run` checks them (nothing is read before they pass).
     pub fn inputs(&self) -> Result<Inputs> {
-        RawInputs {
-            database: self.database.clone(),
-            collection: self.collection.clone(),
-            consumer_id: self.consumer.consumer_id.clone(),
-            checkpoint_collection: self.consumer.checkpoint_collection.clone(),
-            outbox_collection: self.consumer.outbox_collection.clone(),
-            quarantine_collection: self.consumer.quarantine_collection.clone(),
-            max_events: "1".into(),
-            max_wait_seconds: "1".into(),
-        }
-        .validate()
+        self.consumer
+            .raw_inputs(&self.database, &self.collection, "1", "1")
+            .validate()
     }
 }
 

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use clap::Args;
 
-use super::args::{AuditArgs, DecidingArgs, TargetArgs, ViewArgs, reason_text};
+use super::args::{SnapshotRunArgs, reason_text};
 use crate::cli::env;
 use handoff::backend::mongo::Connection;
 use handoff::error::{HandoffError, Result};
@@ -33,13 +33,7 @@ use handoff::run::inputs::valid_name;
 ))]
 pub struct BackfillArgs {
     #[command(flatten)]
-    pub target: TargetArgs,
-    #[command(flatten)]
-    pub audit: AuditArgs,
-    #[command(flatten)]
-    pub view: ViewArgs,
-    #[command(flatten)]
-    pub deciding: DecidingArgs,
+    pub run: SnapshotRunArgs,
     /// Why (recorded in the audit record).
     #[arg(long, value_name = "REASON", required = true)]
     pub reason: String,
@@ -66,26 +60,8 @@ pub struct BackfillArgs {
 impl BackfillArgs {
     /// The checked options: nothing is read or written before they are.
     fn options(&self) -> Result<Options> {
-        let t = &self.target;
+        let t = &self.run.target;
         t.one_collection("backfill")?;
-        let names = [
-            ("--database", &t.database),
-            ("--collection", &t.collection),
-            ("--consumer-id", &t.consumer.consumer_id),
-            ("--checkpoint-collection", &t.consumer.checkpoint_collection),
-            ("--outbox-collection", &t.consumer.outbox_collection),
-            ("--quarantine-collection", &t.consumer.quarantine_collection),
-            ("--signal-collection", &self.signal_collection),
-            ("--state-collection", &self.state_collection),
-            ("--audit-collection", &self.audit.audit_collection),
-        ];
-        for (flag, value) in names {
-            if !valid_name(value) {
-                return Err(HandoffError::BadInput(format!(
-                    "{flag} must contain 1-63 letters, digits, underscores or hyphens and start with a letter"
-                )));
-            }
-        }
         // The source and the collections written here must all differ (the state may share the
         // signal collection: their documents' _ids differ in type).
         let written = [
@@ -94,8 +70,20 @@ impl BackfillArgs {
             ("--quarantine-collection", &t.consumer.quarantine_collection),
             ("--signal-collection", &self.signal_collection),
             ("--state-collection", &self.state_collection),
-            ("--audit-collection", &self.audit.audit_collection),
+            ("--audit-collection", &self.run.audit.audit_collection),
         ];
+        let names = [
+            ("--database", &t.database),
+            ("--collection", &t.collection),
+            ("--consumer-id", &t.consumer.consumer_id),
+        ];
+        for (flag, value) in names.into_iter().chain(written) {
+            if !valid_name(value) {
+                return Err(HandoffError::BadInput(format!(
+                    "{flag} must contain 1-63 letters, digits, underscores or hyphens and start with a letter"
+                )));
+            }
+        }
         for (flag, value) in written {
             if *value == t.collection {
                 return Err(HandoffError::BadInput(format!(
@@ -132,7 +120,7 @@ impl BackfillArgs {
             quarantine_collection: t.consumer.quarantine_collection.clone(),
             signal_collection: self.signal_collection.clone(),
             state_collection: self.state_collection.clone(),
-            audit_collection: self.audit.audit_collection.clone(),
+            audit_collection: self.run.audit.audit_collection.clone(),
             chunk_size: self.chunk_size,
             max_rate: self.max_rate.map(|r| r as f64),
             watermark_timeout: Duration::from_secs(self.watermark_timeout_seconds),
@@ -145,8 +133,8 @@ impl BackfillArgs {
 
 pub fn run(args: BackfillArgs) -> Result<()> {
     let options = args.options()?;
-    let deciding = args.deciding.load("backfill")?;
-    let connection = Connection::connect(&args.target.uri)?;
+    let deciding = args.run.deciding.load("backfill")?;
+    let connection = Connection::connect(&args.run.target.uri)?;
     let snapshots = deciding.snapshots(
         handoff::session::RunKind::Backfill,
         &options.consumer,
@@ -157,7 +145,7 @@ pub fn run(args: BackfillArgs) -> Result<()> {
     let outcome = Backfill::new(&connection, options, &snapshots).run();
     connection.close();
     let summary = outcome?;
-    if args.view.json {
+    if args.run.view.json {
         out!("{}", summary.to_json())
     } else {
         handoff::output::write_stdout(&summary.human())

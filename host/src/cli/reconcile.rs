@@ -2,7 +2,7 @@
 
 use clap::Args;
 
-use super::args::{AuditArgs, DecidingArgs, TargetArgs, ViewArgs, reason_text};
+use super::args::{SnapshotRunArgs, reason_text};
 use handoff::backend::mongo::Connection;
 use handoff::error::{HandoffError, Result};
 use handoff::operate::progress::Sink;
@@ -33,13 +33,7 @@ as correction records (run reconcile again to verify). Exit 3 means too many key
 ))]
 pub struct ReconcileArgs {
     #[command(flatten)]
-    pub target: TargetArgs,
-    #[command(flatten)]
-    pub audit: AuditArgs,
-    #[command(flatten)]
-    pub view: ViewArgs,
-    #[command(flatten)]
-    pub deciding: DecidingArgs,
+    pub run: SnapshotRunArgs,
     /// Keys listed per kind of difference (counts are always complete).
     #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(0..=100_000))]
     pub limit: u32,
@@ -74,9 +68,9 @@ pub struct ReconcileArgs {
 impl ReconcileArgs {
     /// The options, checked: nothing is read or written before they are.
     fn options(&self) -> Result<Options> {
-        let inputs = self.target.inputs()?;
-        self.target.one_collection("reconcile")?;
-        let audit = self.audit.collection(&inputs)?;
+        let inputs = self.run.target.inputs()?;
+        self.run.target.one_collection("reconcile")?;
+        let audit = self.run.audit.collection(&inputs)?;
         let since = self
             .since
             .as_deref()
@@ -121,8 +115,8 @@ pub fn run(args: ReconcileArgs) -> Result<()> {
     if let Some(path) = &args.html {
         Page::check_path(path)?;
     }
-    let deciding = args.deciding.load("reconcile")?;
-    let connection = Connection::connect(&args.target.uri)?;
+    let deciding = args.run.deciding.load("reconcile")?;
+    let connection = Connection::connect(&args.run.target.uri)?;
     let snapshots = deciding.snapshots(
         handoff::session::RunKind::Repair,
         &options.consumer,
@@ -134,7 +128,7 @@ pub fn run(args: ReconcileArgs) -> Result<()> {
     connection.close();
     let report = outcome?;
     // The HTML report is written whatever became of stdout.
-    let printed = if args.view.json {
+    let printed = if args.run.view.json {
         out!("{}", report.to_json())
     } else {
         handoff::output::write_stdout(&report.human())

@@ -19,6 +19,18 @@ pub fn record_token(record: &Document) -> Option<&Document> {
         .ok()
 }
 
+/// [`record_token`] of a record as the driver holds it.
+fn raw_record_token(record: &RawDocument) -> Option<&RawDocument> {
+    record
+        .get_document("token")
+        .or_else(|_| {
+            record
+                .get_document("event")
+                .and_then(|e| e.get_document("_id"))
+        })
+        .ok()
+}
+
 /// Whether two tokens name the same event: the same token, or the tokens of a whole event and of
 /// one of its fragments. A fragment's resume token is its event's with the fragment's number
 /// appended before the KeyString's closing byte, so the whole event's `_data` less its last byte
@@ -93,15 +105,7 @@ struct Identity {
 impl Identity {
     fn of(record: &RawDocument) -> Result<Identity, CommitError> {
         let id = record_id(record)?;
-        let token = record
-            .get_document("token")
-            .or_else(|_| {
-                record
-                    .get_document("event")
-                    .and_then(|e| e.get_document("_id"))
-            })
-            .ok()
-            .and_then(|t| Document::try_from(t).ok());
+        let token = raw_record_token(record).and_then(|t| Document::try_from(t).ok());
         let split = fragment_suffix(id).and_then(|_| raw_split(record));
         let text = |key| record.get_str(key).ok().map(str::to_string);
         Ok(Identity::new(
