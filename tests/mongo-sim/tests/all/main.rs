@@ -10,6 +10,7 @@ mod change_stream_images;
 mod change_stream_pipeline;
 mod change_stream_split;
 mod change_streams;
+mod command;
 mod crud;
 mod expanded_events;
 mod failpoints;
