@@ -10,7 +10,6 @@ use super::lease::Lease;
 mod records;
 pub use records::{
     Lookup, admit_events, decode_record, holds_fragments, lookups, record_id, record_ids,
-    record_token,
 };
 
 /// One atomic step: move the checkpoint from `expected` to `next`, insert the outbox and

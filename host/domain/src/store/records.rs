@@ -2,24 +2,12 @@
 //! the event's token, so that an event handed off whole and again in fragments (or the other
 //! way) is recognised as the one event it is.
 
-use bson::{Bson, Document, RawDocument, RawDocumentBuf};
+use bson::{Document, RawDocument, RawDocumentBuf};
 
 use super::{CommitError, same_token};
 
 /// The event token a record carries: its `token` field (quarantine and shaped outbox records),
 /// else its raw event's `_id` (the baseline's outbox record).
-pub fn record_token(record: &Document) -> Option<&Document> {
-    record
-        .get_document("token")
-        .or_else(|_| {
-            record
-                .get_document("event")
-                .and_then(|e| e.get_document("_id"))
-        })
-        .ok()
-}
-
-/// [`record_token`] of a record as the driver holds it.
 fn raw_record_token(record: &RawDocument) -> Option<&RawDocument> {
     record
         .get_document("token")
@@ -117,28 +105,10 @@ impl Identity {
         ))
     }
 
+    /// The identity of a record a store already holds (one it cannot read has none).
     fn of_stored(record: &Document) -> Option<Identity> {
-        let id = record.get_str("_id").ok()?;
-        let split = record
-            .get_document("event")
-            .and_then(|e| e.get_document("splitEvent"))
-            .ok()
-            .and_then(|s| {
-                let number = |key| match s.get(key) {
-                    Some(Bson::Int32(n)) => Some(i64::from(*n)),
-                    Some(Bson::Int64(n)) => Some(*n),
-                    _ => None,
-                };
-                Some((number("fragment")?, number("of")?))
-            });
-        let text = |key| record.get_str(key).ok().map(str::to_string);
-        Some(Identity::new(
-            id,
-            split,
-            record_token(record).cloned(),
-            text("consumer"),
-            text("source"),
-        ))
+        let raw = RawDocumentBuf::try_from(record).ok()?;
+        Identity::of(&raw).ok()
     }
 
     fn new(
