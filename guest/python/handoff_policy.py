@@ -653,6 +653,13 @@ if _PolicyExport is not None:
         INVALIDATED: _types.RunStatus.INVALIDATED,
     }
 
+    def _committed(commit, request):
+        """Calls the host's ``commit`` with ``request``; a refusal raises as the host worded it."""
+        try:
+            commit(request)
+        except _Err as e:
+            raise _failed(e) from None
+
     def _failed(error):
         # Every stream and commit error carries the host's message.
         return HostError(error.value.value)
@@ -731,17 +738,11 @@ if _PolicyExport is not None:
 
         def commit_batch(self, expected, next, mode, decisions):
             request = _types.BatchRequest(expected, next, _MODES[mode], [_event_decision(d) for d in decisions])
-            try:
-                _wit.commit_batch(request)
-            except _Err as e:
-                raise _failed(e) from None
+            _committed(_wit.commit_batch, request)
 
         def commit_records(self, expected, next, mode, decisions):
             request = _types.RecordsRequest(expected, next, _MODES[mode], [_record_decision(d) for d in decisions])
-            try:
-                _wit.commit_records(request)
-            except _Err as e:
-                raise _failed(e) from None
+            _committed(_wit.commit_records, request)
 
         def advance_watermark(self, expected, next):
             try:
