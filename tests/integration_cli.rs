@@ -159,6 +159,107 @@ fn completions_and_the_manual_page_cover_every_command() {
     assert_eq!(output.status.code(), Some(2));
 }
 
+/// Every page another page refers to (`handoff-run(1)`, `handoff-checkpoint-reset(1)`, …) is
+/// written by `man --dir`, and `man COMMAND…` prints that command's own page.
+#[test]
+fn every_command_has_a_manual_page_and_every_reference_exists() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let pages = dir.path().join("man1");
+    let output = handoff()
+        .args(["man", "--dir"])
+        .arg(&pages)
+        .output()
+        .expect("run handoff");
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let written: std::collections::BTreeSet<String> = std::fs::read_dir(&pages)
+        .expect("pages")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    for page in [
+        "handoff.1",
+        "handoff-run.1",
+        "handoff-status.1",
+        "handoff-checkpoint-reset.1",
+        "handoff-policy-test.1",
+        "handoff-reconcile.1",
+    ] {
+        assert!(written.contains(page), "{page} missing from {written:?}");
+    }
+    let mut references = 0;
+    for page in &written {
+        let text = std::fs::read_to_string(pages.join(page)).expect("page");
+        // A reference is a word `handoff\-…(1)` (roff escapes the hyphens).
+        for word in text.split_whitespace().filter(|w| w.ends_with("(1)")) {
+            let name = word.trim_end_matches("(1)").replace("\\-", "-");
+            if name.starts_with("handoff") {
+                let file = format!("{name}.1");
+                assert!(
+                    written.contains(&file),
+                    "{page} refers to {file}, which is not written"
+                );
+                references += 1;
+            }
+        }
+    }
+    assert!(references >= written.len() - 1, "{references} references");
+    let reset = text(&["man", "checkpoint", "reset"]);
+    assert!(reset.contains(".TH handoff-checkpoint-reset 1"), "{reset}");
+    assert!(reset.contains("\\-\\-to\\-time"), "{reset}");
+    let output = handoff().args(["man", "chekpoint"]).output().unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    assert!(
+        stderr(&output).contains("checkpoint"),
+        "{}",
+        stderr(&output)
+    );
+}
+
+/// A reader that stops reading (`| head -1`) ends the command as it would have ended, with no
+/// error: every command that prints is run with its stdout already closed.
+#[test]
+fn a_closed_stdout_is_a_normal_end() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let state = dir.path().join("state.redb");
+    let closed = |args: &[&std::ffi::OsStr]| {
+        let mut child = handoff()
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run handoff");
+        drop(child.stdout.take());
+        child.wait_with_output().expect("wait")
+    };
+    let fixture =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/demo.jsonl");
+    let commands: Vec<Vec<&std::ffi::OsStr>> = vec![
+        vec![
+            "replay".as_ref(),
+            fixture.as_os_str(),
+            "--state".as_ref(),
+            state.as_os_str(),
+        ],
+        vec!["inspect".as_ref(), "--state".as_ref(), state.as_os_str()],
+        vec!["man".as_ref()],
+        vec!["completions".as_ref(), "bash".as_ref()],
+    ];
+    for args in &commands {
+        let output = closed(args);
+        assert_eq!(
+            output.status.code(),
+            Some(0),
+            "{args:?}: {}",
+            stderr(&output)
+        );
+        let printed = stderr(&output);
+        assert!(!printed.contains("error"), "{args:?}: {printed}");
+        assert!(!printed.contains("panicked"), "{args:?}: {printed}");
+    }
+    // The replay committed although nobody read its outputs.
+    let listed = text(&["inspect", "--state", state.to_str().expect("UTF-8 path")]);
+    assert!(listed.lines().count() > 1, "{listed}");
+}
+
 /// The protocol lines of stdout, each parsed; panics on any other line.
 fn protocol_lines(stdout: &[u8]) -> Vec<Value> {
     String::from_utf8_lossy(stdout)

@@ -211,15 +211,37 @@ pub fn try_emit(format: &dyn Format, outputs: &RunOutputs) -> handoff_domain::er
     write_stdout(&text)
 }
 
-/// Writes `text` to stdout and flushes it. A closed pipe or a full device is the command's
-/// failure (`unavailable`), never a panic: `println!` would abort the process on either.
+/// Set once a write to stdout found its reader gone (a closed pipe, as `handoff inspect | head -1`
+/// leaves it): nothing more is written, and the command ends as it would have.
+static READER_GONE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether stdout's reader has gone: a command printing many lines stops there.
+pub fn reader_gone() -> bool {
+    READER_GONE.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Writes `text` to stdout and flushes it. A closed pipe is a reader that has read what it
+/// wanted: the rest is dropped and the command ends as it would have (a run with its own exit
+/// code). A full device or another write error is the command's failure (`unavailable`), never a
+/// panic: `println!` would abort the process on either.
 pub fn write_stdout(text: &str) -> handoff_domain::error::Result<()> {
     use std::io::Write;
+    if reader_gone() {
+        return Ok(());
+    }
     let mut stdout = std::io::stdout().lock();
-    stdout
+    match stdout
         .write_all(text.as_bytes())
         .and_then(|()| stdout.flush())
-        .map_err(stdout_failed)
+    {
+        Ok(()) => Ok(()),
+        Err(error) if error.kind() == std::io::ErrorKind::BrokenPipe => {
+            READER_GONE.store(true, std::sync::atomic::Ordering::Relaxed);
+            tracing::debug!("stdout's reader has gone: the rest of the output is dropped");
+            Ok(())
+        }
+        Err(error) => Err(stdout_failed(error)),
+    }
 }
 
 /// The failure of a command whose stdout cannot be written.

@@ -1,7 +1,6 @@
 //! `handoff inspect --state PATH`: the checkpoint, then every outbox record, then every
 //! quarantine record, each in commit order, as relaxed Extended JSON, one object per line.
 
-use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -58,15 +57,23 @@ pub fn run(args: InspectArgs) -> Result<()> {
     let dump = store
         .dump(&c.consumer_id)
         .map_err(|e| HandoffError::Unavailable(e.to_string()))?;
-    let mut out = std::io::stdout().lock();
+    // Written in pieces, so that a reader that has gone (`| head -1`) ends the listing early.
+    let mut text = String::new();
     for doc in dump
         .checkpoint
         .into_iter()
         .chain(dump.outbox)
         .chain(dump.quarantine)
     {
-        let line = Bson::Document(doc).into_relaxed_extjson();
-        writeln!(out, "{line}").map_err(handoff::output::stdout_failed)?;
+        text.push_str(&Bson::Document(doc).into_relaxed_extjson().to_string());
+        text.push('\n');
+        if text.len() >= 64 * 1024 {
+            handoff::output::write_stdout(&text)?;
+            text.clear();
+            if handoff::output::reader_gone() {
+                return Ok(());
+            }
+        }
     }
-    out.flush().map_err(handoff::output::stdout_failed)
+    handoff::output::write_stdout(&text)
 }

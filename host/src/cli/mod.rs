@@ -241,9 +241,22 @@ enum Command {
         /// The shell.
         shell: clap_complete::Shell,
     },
-    /// Prints the manual page (roff), e.g. `handoff man > /usr/local/share/man/man1/handoff.1`.
-    #[command(after_help = concat!("Example:\n  handoff man | man -l -\n\n", exit_codes!()))]
-    Man,
+    /// Prints a command's manual page (roff), or writes every page into a folder.
+    #[command(after_help = concat!(
+        "Example:\n",
+        "  handoff man | man -l -\n",
+        "  handoff man checkpoint reset | man -l -\n",
+        "  handoff man --dir /usr/local/share/man/man1\n\n",
+        exit_codes!()
+    ))]
+    Man {
+        /// The command whose page to print, e.g. `run` or `checkpoint reset` (none: handoff's own).
+        command: Vec<String>,
+        /// Write every page (handoff.1, handoff-run.1, handoff-checkpoint-reset.1, …) into this
+        /// folder instead, creating it when missing.
+        #[arg(long, conflicts_with = "command")]
+        dir: Option<std::path::PathBuf>,
+    },
 }
 
 /// The default log filter: warnings, and the progress of long operator commands.
@@ -411,14 +424,13 @@ pub fn main() -> ExitCode {
             let mut command = <Cli as clap::CommandFactory>::command().bin_name("handoff");
             command.build();
             // A closed pipe is an error to report, not a panic.
-            clap_complete::Generator::try_generate(&shell, &command, &mut std::io::stdout())
-                .map(|()| Outcome::Done)
+            let mut text = Vec::new();
+            clap_complete::Generator::try_generate(&shell, &command, &mut text)
                 .map_err(output::stdout_failed)
+                .and_then(|()| output::write_stdout(&String::from_utf8_lossy(&text)))
+                .map(|()| Outcome::Done)
         }
-        Command::Man => clap_mangen::Man::new(<Cli as clap::CommandFactory>::command())
-            .render(&mut std::io::stdout())
-            .map(|()| Outcome::Done)
-            .map_err(output::stdout_failed),
+        Command::Man { command, dir } => man(&command, dir.as_deref()).map(|()| Outcome::Done),
     };
     match result {
         Ok(Outcome::Done) => ExitCode::SUCCESS,
@@ -483,4 +495,58 @@ mod tests {
             assert!(current.starts_with("HANDOFF_"), "{current}");
         }
     }
+}
+
+/// The commands under `command` that have a manual page.
+fn documented(command: &clap::Command) -> impl Iterator<Item = &clap::Command> {
+    command.get_subcommands().filter(|s| !s.is_hide_set())
+}
+
+/// `handoff man`: one command's page on stdout, or every page into `dir`.
+fn man(path: &[String], dir: Option<&std::path::Path>) -> handoff::error::Result<()> {
+    // `help` has no page of its own: it prints the others.
+    fn without_help(command: clap::Command) -> clap::Command {
+        command
+            .disable_help_subcommand(true)
+            .mut_subcommands(without_help)
+    }
+    let mut command = without_help(<Cli as clap::CommandFactory>::command().bin_name("handoff"));
+    command.build();
+    if let Some(dir) = dir {
+        let failed = |e: std::io::Error| {
+            handoff::error::HandoffError::BadInput(format!(
+                "cannot write the manual pages into {}: {e}",
+                dir.display()
+            ))
+        };
+        std::fs::create_dir_all(dir).map_err(failed)?;
+        let mut pages = vec![command];
+        while let Some(page) = pages.pop() {
+            pages.extend(documented(&page).cloned());
+            clap_mangen::Man::new(page)
+                .generate_to(dir)
+                .map_err(failed)?;
+        }
+        return Ok(());
+    }
+    let mut page = &command;
+    for name in path {
+        page = match page.find_subcommand(name) {
+            Some(sub) => sub,
+            None => {
+                let known: Vec<&str> = documented(page).map(clap::Command::get_name).collect();
+                return Err(handoff::error::HandoffError::BadInput(format!(
+                    "{} has no command {}: its commands are {}",
+                    page.get_display_name().unwrap_or("handoff"),
+                    handoff::domain::text::escape_name(name, 64),
+                    known.join(", ")
+                )));
+            }
+        };
+    }
+    let mut text = Vec::new();
+    clap_mangen::Man::new(page.clone())
+        .render(&mut text)
+        .map_err(output::stdout_failed)?;
+    output::write_stdout(&String::from_utf8_lossy(&text))
 }
