@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 use bson::doc;
-use serde_json::Value;
+use serde_json::{Value, json};
 use support::live::Live;
 use support::*;
 
@@ -392,11 +392,13 @@ fn record_captures_live_traffic_that_replays_to_the_same_outbox() {
             "record",
             "--redact",
             "fullDocument.email",
+            "--redact",
+            "lines.email",
             "--max-wait-seconds",
             "2",
-            "--out",
+            "--case",
         ])
-        .arg(&recording)
+        .arg(s.path("recorded"))
         .env("MONGODB_URI", live.uri())
         .env("SOURCE_DATABASE", &live.db)
         .env("HANDOFF_LOG", "info")
@@ -425,6 +427,26 @@ fn record_captures_live_traffic_that_replays_to_the_same_outbox() {
             .update_one(doc! {"_id": 1}, doc! {"$set": {"qty": 2}})
             .await
             .unwrap();
+        // The address again, where an update carries it: a changed field, a dotted path into an
+        // array, a subdocument holding it.
+        orders
+            .update_one(doc! {"_id": 2}, doc! {"$set": {"email": "c@example.com"}})
+            .await
+            .unwrap();
+        orders
+            .update_one(
+                doc! {"_id": 2},
+                doc! {"$set": {"lines": [{"email": "d@example.com", "sku": "s1"}]}},
+            )
+            .await
+            .unwrap();
+        orders
+            .update_one(
+                doc! {"_id": 2},
+                doc! {"$set": {"lines.0.email": "e@example.com"}},
+            )
+            .await
+            .unwrap();
     });
     let status = child.wait().unwrap();
     assert!(status.success());
@@ -446,7 +468,7 @@ fn record_captures_live_traffic_that_replays_to_the_same_outbox() {
         .iter()
         .filter(|l| l.get("operationType").is_some())
         .collect();
-    assert_eq!(events.len(), 3);
+    assert_eq!(events.len(), 6);
     assert!(
         lines
             .iter()
@@ -459,10 +481,40 @@ fn record_captures_live_traffic_that_replays_to_the_same_outbox() {
     );
     assert_eq!(events[0]["fullDocument"]["email"], "<redacted>");
     assert_eq!(events[2]["fullDocument"]["qty"], 2);
+    assert_eq!(
+        events[3]["updateDescription"]["updatedFields"]["email"],
+        "<redacted>"
+    );
+    assert_eq!(
+        events[4]["updateDescription"]["updatedFields"]["lines"][0],
+        json!({"email": "<redacted>", "sku": "s1"})
+    );
+    assert_eq!(
+        events[5]["updateDescription"]["updatedFields"]["lines.0.email"],
+        "<redacted>"
+    );
 
-    // The recording is a fixture: replaying it hands off the recorded events with the live IDs.
-    let out = ok(&replay(&recording, &s.state(), &["--database", &live.db]));
-    assert_eq!(out["events_handed_off"], 3);
+    // The recording is a complete case: its expectations are the default policy's results.
+    let cases = s.path("recorded");
+    let case: Value =
+        serde_json::from_str(&std::fs::read_to_string(cases.join("case.json")).unwrap()).unwrap();
+    assert_eq!(case["runs"], 1, "{case}");
+    assert_eq!(case["expect"][0]["events_handed_off"], 6, "{case}");
+    assert!(stdout(&policy(&["test", cases.to_str().unwrap()])).contains("1 passed, 0 failed"));
+    // A second recording into the same case folder is refused before anything is recorded.
+    let again = handoff()
+        .args(["record", "--max-wait-seconds", "1", "--case"])
+        .arg(&cases)
+        .env("MONGODB_URI", live.uri())
+        .env("SOURCE_DATABASE", &live.db)
+        .output()
+        .unwrap();
+    refused(&again, 2, "holds a case already");
+
+    // The recording is a fixture: replaying it, with the database and collection it names,
+    // hands off the recorded events with the live IDs.
+    let out = ok(&replay(&recording, &s.state(), &[]));
+    assert_eq!(out["events_handed_off"], 6);
     let ids = outbox_ids(&inspect(&s.state()).1);
     let expected: Vec<String> = events
         .iter()
@@ -475,15 +527,13 @@ fn record_captures_live_traffic_that_replays_to_the_same_outbox() {
         })
         .collect();
     assert_eq!(ids, expected);
-    // And it can become a case.
-    std::fs::write(s.path("recorded/case.json"), "{\"runs\": 1}").unwrap();
-    let cases = s.path("recorded");
-    assert!(
-        policy(&["test", "--update", "--yes", cases.to_str().unwrap()])
-            .status
-            .success()
+    // A database named otherwise is refused: the recording names its own.
+    let other = replay(
+        &recording,
+        &s.path("other.redb"),
+        &["--database", "elsewhere"],
     );
-    assert!(stdout(&policy(&["test", cases.to_str().unwrap()])).contains("1 passed, 0 failed"));
+    fails(&other, 2, "recorded from");
 }
 
 #[test]

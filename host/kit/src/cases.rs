@@ -248,6 +248,33 @@ impl Case {
         })
     }
 
+    /// Makes `dir` (holding a recorded `stream.jsonl`) a complete case: a `case.json` with
+    /// `description`, one run, and the results of `policy` on the recording as its expectations.
+    /// An existing `case.json` is left alone (refused).
+    pub fn create(
+        dir: &Path,
+        description: &str,
+        runtime: &Runtime,
+        policy: &Policy,
+    ) -> Result<Case> {
+        let spec_path = dir.join("case.json");
+        if spec_path.exists() {
+            return Err(bad(
+                dir,
+                "case.json exists already: choose a new case folder",
+            ));
+        }
+        let spec = json!({ "description": description, "runs": 1 });
+        let text =
+            serde_json::to_string_pretty(&spec).map_err(|e| HandoffError::Internal(e.into()))?;
+        std::fs::write(&spec_path, text + "\n")
+            .map_err(|e| bad(dir, format!("cannot write case.json: {e}")))?;
+        let mut case = Case::load(dir)?;
+        let outcome = case.run(runtime, policy)?;
+        case.update(&outcome.actual)?;
+        Ok(case)
+    }
+
     /// Writes `actual` as the case's expectations.
     pub fn update(&mut self, actual: &[Value]) -> Result<()> {
         self.spec

@@ -7,5 +7,6 @@ pub mod cases;
 pub mod check;
 pub mod lang;
 pub mod record;
+pub mod redact;
 pub mod report;
 pub mod scaffold;

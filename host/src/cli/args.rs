@@ -67,12 +67,13 @@ impl ConsumerArgs {
 /// The baseline task's inputs, from flags or its environment variables (defaults: the flow's).
 #[derive(Args, Clone, Debug)]
 pub struct InputArgs {
-    /// Database of the watched collection and of the checkpoint and outbox collections.
-    #[arg(long, env = env::SOURCE_DATABASE, default_value = "change_demo")]
-    pub database: String,
-    /// The watched collection.
-    #[arg(long, env = env::SOURCE_COLLECTION, default_value = "orders")]
-    pub collection: String,
+    /// Database of the watched collection and of the checkpoint and outbox collections
+    /// [default: change_demo; replay: the recording's own].
+    #[arg(long, env = env::SOURCE_DATABASE)]
+    pub database: Option<String>,
+    /// The watched collection [default: orders; replay: the recording's own].
+    #[arg(long, env = env::SOURCE_COLLECTION)]
+    pub collection: Option<String>,
     #[command(flatten)]
     pub consumer: ConsumerArgs,
     /// Events per run, 1-500.
@@ -98,12 +99,26 @@ pub struct InputArgs {
     pub invalidate_marker: bool,
 }
 
+/// The flow's watched database and collection, where neither a flag nor a variable names one.
+pub const DEFAULT_DATABASE: &str = "change_demo";
+pub const DEFAULT_COLLECTION: &str = "orders";
+
 impl InputArgs {
+    /// Takes the database and collection a recording names (`db.coll` of its `$deployment` line)
+    /// where neither a flag nor a variable gave them.
+    pub fn default_source(&mut self, recorded: &str) {
+        if let Some((database, collection)) = recorded.split_once('.') {
+            self.database.get_or_insert_with(|| database.to_string());
+            self.collection
+                .get_or_insert_with(|| collection.to_string());
+        }
+    }
+
     pub fn validate(&self) -> Result<Inputs> {
         self.consumer
             .raw_inputs(
-                &self.database,
-                &self.collection,
+                self.database.as_deref().unwrap_or(DEFAULT_DATABASE),
+                self.collection.as_deref().unwrap_or(DEFAULT_COLLECTION),
                 &self.max_events,
                 &self.max_wait_seconds,
             )

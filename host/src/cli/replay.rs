@@ -36,11 +36,16 @@ pub struct ReplayArgs {
     pub output: super::OutputArgs,
 }
 
-pub fn run(args: ReplayArgs) -> Result<super::Outcome> {
-    super::run_reported(&args.output, &args.inputs.consumer.consumer_id, || {
+pub fn run(mut args: ReplayArgs) -> Result<super::Outcome> {
+    let consumer_id = args.inputs.consumer.consumer_id.clone();
+    let output = args.output.clone();
+    super::run_reported(&output, &consumer_id, || {
+        let fixture = Fixture::read(&args.fixture)?;
+        if let Some(deployment) = &fixture.deployment {
+            args.inputs.default_source(&deployment.source);
+        }
         let inputs = args.inputs.validate()?;
         let params = args.policy.params()?;
-        let fixture = Fixture::read(&args.fixture)?;
         let mut backends = Replay::new(
             fixture,
             args.state.clone(),
