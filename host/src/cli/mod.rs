@@ -49,6 +49,7 @@ mod backfill;
 mod checkpoint;
 pub mod env;
 mod inspect;
+mod man;
 mod policy;
 mod reconcile;
 mod record;
@@ -430,7 +431,7 @@ pub fn main() -> ExitCode {
                 .and_then(|()| output::write_stdout(&String::from_utf8_lossy(&text)))
                 .map(|()| Outcome::Done)
         }
-        Command::Man { command, dir } => man(&command, dir.as_deref()).map(|()| Outcome::Done),
+        Command::Man { command, dir } => man::run(&command, dir.as_deref()).map(|()| Outcome::Done),
     };
     match result {
         Ok(Outcome::Done) => ExitCode::SUCCESS,
@@ -495,58 +496,4 @@ mod tests {
             assert!(current.starts_with("HANDOFF_"), "{current}");
         }
     }
-}
-
-/// The commands under `command` that have a manual page.
-fn documented(command: &clap::Command) -> impl Iterator<Item = &clap::Command> {
-    command.get_subcommands().filter(|s| !s.is_hide_set())
-}
-
-/// `handoff man`: one command's page on stdout, or every page into `dir`.
-fn man(path: &[String], dir: Option<&std::path::Path>) -> handoff::error::Result<()> {
-    // `help` has no page of its own: it prints the others.
-    fn without_help(command: clap::Command) -> clap::Command {
-        command
-            .disable_help_subcommand(true)
-            .mut_subcommands(without_help)
-    }
-    let mut command = without_help(<Cli as clap::CommandFactory>::command().bin_name("handoff"));
-    command.build();
-    if let Some(dir) = dir {
-        let failed = |e: std::io::Error| {
-            handoff::error::HandoffError::BadInput(format!(
-                "cannot write the manual pages into {}: {e}",
-                dir.display()
-            ))
-        };
-        std::fs::create_dir_all(dir).map_err(failed)?;
-        let mut pages = vec![command];
-        while let Some(page) = pages.pop() {
-            pages.extend(documented(&page).cloned());
-            clap_mangen::Man::new(page)
-                .generate_to(dir)
-                .map_err(failed)?;
-        }
-        return Ok(());
-    }
-    let mut page = &command;
-    for name in path {
-        page = match page.find_subcommand(name) {
-            Some(sub) => sub,
-            None => {
-                let known: Vec<&str> = documented(page).map(clap::Command::get_name).collect();
-                return Err(handoff::error::HandoffError::BadInput(format!(
-                    "{} has no command {}: its commands are {}",
-                    page.get_display_name().unwrap_or("handoff"),
-                    handoff::domain::text::escape_name(name, 64),
-                    known.join(", ")
-                )));
-            }
-        };
-    }
-    let mut text = Vec::new();
-    clap_mangen::Man::new(page.clone())
-        .render(&mut text)
-        .map_err(output::stdout_failed)?;
-    output::write_stdout(&String::from_utf8_lossy(&text))
 }
