@@ -720,15 +720,49 @@ fn a_uri_the_driver_cannot_parse_gets_a_fixed_message_that_echoes_nothing_of_it(
             all.contains("error[bad_input]: MONGODB_URI is not a valid MongoDB connection string"),
             "{uri}: {all}"
         );
-        for fragment in [
-            secret,
-            "alice",
-            "AWS_SESSION_TOKEN",
+        for fragment in [secret, "alice", "AWS_SESSION_TOKEN"] {
+            assert!(!all.contains(fragment), "{uri}: {fragment} echoed: {all}");
+        }
+        // A known option the driver refuses is named (its value never is).
+        for option in [
+            "authMechanismProperties",
             "readPreference",
             "tlsCertificateKeyFilePassword",
         ] {
-            assert!(!all.contains(fragment), "{uri}: {fragment} echoed: {all}");
+            if uri.contains(&format!("{option}=")) {
+                assert!(
+                    all.contains(&format!("its option {option} is refused")),
+                    "{all}"
+                );
+            }
         }
     }
     assert_nothing_written(&live, &databases);
+}
+
+/// A URI the Python task takes runs here: the options PyMongo reads that change nothing here are
+/// set aside with one warning naming them.
+#[test]
+fn a_uri_with_options_only_pymongo_reads_runs_with_one_warning_naming_them() {
+    let live = Live::start();
+    let uri = format!(
+        "{}&uuidRepresentation=standard&connect=false&tz_aware=true&socketTimeoutMS=20000",
+        live.uri()
+    );
+    let output = run_with(&live, &[], &[("MONGODB_URI", &uri)]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let warnings: Vec<String> = stderr(&output)
+        .lines()
+        .filter(|l| l.contains("set aside"))
+        .map(str::to_string)
+        .collect();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    for name in [
+        "uuidRepresentation",
+        "connect",
+        "tz_aware",
+        "socketTimeoutMS",
+    ] {
+        assert!(warnings[0].contains(name), "{warnings:?}");
+    }
 }

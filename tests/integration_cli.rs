@@ -112,6 +112,9 @@ fn every_commands_help_shows_an_example_and_every_exit_code() {
             );
         }
         assert!(help.contains("130, 143"), "{command:?}");
+        let lost =
+            &help[help.find("\n  6 ").expect("exit code 6")..help.find("\n  7 ").expect("7")];
+        support::assert_recovery_order(lost, &format!("{command:?} --help"));
     }
 }
 
@@ -212,52 +215,6 @@ fn every_command_has_a_manual_page_and_every_reference_exists() {
         "{}",
         stderr(&output)
     );
-}
-
-/// A reader that stops reading (`| head -1`) ends the command as it would have ended, with no
-/// error: every command that prints is run with its stdout already closed.
-#[test]
-fn a_closed_stdout_is_a_normal_end() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let state = dir.path().join("state.redb");
-    let closed = |args: &[&std::ffi::OsStr]| {
-        let mut child = handoff()
-            .args(args)
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .expect("run handoff");
-        drop(child.stdout.take());
-        child.wait_with_output().expect("wait")
-    };
-    let fixture =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/demo.jsonl");
-    let commands: Vec<Vec<&std::ffi::OsStr>> = vec![
-        vec![
-            "replay".as_ref(),
-            fixture.as_os_str(),
-            "--state".as_ref(),
-            state.as_os_str(),
-        ],
-        vec!["inspect".as_ref(), "--state".as_ref(), state.as_os_str()],
-        vec!["man".as_ref()],
-        vec!["completions".as_ref(), "bash".as_ref()],
-    ];
-    for args in &commands {
-        let output = closed(args);
-        assert_eq!(
-            output.status.code(),
-            Some(0),
-            "{args:?}: {}",
-            stderr(&output)
-        );
-        let printed = stderr(&output);
-        assert!(!printed.contains("error"), "{args:?}: {printed}");
-        assert!(!printed.contains("panicked"), "{args:?}: {printed}");
-    }
-    // The replay committed although nobody read its outputs.
-    let listed = text(&["inspect", "--state", state.to_str().expect("UTF-8 path")]);
-    assert!(listed.lines().count() > 1, "{listed}");
 }
 
 /// The protocol lines of stdout, each parsed; panics on any other line.

@@ -212,7 +212,7 @@ fn lost_history_carries_evidence_and_an_audited_reset_recovers() {
     );
     let guidance = failed["guidance"].as_str().expect("guidance");
     assert!(
-        guidance.contains("Evidence: checkpoint at cluster time"),
+        guidance.contains(". Evidence: checkpoint at cluster time"),
         "{guidance}"
     );
     assert!(guidance.contains("Next: handoff status"), "{guidance}");

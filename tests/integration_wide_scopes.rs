@@ -24,6 +24,8 @@ fn operator(live: &Live, args: &[&str]) -> Output {
     support::handoff()
         .args(args)
         .env("MONGODB_URI", live.uri())
+        // A `run` among the commands ends after a second without events.
+        .env("MAX_WAIT_SECONDS", "1")
         .output()
         .expect("run handoff")
 }
@@ -437,6 +439,7 @@ fn the_evidence_of_a_deployment_consumer_names_commands_that_work() {
             format!("handoff status {flags}"),
             format!("handoff checkpoint reset {flags} --to now --reason '<why>' --dry-run"),
             format!("handoff checkpoint reset {flags} --to now --reason '<why>'"),
+            format!("handoff run {flags}"),
         ]
     );
     // Each works as given.

@@ -332,3 +332,16 @@ pub fn json_stdout(output: &Output) -> Value {
     assert_eq!(output.status.code(), Some(0), "stderr: {}", stderr(output));
     serde_json::from_slice(&output.stdout).expect("--json prints one JSON document")
 }
+
+/// Checks that `text` gives the recovery order after lost history as `handoff` gives it
+/// (`RECOVERY_STEPS`): every step, each after the one before (whitespace and line breaks aside).
+pub fn assert_recovery_order(text: &str, what: &str) {
+    let text = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    let mut at = 0;
+    for step in handoff::output::RECOVERY_STEPS {
+        match text[at..].find(step) {
+            Some(found) => at += found + step.len(),
+            None => panic!("{what} does not give `{step}` after the steps before it: {text}"),
+        }
+    }
+}

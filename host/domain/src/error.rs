@@ -84,6 +84,15 @@ pub enum HandoffError {
     Internal(#[from] anyhow::Error),
 }
 
+/// `message`, ended as a sentence, then `detail`: "Cannot resume. Evidence: …".
+pub fn sentences(message: &str, detail: &str) -> String {
+    let message = message.trim_end();
+    if message.is_empty() || message.ends_with(['.', '!', '?', ':']) {
+        format!("{message} {detail}")
+    } else {
+        format!("{message}. {detail}")
+    }
+}
 impl HandoffError {
     /// The store refused an operation for the URI's user (MongoDB's `Unauthorized`).
     pub fn unauthorized(detail: &str) -> HandoffError {
@@ -97,7 +106,7 @@ impl HandoffError {
     /// The same failure, its message followed by `detail` (evidence, next steps).
     pub fn with_detail(self, detail: &str) -> HandoffError {
         use HandoffError::*;
-        let add = |message: String| format!("{message} {detail}");
+        let add = |message: String| sentences(&message, detail);
         match self {
             BadInput(m) => BadInput(add(m)),
             Conflict(m) => Conflict(add(m)),
@@ -164,3 +173,23 @@ impl HandoffError {
 
 /// A result whose failure is one of the classes above.
 pub type Result<T, E = HandoffError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_detail_follows_a_whole_sentence() {
+        assert_eq!(
+            sentences("Cannot resume", "Evidence: x."),
+            "Cannot resume. Evidence: x."
+        );
+        assert_eq!(
+            sentences("Cannot resume. ", "Next: y."),
+            "Cannot resume. Next: y."
+        );
+        assert_eq!(sentences("Why?", "Next: y."), "Why? Next: y.");
+        let error = HandoffError::HistoryLost("gone".into()).with_detail("Evidence: z.");
+        assert_eq!(error.to_string(), "gone. Evidence: z.");
+    }
+}

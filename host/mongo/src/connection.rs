@@ -51,9 +51,6 @@ pub enum Pool {
 #[derive(Debug)]
 pub struct DeadlinePassed;
 
-/// The fixed message for a URI the driver cannot parse: it echoes nothing of the URI.
-pub const UNPARSABLE_URI: &str = "MONGODB_URI is not a valid MongoDB connection string";
-
 /// Says (once, without values) which of the URI's concerns are overridden.
 fn warn_about_overridden_concerns(parsed: &ConnectionString) {
     let mut ignored = Vec::new();
@@ -130,9 +127,19 @@ impl Connection {
                 "MONGODB_URI must be a MongoDB connection URI".into(),
             ));
         }
-        // The driver's own parse (no DNS): a URI it refuses is not echoed, not even in part.
-        let parsed = ConnectionString::parse(uri)
-            .map_err(|_| HandoffError::BadInput(UNPARSABLE_URI.into()))?;
+        // Options the Python task takes that change nothing here are set aside, with one warning.
+        let prepared = super::uri::prepare(uri);
+        if !prepared.set_aside.is_empty() {
+            tracing::warn!(
+                options = %prepared.set_aside.join(", "),
+                "MONGODB_URI options that have no effect here are set aside: handoff decodes \
+                 values, connects and times out on its own terms, and writes with majority"
+            );
+        }
+        // The driver's own parse (no DNS): a URI it refuses is not echoed, not even in part; a
+        // known option it refuses is named.
+        let parsed = ConnectionString::parse(&prepared.uri)
+            .map_err(|_| HandoffError::BadInput(super::uri::refusal(&prepared.uri)))?;
         let redactor = Redactor::for_connection_string(&parsed, uri);
         warn_about_overridden_concerns(&parsed);
         // The calling thread drives the driver itself: a worker thread would cost two thread

@@ -48,6 +48,7 @@ pub mod registry;
 mod source;
 mod store;
 pub mod transaction;
+pub mod uri;
 pub mod window;
 
 use std::time::Duration;
@@ -58,11 +59,12 @@ use mongodb::options::{
 };
 use mongodb::{Client, Database};
 
-pub use connection::{Connection, DeadlinePassed, Pool, UNPARSABLE_URI};
+pub use connection::{Connection, DeadlinePassed, Pool};
 pub use errors::OperationError;
 pub use redaction::Redactor;
 pub use source::MongoSource;
 pub use store::MongoStore;
+pub use uri::UNPARSABLE_URI;
 
 /// The change stream's await bound (`maxAwaitTimeMS`), as the baseline sets it.
 pub const MAX_AWAIT: Duration = Duration::from_secs(1);

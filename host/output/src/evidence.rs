@@ -12,6 +12,22 @@ use handoff_domain::deployment::{DEFAULT_CHECKPOINTS, DEFAULT_OUTBOX};
 use handoff_domain::error::HandoffError;
 use handoff_domain::position::{Position, iso};
 
+/// What to do once a consumer's saved position can no longer be read from (history lost, a
+/// token that cannot resume, a stream the server ended), in order. The one sequence the run's
+/// `next_commands`, `--help`, the README and the engine examples' alerts give: see how big the gap
+/// is, look at the move, move the checkpoint to now, hand off what comes after it, then repair
+/// through the policy the documents the gap left wrong and check that nothing differs any more.
+/// A consumer of a database or deployment stream stops after `run` (reconcile compares one
+/// collection).
+pub const RECOVERY_STEPS: [&str; 6] = [
+    "status",
+    "checkpoint reset --to now --dry-run",
+    "checkpoint reset --to now",
+    "run",
+    "reconcile --repair",
+    "reconcile",
+];
+
 /// A failed run's evidence.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Evidence {
@@ -41,20 +57,19 @@ impl Evidence {
             // it) works again once the checkpoint was moved.
             HandoffError::HistoryLost(_)
             | HandoffError::InvalidToken(_)
-            | HandoffError::StreamFatal(_)
-                if one_collection =>
-            {
-                vec![
-                    status,
-                    reset(" --dry-run"),
-                    reset(""),
-                    format!("handoff reconcile {target} --repair --reason '<why>'"),
-                    format!("handoff reconcile {target}"),
-                ]
-            }
-            HandoffError::HistoryLost(_)
-            | HandoffError::InvalidToken(_)
-            | HandoffError::StreamFatal(_) => vec![status, reset(" --dry-run"), reset("")],
+            | HandoffError::StreamFatal(_) => RECOVERY_STEPS
+                .iter()
+                .take(if one_collection { 6 } else { 4 })
+                .map(|step| match *step {
+                    "status" => status.clone(),
+                    "checkpoint reset --to now --dry-run" => reset(" --dry-run"),
+                    "checkpoint reset --to now" => reset(""),
+                    "reconcile --repair" => {
+                        format!("handoff reconcile {target} --repair --reason '<why>'")
+                    }
+                    other => format!("handoff {other} {target}"),
+                })
+                .collect(),
             HandoffError::Mismatch(_) => vec![status],
             HandoffError::Conflict(_) => vec![status],
             _ => return None,
@@ -222,7 +237,7 @@ mod tests {
         );
         let json = evidence.to_json();
         assert_eq!(json["estimated_gap_seconds"], 60);
-        assert_eq!(json["next_commands"].as_array().map(Vec::len), Some(5));
+        assert_eq!(json["next_commands"].as_array().map(Vec::len), Some(6));
     }
 
     #[test]
@@ -261,6 +276,7 @@ mod tests {
                     format!("handoff status {flags}"),
                     format!("handoff checkpoint reset {flags} --to now --reason '<why>' --dry-run"),
                     format!("handoff checkpoint reset {flags} --to now --reason '<why>'"),
+                    format!("handoff run {flags}"),
                 ]
             );
         }

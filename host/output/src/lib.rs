@@ -12,7 +12,7 @@ mod evidence;
 pub mod file;
 pub mod kestra;
 
-pub use evidence::{Evidence, target_flags};
+pub use evidence::{Evidence, RECOVERY_STEPS, target_flags};
 
 use serde_json::{Value, json};
 
@@ -93,7 +93,9 @@ impl RunOutputs {
             failed.collections.as_deref(),
         );
         let guidance = match &evidence {
-            Some(evidence) => format!("{error} {}", evidence.summary()),
+            Some(evidence) => {
+                handoff_domain::error::sentences(&error.to_string(), &evidence.summary())
+            }
             None => error.to_string(),
         };
         run.outputs

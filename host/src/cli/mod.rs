@@ -21,9 +21,11 @@ macro_rules! exit_codes {
   3    conflict: the checkpoint moved under the run, or the state is in use (retry)
   4    mismatch: the checkpoint belongs to another source or replica set
   5    malformed checkpoint
-  6    history lost: the saved token fell off the oplog (reconcile, then reset)
-  7    invalid token: the saved token cannot resume with its mode
-  8    stream fatal: the server ended the stream for good
+  6    history lost: the saved token fell off the oplog; recover in this order: status,
+       checkpoint reset --to now --dry-run, checkpoint reset --to now, run, reconcile --repair,
+       reconcile (the failed run's next_commands, ready to paste)
+  7    invalid token: the saved token cannot resume with its mode (recover as for 6)
+  8    stream fatal: the server ended the stream for good (recover as for 6)
   9    policy: the policy failed, broke a rule or is not a usable component
   10   unavailable: the deployment or the store cannot be reached, or stdout written (retry)
   11   authentication: the server refused the credentials
