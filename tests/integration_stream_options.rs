@@ -393,9 +393,19 @@ fn a_required_image_that_is_missing_stops_the_run_until_the_consumer_moves_on() 
             .update_one(doc! {"_id": 0}, doc! {"$set": {"qty": 1}}),
     )
     .unwrap();
-    // The collection keeps no images: the insert goes (it has no pre-image to require), the
-    // update has none.
+    // The collection keeps no images: the run says so at its start, reading nothing.
     let before = live.checkpoint_token();
+    let refused = live.run(&required);
+    let out = support::fails(&refused, 15, "does not record them");
+    assert!(support::stderr(&refused).contains("collMod"));
+    assert_eq!(out["events_handed_off"], 0);
+    assert_eq!(live.checkpoint_token(), before);
+    // Enabled now, the collection still holds no image of the update made before: that event
+    // stops the run, the insert before it (no pre-image to require) and the update both stay.
+    run_command(
+        &live,
+        doc! {"collMod": "orders", "changeStreamPreAndPostImages": {"enabled": true}},
+    );
     let failed = live.run(&required);
     let out = support::fails(&failed, 15, "Enable changeStreamPreAndPostImages");
     assert_eq!(out["error_class"], "image_missing");

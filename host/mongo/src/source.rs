@@ -113,7 +113,7 @@ impl MongoSource {
         let command = doc! {
             "listCollections": 1,
             "filter": { "name": &namespace.coll },
-            "nameOnly": true,
+            "nameOnly": false,
             "authorizedCollections": true,
         };
         let reply = self
@@ -136,14 +136,39 @@ impl MongoSource {
                 )));
             }
         };
-        let kind = reply
+        let spec = reply
             .get_document("cursor")
             .ok()
             .and_then(|c| c.get_array("firstBatch").ok())
             .and_then(|batch| batch.first())
-            .and_then(Bson::as_document)
+            .and_then(Bson::as_document);
+        let kind = spec
             .and_then(|spec| spec.get_str("type").ok())
             .unwrap_or("collection");
+        // A stream that requires images fails at its first update without them: say so now.
+        let requires = [
+            (self.config.full_document == FullDocument::Required).then_some("--full-document"),
+            (self.config.before_change == BeforeChange::Required)
+                .then_some("--full-document-before-change"),
+        ];
+        let recorded = spec
+            .and_then(|spec| spec.get_document("options").ok())
+            .and_then(|o| o.get_document("changeStreamPreAndPostImages").ok())
+            .and_then(|o| o.get_bool("enabled").ok())
+            .unwrap_or(false);
+        if let Some(flag) = requires.iter().flatten().next()
+            && spec.is_some()
+            && kind == "collection"
+            && !recorded
+        {
+            return Err(HandoffError::ImageMissing(format!(
+                "{flag} required needs the images MongoDB records only for a collection with \
+                 changeStreamPreAndPostImages enabled, and {namespace} does not record them: \
+                 enable it (db.runCommand({{collMod: \"{coll}\", changeStreamPreAndPostImages: \
+                 {{enabled: true}}}})) or choose whenAvailable. Nothing was read or written",
+                coll = namespace.coll
+            )));
+        }
         match kind {
             "view" => Err(HandoffError::BadInput(format!(
                 "{namespace} is a view: MongoDB opens no change stream on a view. Watch the \
