@@ -82,3 +82,32 @@ fn a_first_run_whose_first_commit_fails_loses_nothing() {
     assert_eq!(out["events_handed_off"], 2);
     assert_eq!(handed_off_documents(&live), vec![100, 101]);
 }
+
+/// A watched database or collection that does not exist is allowed (the stream waits for its
+/// first write) but named in a warning with the near names: a typo does not pass silently.
+#[test]
+fn a_watched_namespace_that_does_not_exist_is_warned_of_with_the_near_names() {
+    let live = Live::start();
+    live.insert(0..1);
+    let typo = format!("{}x", live.db);
+    let output = live.run(&["--database", &typo]);
+    support::ok(&output);
+    let err = support::stderr(&output);
+    assert!(
+        err.contains(&format!(
+            "the database {typo} does not exist; did you mean {}?",
+            live.db
+        )),
+        "{err}"
+    );
+    let output = live.run(&["--collection", "ordres"]);
+    support::ok(&output);
+    let err = support::stderr(&output);
+    assert!(
+        err.contains("does not exist; did you mean orders?"),
+        "{err}"
+    );
+    // The collection itself raises no warning.
+    let output = live.run(&[]);
+    assert!(!support::stderr(&output).contains("does not exist"));
+}

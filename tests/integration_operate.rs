@@ -122,16 +122,27 @@ fn status_reports_position_lag_margin_and_outbox_against_known_times() {
     assert!(page.contains("oplog margin") && !page.contains("<script"));
 }
 
+/// A consumer no checkpoint names is a typo or a consumer that never ran: `status` refuses it
+/// (exit 2) and names the near databases and consumers, rather than reading as healthy.
 #[test]
-fn status_of_a_consumer_that_never_ran_says_so_and_margin_is_unknown() {
+fn status_of_a_consumer_no_checkpoint_names_is_refused_with_the_near_names() {
     let d = sim(1_000);
+    let nothing = d.operator(&["status", "--json"]);
+    support::refused(&nothing, 2, "does not exist");
+    assert!(nothing.stdout.is_empty());
+    support::ok(&d.run(&[]));
+    let typo = d.operator(&["status", "--consumer-id", "orders-to-outbx"]);
+    support::refused(&typo, 2, &format!("did you mean {CONSUMER}?"));
+    let other = d.operator(&["status", "--consumer-id", "zzz"]);
+    support::refused(&other, 2, &format!("holds {CONSUMER}"));
+    let elsewhere = d.operator(&["status", "--checkpoint-collection", "checkpoint"]);
+    support::refused(&elsewhere, 2, "holds no consumer");
+    let database = format!("{}x", d.db);
+    let mistyped = d.operator(&["status", "--database", &database]);
+    support::refused(&mistyped, 2, &format!("did you mean {}?", d.db));
+    // The consumer itself is read.
     let status = support::json_stdout(&d.operator(&["status", "--json"]));
-    assert!(status["checkpoint"].is_null(), "{status}");
-    assert!(status["lag_seconds"].is_null());
-    assert_eq!(status["outbox"]["records"], 0);
-    let unknown = d.operator(&["status", "--min-margin", "1s"]);
-    assert_eq!(unknown.status.code(), Some(16));
-    assert!(support::stderr(&unknown).contains("unknown"));
+    assert_eq!(status["consumer"], CONSUMER);
     // Bad input is refused before anything is read.
     let bad = d.operator(&["status", "--consumer-id", "no spaces"]);
     assert_eq!(bad.status.code(), Some(2));

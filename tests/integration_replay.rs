@@ -145,6 +145,22 @@ fn the_environment_variables_of_the_baseline_are_read() {
     let text = String::from_utf8_lossy(&dump.stdout);
     assert!(text.contains("\"source\":\"shop.carts\""), "{text}");
     assert_eq!(text.lines().count(), 2);
+    // A consumer the store does not know is refused with the near names, not listed as empty.
+    let inspect_as = |consumer: &str, checkpoints: &str| {
+        handoff()
+            .args(["inspect", "--consumer-id", consumer])
+            .args(["--checkpoint-collection", checkpoints, "--state"])
+            .arg(s.state())
+            .output()
+            .unwrap()
+    };
+    refused(&inspect_as("carts-ot", "cp"), 2, "did you mean carts-out?");
+    refused(&inspect_as("zzz", "cp"), 2, "cp holds carts-out");
+    refused(
+        &inspect_as("carts-out", "checkpoints"),
+        2,
+        "checkpoints holds no consumer",
+    );
 }
 
 #[test]

@@ -165,6 +165,25 @@ impl RedbStore {
         })
     }
 
+    /// The consumers whose checkpoints the store holds, at most `limit` of them.
+    pub fn consumers(&self, limit: usize) -> Result<Vec<String>, HandoffError> {
+        let failed = |e: &dyn std::fmt::Display| {
+            HandoffError::Unavailable(format!("Cannot read the state store's consumers: {e}"))
+        };
+        let txn = self.db.begin_read().map_err(|e| failed(&e))?;
+        let table = match txn.open_table(self.checkpoint_table()) {
+            Ok(table) => table,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+            Err(e) => return Err(failed(&e)),
+        };
+        let mut names = Vec::new();
+        for entry in table.iter().map_err(|e| failed(&e))?.take(limit) {
+            let (key, _) = entry.map_err(|e| failed(&e))?;
+            names.push(key.value().to_string());
+        }
+        Ok(names)
+    }
+
     fn checkpoint_table(&self) -> DocTable<'_> {
         TableDefinition::new(&self.checkpoints)
     }

@@ -149,8 +149,54 @@ pub fn escape_name(name: &str, max_chars: usize) -> String {
     kept
 }
 
+/// The names of `known` close to `name` (a typo of one of them), closest first: what a refusal
+/// of an unknown name suggests.
+pub fn near_names<'a>(name: &str, known: impl IntoIterator<Item = &'a str>) -> Vec<&'a str> {
+    let wanted = name.to_lowercase();
+    let mut near: Vec<(f64, &str)> = known
+        .into_iter()
+        .filter(|k| *k != name)
+        .map(|k| (strsim::jaro_winkler(&wanted, &k.to_lowercase()), k))
+        .filter(|(score, _)| *score >= 0.85)
+        .collect();
+    near.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.cmp(b.1)));
+    near.into_iter().map(|(_, k)| k).take(3).collect()
+}
+
+/// `"; did you mean a or b?"` for the names near `name`, or `""`.
+pub fn did_you_mean<'a>(name: &str, known: impl IntoIterator<Item = &'a str>) -> String {
+    let near = near_names(name, known);
+    if near.is_empty() {
+        String::new()
+    } else {
+        format!("; did you mean {}?", near.join(" or "))
+    }
+}
+
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn near_names_are_the_typos_closest_first() {
+        let known = [
+            "orders-to-outbox",
+            "orders-to-search",
+            "billing",
+            "change_demo",
+        ];
+        assert_eq!(
+            near_names("orders-to-outbx", known),
+            ["orders-to-outbox", "orders-to-search"]
+        );
+        assert_eq!(near_names("chnage_demo", known), ["change_demo"]);
+        assert!(near_names("zzz", known).is_empty());
+        assert!(
+            near_names("billing", known).is_empty(),
+            "the name itself is not near"
+        );
+        assert_eq!(did_you_mean("biling", known), "; did you mean billing?");
+        assert_eq!(did_you_mean("zzz", known), "");
+    }
     use super::*;
 
     #[test]

@@ -31,6 +31,42 @@ pub async fn consumer_document(
         .map_err(connection.failed(what))
 }
 
+/// The consumers a state collection holds (their `_id`s, at most `limit`): what a refusal of an
+/// unknown consumer compares its name with.
+pub async fn consumer_ids(
+    connection: &Connection,
+    database: &str,
+    collection: &str,
+    limit: i64,
+) -> Result<Vec<String>, OperationError> {
+    use futures_util::TryStreamExt;
+    let documents: Vec<Document> = connection
+        .database(database)
+        .collection::<Document>(collection)
+        .find(doc! {})
+        .projection(doc! { "_id": 1 })
+        .limit(limit)
+        .await
+        .map_err(connection.failed("the consumers"))?
+        .try_collect()
+        .await
+        .map_err(connection.failed("the consumers"))?;
+    Ok(documents
+        .iter()
+        .filter_map(|d| d.get_str("_id").ok().map(str::to_string))
+        .collect())
+}
+
+/// The names of the deployment's databases the user may see (`None` when it may not list them).
+pub async fn database_names(connection: &Connection) -> Option<Vec<String>> {
+    connection
+        .client
+        .list_database_names()
+        .authorized_databases(true)
+        .await
+        .ok()
+}
+
 /// The server's estimate of how many documents `collection` holds (its metadata, no scan).
 pub async fn estimated_count(
     connection: &Connection,

@@ -20,6 +20,7 @@ use handoff_domain::config::{BeforeChange, FullDocument, Scope};
 use handoff_domain::error::{HandoffError, Result};
 use handoff_domain::state::{MAX_REGISTERED, REGISTRY, StateCollections, registered_names};
 use handoff_domain::stream::check_bson;
+use handoff_domain::text::did_you_mean;
 use handoff_domain::{
     ChangeSource, Collections, Deployment, ServerError, Start, StreamConfig, StreamError,
 };
@@ -142,6 +143,9 @@ impl MongoSource {
             .and_then(|c| c.get_array("firstBatch").ok())
             .and_then(|batch| batch.first())
             .and_then(Bson::as_document);
+        if spec.is_none() {
+            self.warn_missing(&namespace.db, &namespace.coll);
+        }
         let kind = spec
             .and_then(|spec| spec.get_str("type").ok())
             .unwrap_or("collection");
@@ -179,6 +183,46 @@ impl MongoSource {
                  time-series collections. Watch a regular collection instead"
             ))),
             _ => Ok(()),
+        }
+    }
+}
+
+impl MongoSource {
+    /// A watched collection that does not exist is legitimate (the stream waits for its first
+    /// write), but often a typo: a warning names the near databases or collections.
+    fn warn_missing(&self, database: &str, collection: &str) {
+        let connection = &self.connection;
+        let names = connection.bounded(async {
+            let databases = crate::operator::database_names(connection).await?;
+            if !databases.iter().any(|d| d == database) {
+                return Some((true, databases));
+            }
+            let collections = connection
+                .database(database)
+                .list_collection_names()
+                .await
+                .ok()?;
+            Some((false, collections))
+        });
+        let Ok(Some((database_missing, known))) = names else {
+            return;
+        };
+        let known = known.iter().map(String::as_str);
+        if database_missing {
+            let hint = did_you_mean(database, known);
+            tracing::warn!(
+                database,
+                "the database {database} does not exist{hint}: the run waits for its first write, \
+                 and the consumer's state creates it"
+            );
+        } else {
+            let hint = did_you_mean(collection, known);
+            tracing::warn!(
+                database,
+                collection,
+                "the collection {database}.{collection} does not exist{hint}: the run waits for \
+                 its first write"
+            );
         }
     }
 }

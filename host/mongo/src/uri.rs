@@ -158,23 +158,8 @@ pub fn refusal(uri: &str) -> String {
                  option that needs another; see MongoDB's connection string options)"
             );
         }
-        let near = KNOWN
-            .iter()
-            .chain(NO_EFFECT.iter())
-            .map(|k| {
-                (
-                    strsim::jaro_winkler(&k.to_lowercase(), &name.to_lowercase()),
-                    k,
-                )
-            })
-            .filter(|(score, _)| *score > 0.85)
-            .max_by(|a, b| a.0.total_cmp(&b.0));
-        return match near {
-            Some((_, k)) => {
-                format!("{UNPARSABLE_URI}: it has an option no driver knows; did you mean {k}?")
-            }
-            None => format!("{UNPARSABLE_URI}: it has an option no driver knows"),
-        };
+        let hint = handoff_domain::text::did_you_mean(name, KNOWN.iter().chain(NO_EFFECT).copied());
+        return format!("{UNPARSABLE_URI}: it has an option no driver knows{hint}");
     }
     format!("{UNPARSABLE_URI}: its options cannot be used together")
 }

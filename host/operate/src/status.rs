@@ -6,7 +6,7 @@ use serde_json::{Value, json};
 use handoff_domain::config::Scope;
 use handoff_domain::error::{HandoffError, Result};
 use handoff_domain::position::{Position, iso, time_json};
-use handoff_domain::text::escape_untrusted;
+use handoff_domain::text::{did_you_mean, escape_untrusted};
 use handoff_mongo::{Connection, OperationError, operator, window};
 
 /// How long each outbox figure may take.
@@ -47,6 +47,50 @@ pub struct Target<'a> {
     pub outbox: &'a str,
 }
 
+/// The refusal of a consumer no checkpoint names: the consumers and databases there are, the
+/// near ones suggested (a mistyped name should not read as a healthy consumer that never ran).
+pub async fn unknown_consumer(connection: &Connection, target: &Target<'_>) -> HandoffError {
+    let place = format!("{}.{}", target.database, target.checkpoints);
+    let consumer = escape_untrusted(target.consumer, 64);
+    let databases = operator::database_names(connection).await;
+    if let Some(databases) = databases.filter(|d| !d.iter().any(|n| n == target.database)) {
+        let hint = did_you_mean(target.database, databases.iter().map(String::as_str));
+        return HandoffError::BadInput(format!(
+            "no consumer {consumer}: the database {} does not exist{hint}",
+            escape_untrusted(target.database, 64)
+        ));
+    }
+    // Only names a consumer can have are shown: the collection may hold anything.
+    let known: Vec<String> =
+        operator::consumer_ids(connection, target.database, target.checkpoints, 1000)
+            .await
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|k| {
+                k.len() <= 64
+                    && k.chars()
+                        .all(|c| c.is_ascii_alphanumeric() || "-_".contains(c))
+            })
+            .collect();
+    let hint = match did_you_mean(target.consumer, known.iter().map(String::as_str)) {
+        hint if !hint.is_empty() => hint,
+        _ if known.is_empty() => format!("; {place} holds no consumer"),
+        _ => format!(
+            "; {place} holds {}",
+            known
+                .iter()
+                .take(10)
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    };
+    HandoffError::BadInput(format!(
+        "no consumer {consumer} in {place}: it has never run here, or its name or collections \
+         are mistyped{hint}"
+    ))
+}
+
 impl Status {
     /// Reads the checkpoint, the deployment's figures and the outbox's.
     pub fn read(connection: &Connection, target: &Target<'_>) -> Result<Status> {
@@ -60,6 +104,9 @@ impl Status {
             )
             .await
             .map_err(unavailable)?;
+            if stored.is_none() {
+                return Err(unknown_consumer(connection, target).await);
+            }
             let token = stored.as_ref().and_then(|s| s.get_document("token").ok());
             let position = window::position(connection, token).await;
             // The outbox figures scan the outbox: on a large one they are given up after

@@ -49,7 +49,7 @@ pub fn run(args: InspectArgs) -> Result<()> {
         )));
     }
     let collections = Collections {
-        checkpoints: c.checkpoint_collection,
+        checkpoints: c.checkpoint_collection.clone(),
         outbox: c.outbox_collection,
         quarantine: c.quarantine_collection,
     };
@@ -57,6 +57,32 @@ pub fn run(args: InspectArgs) -> Result<()> {
     let dump = store
         .dump(&c.consumer_id)
         .map_err(|e| HandoffError::Unavailable(e.to_string()))?;
+    // A consumer the store knows nothing of is a typo, not an empty listing.
+    if dump.checkpoint.is_none() && dump.outbox.is_empty() && dump.quarantine.is_empty() {
+        let known = store.consumers(1000)?;
+        let hint = match handoff::domain::text::did_you_mean(
+            &c.consumer_id,
+            known.iter().map(String::as_str),
+        ) {
+            hint if !hint.is_empty() => hint,
+            _ if known.is_empty() => format!("; {} holds no consumer", c.checkpoint_collection),
+            _ => format!(
+                "; {} holds {}",
+                c.checkpoint_collection,
+                known
+                    .iter()
+                    .take(10)
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        };
+        return Err(HandoffError::BadInput(format!(
+            "no consumer {} in {}{hint}",
+            c.consumer_id,
+            args.state.display()
+        )));
+    }
     // Written in pieces, so that a reader that has gone (`| head -1`) ends the listing early.
     let mut text = String::new();
     for doc in dump
