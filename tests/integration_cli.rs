@@ -93,6 +93,8 @@ fn every_commands_help_shows_an_example_and_every_exit_code() {
         &["policy", "export-default"],
         &["completions"],
         &["man"],
+        &["lease", "release"],
+        &["checkpoint", "reset"],
     ];
     let mut codes: Vec<u8> = every_class().iter().map(HandoffError::exit_code).collect();
     codes.extend([

@@ -242,3 +242,98 @@ fn statements_that_always_start_again_end_in_a_failure_not_a_loop() {
     );
     connection.close();
 }
+
+/// A run that died holding its lease: `status` names the holder, a reset is refused (its dry run
+/// says so), `lease release` gives the lease back with an audit record (only from the holder it
+/// names), and the next run and the reset go ahead at once.
+#[test]
+fn a_dead_runs_lease_is_released_by_an_audited_command() {
+    const AUDIT: &str = "kestra_change_audit";
+    let live = Live::start();
+    live.start_consumer();
+    live.insert(0..2);
+    held_elsewhere(&live);
+    let status = support::json_stdout(&live.operator(&["status", "--json"]));
+    assert_eq!(
+        status["checkpoint"]["lease"]["owner"], ELSEWHERE,
+        "{status}"
+    );
+
+    let reset = ["checkpoint", "reset", "--to", "now"];
+    let dry = live.operator(&[&reset[..], &["--dry-run", "--json"]].concat());
+    let dry = support::json_stdout(&dry);
+    let refused = dry["refused"]
+        .as_str()
+        .expect("the dry run says the reset is refused");
+    assert!(
+        refused.contains(ELSEWHERE) && refused.contains("lease release"),
+        "{dry}"
+    );
+    let human = live.operator(&[&reset[..], &["--dry-run"]].concat());
+    assert!(String::from_utf8_lossy(&human.stdout).contains("would be refused"));
+    support::refused(
+        &live.operator(&[&reset[..], &["--reason", "x"]].concat()),
+        3,
+        "lease release",
+    );
+
+    // Only the lease of the owner named is released; a reason is required.
+    let before = live.checkpoint().unwrap();
+    support::refused(
+        &live.operator(&[
+            "lease",
+            "release",
+            "--owner",
+            "handoff@other:1:1",
+            "--reason",
+            "r",
+        ]),
+        3,
+        "is held by handoff@elsewhere",
+    );
+    assert_eq!(live.operator(&["lease", "release"]).status.code(), Some(2));
+    assert_eq!(live.checkpoint().unwrap(), before);
+    assert!(live.records(AUDIT).is_empty());
+
+    let released = live.operator(&[
+        "lease",
+        "release",
+        "--owner",
+        ELSEWHERE,
+        "--reason",
+        "its pod was lost",
+        "--json",
+    ]);
+    let released = support::json_stdout(&released);
+    assert_eq!(released["released"]["owner"], ELSEWHERE, "{released}");
+    let after = live.checkpoint().unwrap();
+    assert!(
+        after.get("owner").is_none() && after.get("leaseUntil").is_none(),
+        "{after}"
+    );
+    assert_eq!(
+        after.get_i64("revision").unwrap(),
+        before.get_i64("revision").unwrap() + 1
+    );
+    assert_eq!(
+        after.get("token"),
+        before.get("token"),
+        "the position is untouched"
+    );
+    let audit = live.records(AUDIT);
+    assert_eq!(audit.len(), 1);
+    assert_eq!(audit[0].get_str("reason").unwrap(), "its pod was lost");
+    assert!(
+        audit[0]
+            .get_str("command")
+            .unwrap()
+            .starts_with("lease release")
+    );
+
+    // Nothing holds the consumer now: a second release writes nothing, the next run goes ahead.
+    let again =
+        support::json_stdout(&live.operator(&["lease", "release", "--reason", "r", "--json"]));
+    assert!(again["released"].is_null(), "{again}");
+    assert_eq!(live.records(AUDIT).len(), 1);
+    assert_eq!(support::ok(&live.run(&[]))["events_handed_off"], 2);
+}

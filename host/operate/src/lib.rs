@@ -21,6 +21,7 @@
 
 pub mod audit;
 pub mod backfill;
+pub mod lease;
 pub mod outbox_view;
 pub mod progress;
 pub mod reconcile;

@@ -73,6 +73,20 @@ impl Plan {
         Some(i64::from(self.to_time?.time) - i64::from(self.before.checkpoint?.time))
     }
 
+    /// Why applying the plan now would be refused: a run holds the consumer's lease.
+    pub fn refusal(&self) -> Option<String> {
+        let current = self.current.as_ref()?;
+        let until = current.get_datetime("leaseUntil").ok()?;
+        (*until > bson::DateTime::now()).then(|| {
+            format!(
+                "a run ({}) holds this consumer until {}: let it end or stop it before resetting; \
+                 if it died, `handoff lease release` gives its lease back",
+                escape_untrusted(current.get_str("owner").unwrap_or("unknown"), 128),
+                until.try_to_rfc3339_string().unwrap_or_default()
+            )
+        })
+    }
+
     fn previous_json(&self) -> Value {
         match &self.current {
             None => json!(null),
@@ -96,6 +110,7 @@ impl Plan {
             },
             "gap_seconds": self.gap_seconds(),
             "before": self.before.to_json(),
+            "refused": self.refusal(),
         })
     }
 
@@ -133,6 +148,11 @@ impl Plan {
                 format!("{} at {}", self.to_mode.as_str(), time(self.to_time)),
             ),
             ("gap", gap),
+            (
+                "refused",
+                self.refusal()
+                    .unwrap_or_else(|| "no: nothing holds the consumer".into()),
+            ),
         ]
     }
 }
@@ -311,14 +331,8 @@ pub fn apply(
             "--reason must say why the checkpoint moves".into(),
         ));
     }
-    if let Some(current) = &plan.current
-        && let Ok(until) = current.get_datetime("leaseUntil")
-        && *until > bson::DateTime::now()
-    {
-        return Err(HandoffError::Conflict(format!(
-            "a run holds this consumer until {}: let it end (or stop it) before resetting",
-            until.try_to_rfc3339_string().unwrap_or_default()
-        )));
+    if let Some(refusal) = plan.refusal() {
+        return Err(HandoffError::Conflict(refusal));
     }
     let entry = AuditEntry {
         consumer: plan.consumer.clone(),

@@ -16,7 +16,7 @@ pub enum CheckpointCommand {
     #[command(after_help = concat!(
         "Skipping history loses the changes in it: look first (`handoff status`, `--dry-run`), and\n",
         "reconcile after (`handoff reconcile --repair`).\n\n",
-        "Examples:\n",
+        "Example:\n",
         "  handoff checkpoint reset --consumer-id orders-to-outbox --to now --reason 'history lost, INC-42' --dry-run\n",
         "  handoff checkpoint reset --consumer-id orders-to-outbox --to-time 2026-11-30T08:00:00Z --reason 'replay the morning'\n\n",
         exit_codes!(),
@@ -138,7 +138,9 @@ fn reset_checkpoint(args: ResetArgs) -> Result<()> {
         out!(
             "{:<10} {}",
             "result",
-            if args.dry_run {
+            if args.dry_run && plan.refusal().is_some() {
+                "dry run: nothing written; the reset would be refused now (see refused)"
+            } else if args.dry_run {
                 "dry run: nothing written"
             } else {
                 "checkpoint moved; audit record written"

@@ -51,12 +51,14 @@ mod backfill;
 mod checkpoint;
 pub mod env;
 mod inspect;
+mod lease;
 mod man;
 mod policy;
 mod reconcile;
 mod record;
 mod refused;
 mod replay;
+mod reported;
 mod run;
 mod status;
 
@@ -64,15 +66,15 @@ use std::io::Write as _;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+pub use reported::{OutputArgs, run_reported};
 
 use handoff::domain::StopSignal;
-use handoff::domain::text::{escape_name, escape_untrusted};
+use handoff::domain::text::escape_untrusted;
 use handoff::error::HandoffError;
-use handoff::output::file::OutputsFile;
 use handoff::output::kestra::{Kestra, KestraLogs};
 use handoff::output::{self, RunOutputs};
+use handoff::run::FailedRun;
 use handoff::run::watchdog;
-use handoff::run::{FailedRun, Finished};
 use handoff::runtime::{Limits, PROCESS_START};
 
 /// How a command ended when it did not fail.
@@ -80,80 +82,6 @@ pub enum Outcome {
     Done,
     /// A run was stopped by a signal after its last commit.
     Stopped,
-}
-
-/// Where a run's outputs go besides stdout.
-#[derive(clap::Args, Clone, Debug)]
-pub struct OutputArgs {
-    /// Also write the run's outputs as one JSON object to this file, atomically, on success and
-    /// on failure (for engines that read a file: Argo Workflows, Airflow, GitHub Actions).
-    #[arg(long, env = env::OUTPUTS_FILE, value_name = "PATH")]
-    pub outputs_file: Option<std::path::PathBuf>,
-}
-
-/// Runs a command that makes a run and reports it: the outputs of a finished run (also of a
-/// stopped one: its commits stand), or of a failed one (its class, exit code, what it committed
-/// and what to do next), on stdout and in the outputs file, before the process exits.
-fn run_reported(
-    output: &OutputArgs,
-    consumer_id: &str,
-    body: impl FnOnce() -> Result<Finished, FailedRun>,
-) -> handoff::error::Result<Outcome> {
-    let consumer_id = escape_name(consumer_id, 64);
-    let file = match output
-        .outputs_file
-        .as_deref()
-        .map(OutputsFile::new)
-        .transpose()
-    {
-        Ok(file) => file,
-        Err(error) => {
-            let failed = FailedRun::before_run(error);
-            output::emit(&Kestra, &RunOutputs::failed(&failed, &consumer_id));
-            return Err(failed.failed.error);
-        }
-    };
-    match body() {
-        Ok(finished) => {
-            let outputs = RunOutputs::of(&finished);
-            // The outputs file is written whatever became of stdout.
-            let printed = output::try_emit(&Kestra, &outputs);
-            if let Some(file) = &file {
-                file.write(&outputs)?;
-            }
-            printed?;
-            Ok(if finished.summary.stopped {
-                Outcome::Stopped
-            } else {
-                Outcome::Done
-            })
-        }
-        Err(failed) => {
-            let outputs = RunOutputs::failed(&failed, &consumer_id);
-            // The run's own failure is the one to report, whatever became of stdout.
-            if let Err(error) = output::try_emit(&Kestra, &outputs) {
-                tracing::error!(%error, "the outputs of the failed run could not be printed");
-            }
-            if let Some(file) = &file
-                && let Err(error) = file.write(&outputs)
-            {
-                tracing::error!(%error, "the outputs of the failed run could not be written");
-            }
-            // The error line carries the evidence too (a log collector may keep only stderr).
-            let evidence = output::Evidence::of(
-                &failed.failed.error,
-                failed.position.as_deref(),
-                &consumer_id,
-                failed.source.as_ref(),
-                failed.collections.as_deref(),
-            );
-            let error = failed.failed.error;
-            Err(match evidence {
-                Some(evidence) => error.with_detail(&evidence.summary()),
-                None => error,
-            })
-        }
-    }
 }
 
 /// Whether the command line asks for a run (`run` or `replay`), whose failures report outputs.
@@ -234,6 +162,9 @@ enum Command {
     /// Audited changes to a consumer's checkpoint.
     #[command(subcommand)]
     Checkpoint(checkpoint::CheckpointCommand),
+    /// Audited changes to a consumer's lease.
+    #[command(subcommand)]
+    Lease(lease::LeaseCommand),
     /// Hands off the watched collection's existing documents beside the live stream (audited).
     Backfill(backfill::BackfillArgs),
     /// Compares the watched collection with what the outbox says each document is.
@@ -420,6 +351,7 @@ pub fn main() -> ExitCode {
         Command::Policy(command) => policy::run(command).map(|()| Outcome::Done),
         Command::Record(args) => record::run(args).map(|()| Outcome::Done),
         Command::Status(args) => status::run(args).map(|()| Outcome::Done),
+        Command::Lease(command) => lease::run(command).map(|()| Outcome::Done),
         Command::Checkpoint(command) => checkpoint::run(command).map(|()| Outcome::Done),
         Command::Backfill(args) => backfill::run(args).map(|()| Outcome::Done),
         Command::Reconcile(args) => reconcile::run(args).map(|()| Outcome::Done),
