@@ -135,40 +135,258 @@ fn argo_output(value_from: &Value, step: &str, param: &str, value: &str) -> Stri
     }
 }
 
-/// Whether Argo retries an attempt of a template with this `retryStrategy` that exited with `code`.
-/// A non-zero exit makes a Failed node; `retryPolicy` OnFailure or Always retries a Failed node
-/// (OnError and OnTransientError do not); then `expression` must hold, with `lastRetry.exitCode`
-/// the exit code as a string (Argo's retry scope). The expression is read as expr's
-/// `lastRetry.exitCode in [...]` over string literals, the form the template uses; any other form
-/// fails the check.
-fn argo_retries(strategy: &Value, code: i32) -> bool {
-    if code == 0 {
-        return false;
-    }
-    let policy = strategy["retryPolicy"].as_str().unwrap_or("OnFailure");
-    if !matches!(policy, "OnFailure" | "Always") {
-        return false;
-    }
-    let Some(expression) = strategy["expression"].as_str() else {
-        return true;
+/// How an attempt of the retried template ended, as Argo's retry scope sees it: the node's phase
+/// (`Failed`: the main container exited non-zero; `Error`: the pod was deleted or lost, or an init
+/// or wait container failed), `lastRetry.exitCode` (the main container's exit code as a string;
+/// "-1" in Argo's documentation, "0" in its controller, when there is none) and the node's message.
+struct Attempt<'a> {
+    phase: &'a str,
+    exit_code: &'a str,
+    message: &'a str,
+}
+
+/// Whether Argo retries the template after `attempt` (the retry limit aside): `retryPolicy` —
+/// Always retries Failed and Error nodes, OnFailure only Failed ones, OnError only Error ones; when
+/// none is given, Always with an expression (3.5 and later), else OnFailure — and then
+/// `expression`, evaluated as expr evaluates it over the retry scope.
+fn argo_retries(strategy: &Value, attempt: &Attempt) -> bool {
+    let expression = strategy["expression"].as_str();
+    let policy = strategy["retryPolicy"]
+        .as_str()
+        .unwrap_or(if expression.is_some() {
+            "Always"
+        } else {
+            "OnFailure"
+        });
+    let by_policy = match (policy, attempt.phase) {
+        ("Always", "Failed" | "Error") => true,
+        ("OnFailure", "Failed") | ("OnError", "Error") => true,
+        ("Always" | "OnFailure" | "OnError", _) => false,
+        (other, _) => panic!("a retryPolicy this check does not evaluate: {other}"),
     };
-    let list = expression
-        .trim()
-        .strip_prefix("lastRetry.exitCode in [")
-        .and_then(|e| e.strip_suffix(']'))
-        .unwrap_or_else(|| panic!("an expression this check cannot evaluate: {expression}"));
-    let accepted: Vec<String> = list
-        .split(',')
-        .map(|item| {
-            let item = item.trim();
-            item.strip_prefix('\'')
-                .and_then(|i| i.strip_suffix('\''))
-                .or_else(|| item.strip_prefix('"').and_then(|i| i.strip_suffix('"')))
-                .unwrap_or_else(|| panic!("not a string literal: {item} (exitCode is a string)"))
-                .to_string()
-        })
-        .collect();
-    accepted.contains(&code.to_string())
+    let Some(expression) = expression else {
+        return by_policy;
+    };
+    let scope = BTreeMap::from([
+        ("lastRetry.status", attempt.phase),
+        ("lastRetry.exitCode", attempt.exit_code),
+        ("lastRetry.message", attempt.message),
+        ("lastRetry.duration", "12.5"),
+    ]);
+    by_policy && expr_eval(expression, &scope)
+}
+
+/// A value of the expr language, as far as retry expressions use it.
+#[derive(Clone, Debug, PartialEq)]
+enum ExprValue {
+    Str(String),
+    Int(i64),
+    Bool(bool),
+    List(Vec<ExprValue>),
+}
+
+/// Evaluates an expr-language (github.com/expr-lang/expr) boolean expression over string
+/// variables: string and integer literals (a string never equals a number), variables, lists, `==`, `!=`, `in`, `not in`, `!`, `&&`/`and`,
+/// `||`/`or` and parentheses, with expr's precedence (`||` below `&&` below comparisons). Anything
+/// else fails the check.
+fn expr_eval(expression: &str, scope: &BTreeMap<&str, &str>) -> bool {
+    let tokens = expr_tokens(expression);
+    let mut position = 0;
+    let value = expr_or(&tokens, &mut position, scope);
+    assert_eq!(
+        position,
+        tokens.len(),
+        "unparsed: {:?}",
+        &tokens[position..]
+    );
+    match value {
+        ExprValue::Bool(b) => b,
+        other => panic!("not a boolean: {other:?} from {expression}"),
+    }
+}
+
+fn expr_tokens(text: &str) -> Vec<String> {
+    let mut tokens = Vec::new();
+    let chars: Vec<char> = text.chars().collect();
+    let mut i = 0;
+    while i < chars.len() {
+        let c = chars[i];
+        if c.is_whitespace() {
+            i += 1;
+        } else if c == '\'' || c == '"' {
+            let end = chars[i + 1..]
+                .iter()
+                .position(|&d| d == c)
+                .expect("a closed string")
+                + i
+                + 1;
+            tokens.push(chars[i..=end].iter().collect());
+            i = end + 1;
+        } else if "[](),".contains(c) {
+            tokens.push(c.to_string());
+            i += 1;
+        } else if i + 1 < chars.len()
+            && ["==", "!=", "||", "&&"].contains(&&*format!("{c}{}", chars[i + 1]))
+        {
+            tokens.push(format!("{c}{}", chars[i + 1]));
+            i += 2;
+        } else if c == '!' {
+            tokens.push("!".into());
+            i += 1;
+        } else if c.is_alphanumeric() || c == '_' || c == '.' || c == '-' {
+            let start = i;
+            while i < chars.len() && (chars[i].is_alphanumeric() || "_.-".contains(chars[i])) {
+                i += 1;
+            }
+            tokens.push(chars[start..i].iter().collect());
+        } else {
+            panic!("a character this check cannot read: {c:?} in {text}");
+        }
+    }
+    tokens
+}
+
+fn expr_or(tokens: &[String], at: &mut usize, scope: &BTreeMap<&str, &str>) -> ExprValue {
+    let mut value = expr_and(tokens, at, scope);
+    while *at < tokens.len() && (tokens[*at] == "||" || tokens[*at] == "or") {
+        *at += 1;
+        let right = expr_and(tokens, at, scope);
+        value = ExprValue::Bool(expr_bool(&value) || expr_bool(&right));
+    }
+    value
+}
+
+fn expr_and(tokens: &[String], at: &mut usize, scope: &BTreeMap<&str, &str>) -> ExprValue {
+    let mut value = expr_comparison(tokens, at, scope);
+    while *at < tokens.len() && (tokens[*at] == "&&" || tokens[*at] == "and") {
+        *at += 1;
+        let right = expr_comparison(tokens, at, scope);
+        value = ExprValue::Bool(expr_bool(&value) && expr_bool(&right));
+    }
+    value
+}
+
+fn expr_comparison(tokens: &[String], at: &mut usize, scope: &BTreeMap<&str, &str>) -> ExprValue {
+    let left = expr_unary(tokens, at, scope);
+    let Some(operator) = tokens.get(*at) else {
+        return left;
+    };
+    let negated_in = operator == "not" && tokens.get(*at + 1).is_some_and(|t| t == "in");
+    match operator.as_str() {
+        "==" | "!=" => {
+            *at += 1;
+            let right = expr_unary(tokens, at, scope);
+            ExprValue::Bool((left == right) == (operator == "=="))
+        }
+        "in" => {
+            *at += 1;
+            let ExprValue::List(items) = expr_unary(tokens, at, scope) else {
+                panic!("`in` takes a list");
+            };
+            ExprValue::Bool(items.contains(&left))
+        }
+        _ if negated_in => {
+            *at += 2;
+            let ExprValue::List(items) = expr_unary(tokens, at, scope) else {
+                panic!("`not in` takes a list");
+            };
+            ExprValue::Bool(!items.contains(&left))
+        }
+        _ => left,
+    }
+}
+
+fn expr_unary(tokens: &[String], at: &mut usize, scope: &BTreeMap<&str, &str>) -> ExprValue {
+    let token = tokens.get(*at).expect("an operand").clone();
+    *at += 1;
+    match token.as_str() {
+        "!" | "not" => ExprValue::Bool(!expr_bool(&expr_unary(tokens, at, scope))),
+        "(" => {
+            let value = expr_or(tokens, at, scope);
+            assert_eq!(tokens[*at], ")");
+            *at += 1;
+            value
+        }
+        "[" => {
+            let mut items = Vec::new();
+            while tokens[*at] != "]" {
+                items.push(expr_or(tokens, at, scope));
+                if tokens[*at] == "," {
+                    *at += 1;
+                }
+            }
+            *at += 1;
+            ExprValue::List(items)
+        }
+        "true" | "false" => ExprValue::Bool(token == "true"),
+        t if t.parse::<i64>().is_ok() => ExprValue::Int(t.parse().unwrap()),
+        t if t.starts_with('\'') || t.starts_with('"') => {
+            ExprValue::Str(t[1..t.len() - 1].to_string())
+        }
+        name => ExprValue::Str(
+            scope
+                .get(name)
+                .unwrap_or_else(|| panic!("a variable the retry scope does not have: {name}"))
+                .to_string(),
+        ),
+    }
+}
+
+fn expr_bool(value: &ExprValue) -> bool {
+    match value {
+        ExprValue::Bool(b) => *b,
+        other => panic!("not a boolean: {other:?}"),
+    }
+}
+
+/// An Argo duration (`"30"` seconds, `"30s"`, `"2m"`, `"1h"`), in seconds.
+fn argo_seconds(text: &str) -> u64 {
+    let (number, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => text.split_at(i),
+        None => (text, "s"),
+    };
+    let number: u64 = number.parse().unwrap();
+    match unit {
+        "s" => number,
+        "m" => number * 60,
+        "h" => number * 3600,
+        _ => panic!("a duration this check cannot read: {text}"),
+    }
+}
+
+/// The waits between the attempts, in seconds, as Argo's controller computes them: before retry n
+/// (from 1) `duration × factor^(n-1)`, at most `cap`; `maxDuration` is no cap on a wait but the
+/// budget of the attempts and waits together, from the first attempt's start — with each attempt
+/// taking `attempt` seconds, a retry whose wait would end past it is not made.
+fn argo_waits(strategy: &Value, attempt: u64) -> Vec<u64> {
+    let limit: u64 = strategy["limit"]
+        .as_str()
+        .map(|l| l.parse().unwrap())
+        .or(strategy["limit"].as_u64())
+        .expect("a limit");
+    let backoff = &strategy["backoff"];
+    let duration = argo_seconds(backoff["duration"].as_str().expect("a backoff duration"));
+    let factor: u64 = match &backoff["factor"] {
+        Value::String(f) => f.parse().unwrap(),
+        Value::Number(f) => f.as_u64().unwrap(),
+        _ => 1,
+    };
+    let cap = backoff["cap"].as_str().map(argo_seconds);
+    let budget = backoff["maxDuration"].as_str().map(argo_seconds);
+    let mut waits = Vec::new();
+    let mut elapsed = attempt;
+    for n in 1..=limit {
+        let mut wait = duration * factor.pow(n as u32 - 1);
+        if let Some(cap) = cap {
+            wait = wait.min(cap);
+        }
+        if budget.is_some_and(|budget| elapsed + wait > budget) {
+            break;
+        }
+        waits.push(wait);
+        elapsed += wait + attempt;
+    }
+    waits
 }
 
 #[test]
@@ -238,22 +456,89 @@ fn argo_workflow_template_hands_off_and_retries_only_what_a_later_attempt_can_fi
     assert!(uri_var["value"].is_null());
     assert!(uri_var["valueFrom"]["secretKeyRef"]["name"].is_string());
 
-    // The retry strategy: a limit, a backoff, and only the retryable codes retried.
+    // The retry strategy: only the retryable codes of handoff retried, and every failure of the
+    // pod rather than of handoff.
     let strategy = &run["retryStrategy"];
-    let limit: u32 = strategy["limit"]
-        .as_str()
-        .map(|l| l.parse().unwrap())
-        .or(strategy["limit"].as_u64().map(|l| l as u32))
-        .expect("a limit");
-    assert!(limit >= 1);
-    assert!(strategy["backoff"]["duration"].is_string());
     for code in documented_exit_codes() {
+        let exit_code = code.to_string();
+        let attempt = Attempt {
+            phase: if code == 0 { "Succeeded" } else { "Failed" },
+            exit_code: &exit_code,
+            message: "",
+        };
         assert_eq!(
-            argo_retries(strategy, code),
+            code != 0 && argo_retries(strategy, &attempt),
             retryable(code),
             "exit code {code}"
         );
     }
+    let pod_failures = [
+        // The pod deleted (a node drained, `kubectl delete pod`): no exit code, or handoff's own
+        // after the SIGTERM the deletion sends.
+        ("Error", "-1", "pod deleted"),
+        ("Error", "0", "pod deleted"),
+        ("Error", "12", "pod deleted"),
+        // Out of memory: the kernel's SIGKILL.
+        ("Failed", "137", "OOMKilled (exit code 137)"),
+        // Evicted: killed, or failed before handoff started.
+        (
+            "Failed",
+            "137",
+            "The node was low on resource: memory. Threshold quantity: 100Mi, available: 80Mi.",
+        ),
+        (
+            "Failed",
+            "0",
+            "The node was low on resource: ephemeral-storage. Container main was using 1Gi.",
+        ),
+        // The pod failed before its main container started (an image pull, an init container).
+        (
+            "Error",
+            "0",
+            "Pod failed before main container starts due to ErrImagePull",
+        ),
+    ];
+    for (phase, exit_code, message) in pod_failures {
+        let attempt = Attempt {
+            phase,
+            exit_code,
+            message,
+        };
+        assert!(
+            argo_retries(strategy, &attempt),
+            "not retried: {phase} {exit_code} {message}"
+        );
+    }
+    // A second signal (the engine stopping the task) is not retried.
+    for code in ["130", "143"] {
+        let attempt = Attempt {
+            phase: "Failed",
+            exit_code: code,
+            message: "",
+        };
+        assert!(!argo_retries(strategy, &attempt), "exit code {code}");
+    }
+    // The waits: each one outlasts handoff's lease; the budget (maxDuration) holds every retry of
+    // the limit with attempts of up to 2 minutes.
+    let lease = default_lease_seconds();
+    let limit = strategy["limit"]
+        .as_str()
+        .map(|l| l.parse::<usize>().unwrap())
+        .expect("a limit");
+    assert!(limit >= 2);
+    let waits = argo_waits(strategy, 120);
+    assert_eq!(waits.len(), limit, "the budget cuts the retries: {waits:?}");
+    assert!(
+        waits
+            .iter()
+            .all(|wait| *wait >= lease && *wait > ELECTION_SECONDS),
+        "a wait shorter than the {lease} s lease: {waits:?}"
+    );
+    // maxDuration is the budget of every attempt, not a cap on one wait: with 5m as the old
+    // template had it, the third retry of 1 m doubling would never come.
+    let mut capped = strategy.clone();
+    capped["backoff"]["maxDuration"] = Value::from("5m");
+    assert!(argo_waits(&capped, 120).len() < limit);
 
     // The workflow's outputs: every field of a successful run, read from the parameter.
     let outputs = main["outputs"]["parameters"].as_array().unwrap();
@@ -293,10 +578,33 @@ fn argo_workflow_template_hands_off_and_retries_only_what_a_later_attempt_can_fi
     inputs.insert("max_events".into(), "0".into());
     let (code, parameter, printed) = pod.run(&inputs, &uri);
     assert_eq!(code, 2, "{printed}");
-    assert!(!argo_retries(strategy, code));
+    let exit_code = code.to_string();
+    let attempt = Attempt {
+        phase: "Failed",
+        exit_code: &exit_code,
+        message: "",
+    };
+    assert!(!argo_retries(strategy, &attempt));
     let failed = as_strings(&serde_json::from_str::<Value>(&parameter).unwrap());
     assert_eq!(failed["status"], "FAILED");
     assert_eq!(failed["error_class"], "bad_input");
     assert_eq!(failed["exit_code"], "2");
     assert!(failed["guidance"].contains("max_events"), "{failed:?}");
+}
+
+#[test]
+fn the_expr_reader_follows_expr() {
+    let scope = BTreeMap::from([("lastRetry.status", "Error"), ("lastRetry.exitCode", "137")]);
+    let eval = |expression: &str| expr_eval(expression, &scope);
+    assert!(eval("lastRetry.status == 'Error'"));
+    assert!(!eval("lastRetry.status != \"Error\""));
+    assert!(eval("lastRetry.exitCode in ['3', '137']"));
+    assert!(!eval("lastRetry.exitCode in ['3', '10']"));
+    assert!(eval("lastRetry.exitCode not in ['3', '10']"));
+    // `&&` binds tighter than `||`.
+    assert!(eval("'a' == 'a' || 'b' == 'c' && false"));
+    assert!(!eval("('a' == 'a' || 'b' == 'c') && false"));
+    assert!(eval("!(lastRetry.status == 'Failed') and true"));
+    // The exit code is a string: a number never equals it.
+    assert!(!eval("lastRetry.exitCode in [137]"));
 }

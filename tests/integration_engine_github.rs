@@ -5,7 +5,10 @@ use crate::support;
 use crate::support::engines::*;
 
 use std::collections::BTreeMap;
-use std::process::Command;
+use std::io::BufReader;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use support::live::Live;
@@ -101,14 +104,15 @@ fn github_render(
         .unwrap_or_else(|| default.to_string())
 }
 
-/// A step's `run` script run as the runner runs `shell: bash` (`bash --noprofile --norc -eo
-/// pipefail FILE`), with its env, `$GITHUB_OUTPUT`, `$GITHUB_STEP_SUMMARY` and `$RUNNER_TEMP`.
-/// Returns the exit code, what it printed and the outputs it set.
-fn run_github_step(
+/// A step's `run` script started as the runner starts `shell: bash` (`bash --noprofile --norc -eo
+/// pipefail FILE`), with its env, `$GITHUB_OUTPUT`, `$GITHUB_STEP_SUMMARY` and `$RUNNER_TEMP`, its
+/// stdout and stderr piped. Returns the process, the folder holding those files (kept while it
+/// lives) and the path of `$GITHUB_OUTPUT`.
+fn spawn_github_step(
     step: &Value,
     env: &BTreeMap<String, String>,
     path: &str,
-) -> (i32, String, BTreeMap<String, String>) {
+) -> (Child, tempfile::TempDir, PathBuf) {
     assert_eq!(step["shell"], "bash");
     let dir = tempfile::tempdir().unwrap();
     let script = dir.path().join("step.sh");
@@ -117,7 +121,7 @@ fn run_github_step(
     std::fs::create_dir(&temp).unwrap();
     let output_file = dir.path().join("output");
     std::fs::write(&output_file, "").unwrap();
-    let output = Command::new("bash")
+    let child = Command::new("bash")
         .args(["--noprofile", "--norc", "-eo", "pipefail"])
         .arg(&script)
         .env_clear()
@@ -127,8 +131,23 @@ fn run_github_step(
         .env("RUNNER_TEMP", &temp)
         .env("GITHUB_OUTPUT", &output_file)
         .env("GITHUB_STEP_SUMMARY", dir.path().join("summary"))
-        .output()
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .unwrap();
+    (child, dir, output_file)
+}
+
+/// A step's `run` script run to its end (see [`spawn_github_step`]). Returns the exit code, what
+/// it printed and the outputs it set.
+fn run_github_step(
+    step: &Value,
+    env: &BTreeMap<String, String>,
+    path: &str,
+) -> (i32, String, BTreeMap<String, String>) {
+    let (child, _dir, output_file) = spawn_github_step(step, env, path);
+    let output = child.wait_with_output().unwrap();
     let printed = format!(
         "{}{}",
         String::from_utf8_lossy(&output.stdout),
@@ -138,6 +157,29 @@ fn run_github_step(
         .unwrap_or_else(|e| panic!("the runner would fail the step: {e}\n{printed}"));
     (output.status.code().unwrap_or(-1), printed, outputs)
 }
+
+/// The Node runtime (`runs.using` of the tag's action.yml) of the action versions the workflow may
+/// use. Runners no longer run actions on Node 20 or older, so only node24 actions are listed.
+const NODE24_ACTIONS: &[&str] = &[
+    "actions/checkout@v5",
+    "actions/checkout@v6",
+    "actions/checkout@v7",
+    "actions/cache@v5",
+    "actions/cache/restore@v5",
+    "actions/cache/save@v5",
+];
+
+/// The files whose change must rebuild the cached binary: the workspace manifest (its
+/// `[workspace.dependencies]` and profiles), the lock file, the toolchain, and the folders of every
+/// crate and contract `cargo build -p handoff` compiles.
+const BUILD_INPUTS: &[&str] = &[
+    "Cargo.toml",
+    "Cargo.lock",
+    "rust-toolchain.toml",
+    "host/**",
+    "guest/**",
+    "wit/**",
+];
 
 #[test]
 fn github_actions_workflow_hands_off_and_retries_only_what_a_later_attempt_can_fix() {
@@ -298,4 +340,172 @@ fn the_github_output_reader_follows_the_runner() {
     assert!(parse_github_output("b<<EOF\nno end\n").is_err());
     assert!(parse_github_output("no separator\n").is_err());
     assert!(parse_github_output("<<EOF\nx\nEOF\n").is_err());
+}
+
+#[test]
+fn github_actions_workflow_runs_on_node24_and_caches_the_binary_whatever_the_run_does() {
+    let (_, workflow) = load_yaml("github-actions/handoff.yml");
+    let job = workflow["jobs"]
+        .as_object()
+        .unwrap()
+        .values()
+        .next()
+        .unwrap();
+    let steps = job["steps"].as_array().unwrap();
+    for step in steps {
+        if let Some(uses) = step["uses"].as_str() {
+            assert!(
+                NODE24_ACTIONS.contains(&uses),
+                "{uses} does not run on Node 24 (or is not one this check knows)"
+            );
+        }
+    }
+    let position = |wanted: &dyn Fn(&Value) -> bool| {
+        steps
+            .iter()
+            .position(wanted)
+            .unwrap_or_else(|| panic!("a step is missing: {steps:?}"))
+    };
+    // The combined action saves in its post step, only when the whole job succeeded.
+    assert!(
+        !steps.iter().any(|s| s["uses"]
+            .as_str()
+            .is_some_and(|u| u.starts_with("actions/cache@"))),
+        "restore and save separately"
+    );
+    let restore = position(&|s: &Value| {
+        s["uses"]
+            .as_str()
+            .is_some_and(|u| u.starts_with("actions/cache/restore@"))
+    });
+    let build = position(&|s: &Value| {
+        s["run"]
+            .as_str()
+            .is_some_and(|r| r.contains("cargo build --release --locked -p handoff"))
+    });
+    let save = position(&|s: &Value| {
+        s["uses"]
+            .as_str()
+            .is_some_and(|u| u.starts_with("actions/cache/save@"))
+    });
+    let handoff = position(&|s: &Value| s["id"] == "handoff");
+    let restore_id = steps[restore]["id"]
+        .as_str()
+        .expect("the restore step's id");
+    let key = steps[restore]["with"]["key"].as_str().unwrap();
+    let hashed = key
+        .split("hashFiles(")
+        .nth(1)
+        .and_then(|rest| rest.split(')').next())
+        .expect("hashFiles in the key");
+    let hashed: Vec<&str> = hashed
+        .split(',')
+        .map(|p| p.trim().trim_matches('\''))
+        .collect();
+    for input in BUILD_INPUTS {
+        assert!(hashed.contains(input), "the key misses {input}: {key}");
+    }
+    // Every crate of the workspace the binary is built from lies under a hashed folder.
+    let manifest: toml::Table =
+        toml::from_str(&std::fs::read_to_string(root().join("Cargo.toml")).unwrap()).unwrap();
+    for member in manifest["workspace"]["members"].as_array().unwrap() {
+        let member = member.as_str().unwrap();
+        if member.starts_with("tests/") {
+            continue; // test-only crates: `cargo build -p handoff` does not compile them
+        }
+        assert!(
+            hashed.iter().any(|p| p
+                .strip_suffix("/**")
+                .is_some_and(|dir| member.starts_with(dir))),
+            "the key misses {member}: {key}"
+        );
+    }
+    assert_eq!(
+        steps[save]["with"]["path"], steps[restore]["with"]["path"],
+        "the saved path is the restored one"
+    );
+    assert_eq!(
+        steps[save]["with"]["key"],
+        format!("${{{{ steps.{restore_id}.outputs.cache-primary-key }}}}"),
+        "saved under the key the restore missed"
+    );
+    // Saved once built, whatever the run does next: before the run, or after it with always().
+    assert!(build < save, "the save follows the build");
+    let condition = steps[save]["if"].as_str().unwrap_or("");
+    assert!(
+        save < handoff || condition.contains("always()"),
+        "a failed or cancelled run would skip the save: {condition:?}"
+    );
+    let build_id = steps[build]["id"].as_str().expect("the build step's id");
+    assert!(
+        condition.contains(&format!("steps.{build_id}.outcome == 'success'")),
+        "only a binary that was built is saved: {condition:?}"
+    );
+}
+
+#[test]
+fn github_actions_step_passes_a_cancellation_on_to_handoff_and_still_writes_outputs() {
+    let (_, workflow) = load_yaml("github-actions/handoff.yml");
+    let job = workflow["jobs"]
+        .as_object()
+        .unwrap()
+        .values()
+        .next()
+        .unwrap();
+    let step = job["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["id"] == "handoff")
+        .unwrap();
+    let live = Live::start();
+    let uri = live.uri();
+    let mut env: BTreeMap<String, String> = step["env"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string()))
+        .collect();
+    for (name, value) in [
+        ("MONGODB_URI", uri.as_str()),
+        ("SOURCE_DATABASE", live.db.as_str()),
+        ("SOURCE_COLLECTION", "orders"),
+        ("CONSUMER_ID", "orders-to-outbox"),
+        ("CHECKPOINT_COLLECTION", "kestra_change_checkpoints"),
+        ("OUTBOX_COLLECTION", "kestra_change_outbox"),
+        ("MAX_EVENTS", "50"),
+        ("MAX_WAIT_SECONDS", "30"),
+        ("HANDOFF_RETRY_DELAY_SECONDS", "0"),
+    ] {
+        env.insert(name.into(), value.into());
+    }
+    let (mut child, _dir, output_file) = spawn_github_step(step, &env, &path_with(&handoff_dir()));
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    read_until(&mut stderr, "run starting");
+    let rest = std::thread::spawn(move || std::io::read_to_string(stderr).unwrap());
+    // Cancelling: the runner sends SIGINT to the step's shell, then SIGTERM 7.5 s later and kills
+    // it 2.5 s after that. Both signals are sent here, the second at once: only the first may
+    // reach handoff (a second one would end it without outputs).
+    let sent = Instant::now();
+    send_signal(child.id(), "INT");
+    std::thread::sleep(Duration::from_millis(200));
+    send_signal(child.id(), "TERM");
+    let status = child.wait().unwrap();
+    let took = sent.elapsed();
+    let printed = rest.join().unwrap();
+    assert!(
+        took < Duration::from_secs(10),
+        "the runner kills the step 10 s after the cancellation; it took {took:?}: {printed}"
+    );
+    assert_eq!(status.code(), Some(12), "{status:?}: {printed}");
+    let outputs = parse_github_output(&std::fs::read_to_string(&output_file).unwrap())
+        .unwrap_or_else(|e| panic!("the runner would fail the step: {e}\n{printed}"));
+    assert_eq!(outputs["exit_code"], "12", "{outputs:?}");
+    assert_eq!(outputs["stopped"], "true", "{outputs:?}");
+    assert_eq!(outputs["status"], "IDLE", "{outputs:?}");
+    assert_eq!(
+        outputs["attempts"], "1",
+        "a cancelled run is not retried: {outputs:?}"
+    );
+    assert!(!printed.contains(&uri));
 }

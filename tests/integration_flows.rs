@@ -9,10 +9,13 @@
 //! values later tasks reference exist with the right types.
 
 use crate::support;
+use crate::support::engines;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::io::BufReader;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 use bson::doc;
 use serde_json::Value;
@@ -188,43 +191,160 @@ struct Capture<'a> {
 }
 
 impl Capture<'_> {
-    /// Runs the capture task as its runner would: a working directory with the namespace files,
-    /// `handoff` on the PATH, the rendered env, each command through `sh -c`. Returns the exit
-    /// code and what Kestra makes of stdout and stderr.
-    fn run(&self, uri: &str, workdir: &Path) -> (i32, Kestra) {
+    /// Starts the capture task as its runner would: a working directory with the namespace files,
+    /// `handoff` found on `path`, the rendered env, the commands as one script `sh -c "set -e
+    /// …"` (the script tasks' `failFast`), stdout and stderr piped.
+    fn spawn(&self, uri: &str, workdir: &Path, path: &str) -> Child {
         let env = self.task["env"].as_object().expect("capture task env");
-        let bin_dir = Path::new(env!("CARGO_BIN_EXE_handoff")).parent().unwrap();
-        let path = format!(
-            "{}:{}",
-            bin_dir.display(),
-            std::env::var("PATH").unwrap_or_default()
-        );
-        let (mut stdout, mut stderr) = (String::new(), String::new());
-        for command in self.task["commands"].as_array().expect("commands") {
-            let mut cmd = Command::new("sh");
-            cmd.arg("-c")
-                .arg(render(command.as_str().unwrap(), &self.inputs, uri))
-                .current_dir(workdir);
-            cmd.env_clear()
-                .env("PATH", &path)
-                .env("HANDOFF_CACHE_DIR", support::cache_dir());
-            for (key, value) in env {
-                let value = match value {
-                    Value::String(s) => s.clone(),
-                    other => other.to_string(),
-                };
-                cmd.env(key, render(&value, &self.inputs, uri));
-            }
-            let output = cmd.output().unwrap();
-            stdout.push_str(&String::from_utf8_lossy(&output.stdout));
-            stderr.push_str(&String::from_utf8_lossy(&output.stderr));
-            if !output.status.success() {
-                let code = output.status.code().unwrap_or(-1);
-                return (code, kestra_parse(&stdout, &stderr));
-            }
+        let commands: Vec<String> = self.task["commands"]
+            .as_array()
+            .expect("commands")
+            .iter()
+            .map(|c| render(c.as_str().unwrap(), &self.inputs, uri))
+            .collect();
+        let mut cmd = Command::new("sh");
+        cmd.arg("-c")
+            .arg(format!("set -e\n{}", commands.join("\n")))
+            .current_dir(workdir);
+        cmd.env_clear()
+            .env("PATH", path)
+            .env("HANDOFF_CACHE_DIR", support::cache_dir());
+        for (key, value) in env {
+            let value = match value {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            cmd.env(key, render(&value, &self.inputs, uri));
         }
-        (0, kestra_parse(&stdout, &stderr))
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
     }
+
+    /// Runs the capture task (see [`Capture::spawn`]) with the `handoff` under test. Returns the
+    /// exit code and what Kestra makes of stdout and stderr.
+    fn run(&self, uri: &str, workdir: &Path) -> (i32, Kestra) {
+        self.run_with(uri, workdir, &engines::path_with(&engines::handoff_dir()))
+    }
+
+    fn run_with(&self, uri: &str, workdir: &Path, path: &str) -> (i32, Kestra) {
+        let output = self.spawn(uri, workdir, path).wait_with_output().unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        (
+            output.status.code().unwrap_or(-1),
+            kestra_parse(&stdout, &stderr),
+        )
+    }
+}
+
+/// What the flow does after an attempt of the capture task ended with `code` and these outputs, as
+/// Kestra runs it: a non-zero exit fails the task, and its `retry` runs it again (while attempts
+/// are left); a task that succeeded hands its outputs on to the next task, and
+/// `fail_on_permanent_failure` fails the execution when its condition holds.
+#[derive(Debug, PartialEq)]
+enum Next {
+    /// The execution goes on to the report and the alerts.
+    Continue,
+    /// The task failed: Kestra's retry applies.
+    Retry,
+    /// The execution fails at once, without a retry; its `errors` branch runs.
+    FailExecution,
+}
+
+fn next_after(flow: &Value, code: i32, vars: &serde_json::Map<String, Value>) -> Next {
+    if code != 0 {
+        return Next::Retry;
+    }
+    let tasks = flow["tasks"].as_array().unwrap();
+    let capture = tasks
+        .iter()
+        .position(|t| t["id"] == "capture_and_checkpoint")
+        .unwrap();
+    let next = &tasks[capture + 1];
+    if next["type"] != "io.kestra.plugin.core.execution.Fail" {
+        return Next::Continue;
+    }
+    let condition = next["condition"].as_str().expect("a Fail task's condition");
+    let expression = expressions(condition);
+    assert_eq!(expression.len(), 1, "{condition}");
+    // `outputs.capture_and_checkpoint.vars.NAME == 'VALUE'`, the form the flows use.
+    let (left, right) = expression[0]
+        .split_once("==")
+        .unwrap_or_else(|| panic!("a condition this check cannot evaluate: {condition}"));
+    let name = left
+        .trim()
+        .strip_prefix("outputs.capture_and_checkpoint.vars.")
+        .unwrap_or_else(|| panic!("a condition this check cannot evaluate: {condition}"));
+    let value = right.trim().trim_matches('\'');
+    if vars.get(name).and_then(Value::as_str) == Some(value) {
+        Next::FailExecution
+    } else {
+        Next::Continue
+    }
+}
+
+/// The waits between the attempts of a task with this `retry`, in seconds, as Kestra computes
+/// them (`nextRetryDate`, after the attempt ended): constant waits `interval`; random at least
+/// `minInterval`; exponential `interval × factor^(n-1)` since its 2026 fix but
+/// `interval × factor × (n-1)` before it (0 s before the first retry), so the shorter of the two.
+/// Waits past `maxDuration` (from the first attempt) are not made.
+fn kestra_retry_waits(retry: &Value) -> Vec<u64> {
+    let seconds = |name: &str| retry[name].as_str().map(iso8601_seconds);
+    let attempts = retry["maxAttempts"]
+        .as_u64()
+        .or(retry["maxAttempt"].as_u64())
+        .expect("maxAttempts");
+    let mut waits = Vec::new();
+    for n in 1..attempts {
+        let wait = match retry["type"].as_str().unwrap() {
+            "constant" => seconds("interval").unwrap(),
+            "random" => seconds("minInterval").unwrap(),
+            "exponential" => {
+                let interval = seconds("interval").unwrap();
+                let factor = retry["delayFactor"].as_f64().unwrap_or(2.0) as u64;
+                let fixed = interval * factor.pow(n as u32 - 1);
+                let before = interval * factor * (n - 1);
+                fixed.min(before).min(seconds("maxInterval").unwrap())
+            }
+            other => panic!("a retry type this check does not know: {other}"),
+        };
+        waits.push(wait);
+    }
+    if let Some(budget) = seconds("maxDuration") {
+        let mut total = 0;
+        waits.retain(|wait| {
+            total += wait;
+            total <= budget
+        });
+    }
+    waits
+}
+
+/// An ISO 8601 duration of whole seconds, minutes or hours (`PT30S`, `PT1M`, `PT2H`), in seconds.
+fn iso8601_seconds(text: &str) -> u64 {
+    let rest = text.strip_prefix("PT").expect("an ISO 8601 duration");
+    let (number, unit) = rest.split_at(rest.len() - 1);
+    let number: u64 = number
+        .parse()
+        .unwrap_or_else(|_| panic!("a duration this check cannot read: {text}"));
+    match unit {
+        "S" => number,
+        "M" => number * 60,
+        "H" => number * 3600,
+        _ => panic!("a duration this check cannot read: {text}"),
+    }
+}
+
+/// The processes `pid` started (Linux: `/proc/PID/task/PID/children`).
+fn children_of(pid: u32) -> Vec<u32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(|p| p.parse().unwrap())
+        .collect()
 }
 
 #[test]
@@ -293,7 +413,9 @@ fn every_flow_keeps_the_baseline_contract_and_runs_against_a_replica_set() {
                 .as_array()
                 .unwrap()
                 .iter()
-                .any(|c| c.as_str().unwrap().starts_with("handoff run"))
+                .flat_map(|c| c.as_str().unwrap().lines())
+                .any(|line| line.trim_start().starts_with("handoff run")),
+            "{name}: the task runs handoff run"
         );
         for key in task["env"].as_object().unwrap().keys() {
             assert!(
@@ -339,6 +461,12 @@ fn every_flow_keeps_the_baseline_contract_and_runs_against_a_replica_set() {
             .as_object_mut()
             .expect("a flow object")
             .remove("errors");
+        // A Fail task's message is rendered only when its condition holds (a failed run).
+        for task in succeeding["tasks"].as_array_mut().unwrap() {
+            if task["type"] == "io.kestra.plugin.core.execution.Fail" {
+                task.as_object_mut().unwrap().remove("errorMessage");
+            }
+        }
         let referenced = capture_vars_read(&succeeding);
         // Quarantined events alert the operators.
         assert!(
@@ -377,6 +505,11 @@ fn every_flow_keeps_the_baseline_contract_and_runs_against_a_replica_set() {
         let check = |expected_status: &str, expected_events: Option<u64>| {
             let (code, kestra) = capture.run(&uri, workdir.path());
             assert_eq!(code, 0, "{name}: {:?}", kestra.logs);
+            assert_eq!(
+                next_after(&flow, code, &kestra.vars),
+                Next::Continue,
+                "{name}"
+            );
             let Kestra {
                 vars,
                 metrics,
@@ -429,8 +562,8 @@ fn every_flow_keeps_the_baseline_contract_and_runs_against_a_replica_set() {
         live.wait(live.coll("orders").drop()).expect("drop");
         check("INVALIDATED", None);
 
-        // A failing run exits non-zero, so the flow's retry and errors branch fire, and leaves
-        // outputs Kestra keeps for the failed task: what the errors branch reads.
+        // A failing run leaves outputs Kestra keeps for the task: what the errors branch reads. A
+        // permanent failure ends the task without a retry, and the execution fails.
         let failure_vars = capture_vars_read(&flow["errors"]);
         assert!(
             failure_vars.contains("error_class") && failure_vars.contains("guidance"),
@@ -439,7 +572,12 @@ fn every_flow_keeps_the_baseline_contract_and_runs_against_a_replica_set() {
         let mut bad = Capture { task, inputs };
         bad.inputs.insert("max_events".into(), "0".into());
         let (code, kestra) = bad.run(&uri, workdir.path());
-        assert_eq!(code, 2, "{name}");
+        assert_eq!(
+            next_after(&flow, code, &kestra.vars),
+            Next::FailExecution,
+            "{name}: {code} {:?}",
+            kestra.vars
+        );
         for key in &failure_vars {
             assert!(
                 kestra.vars.contains_key(key),
@@ -465,7 +603,167 @@ fn every_flow_keeps_the_baseline_contract_and_runs_against_a_replica_set() {
         assert!(errors[0].1.starts_with("error[bad_input]"), "{errors:?}");
         std::fs::remove_file(&policy_path).unwrap();
         let (code, kestra) = capture.run(&uri, workdir.path());
-        assert_eq!(code, 2, "{name}: a missing policy file must fail the task");
+        assert_eq!(
+            next_after(&flow, code, &kestra.vars),
+            Next::FailExecution,
+            "{name}: a missing policy file must fail the execution"
+        );
+        assert_eq!(kestra.vars["exit_code"], 2, "{name}");
         assert_eq!(kestra.vars["error_class"], "bad_input", "{name}");
+    }
+}
+
+/// The inputs' defaults of a flow, as strings.
+fn input_defaults(flow: &Value) -> BTreeMap<String, String> {
+    flow["inputs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|input| {
+            let value = match &input["defaults"] {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            (input["id"].as_str().unwrap().to_string(), value)
+        })
+        .collect()
+}
+
+#[test]
+fn every_flow_retries_only_what_a_later_attempt_can_fix_after_the_lease_and_stops_handoff_gently() {
+    let lease = engines::default_lease_seconds();
+    let codes = engines::documented_exit_codes();
+    let stand_ins = tempfile::tempdir().unwrap();
+    for path in flows() {
+        let (_, flow) = load(&path);
+        let name = path.display().to_string();
+        let task = flow["tasks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["id"] == "capture_and_checkpoint")
+            .expect("capture task");
+
+        // The waits: each one outlasts handoff's lease (a crashed run's lease has expired by the
+        // next attempt) and so a replica-set election.
+        let waits = kestra_retry_waits(&task["retry"]);
+        assert!(waits.len() >= 2, "{name}: at least two retries: {waits:?}");
+        assert!(lease > engines::ELECTION_SECONDS);
+        for wait in &waits {
+            assert!(
+                *wait >= lease,
+                "{name}: a retry after {wait} s comes before the {lease} s lease has expired: {waits:?}"
+            );
+        }
+
+        // Every documented exit code, with a stand-in handoff: only 3, 10 and 12 are retried; any
+        // other failure fails the execution at once, its outputs kept for the errors branch.
+        let capture = Capture {
+            task,
+            inputs: input_defaults(&flow),
+        };
+        let workdir = tempfile::tempdir().unwrap();
+        for &code in &codes {
+            let dir = stand_ins
+                .path()
+                .join(format!("{}-{code}", path.parent().unwrap().display()).replace('/', "_"));
+            let calls = engines::fake_handoff(&dir, code);
+            let (exit, kestra) = capture.run_with(
+                "mongodb://unused",
+                workdir.path(),
+                &engines::path_with(&dir),
+            );
+            assert_eq!(engines::count_calls(&calls), 1, "{name}: exit code {code}");
+            let expected = match code {
+                0 => Next::Continue,
+                c if engines::retryable(c) => Next::Retry,
+                _ => Next::FailExecution,
+            };
+            assert_eq!(
+                next_after(&flow, exit, &kestra.vars),
+                expected,
+                "{name}: exit code {code}: task exit {exit}, {:?}",
+                kestra.vars
+            );
+            if expected == Next::Retry {
+                assert_eq!(exit, code, "{name}: the task fails with handoff's code");
+            }
+            if expected == Next::FailExecution {
+                assert_eq!(kestra.vars["exit_code"], code, "{name}: {:?}", kestra.vars);
+                assert_eq!(kestra.vars["status"], "FAILED", "{name}");
+            }
+        }
+
+        // Killing the task: SIGTERM reaches handoff once, and it stops after its in-flight commit
+        // with its outputs, before anything kills it. The Docker runner stops the container (with
+        // its killGracePeriod; without one it kills it at once): docker stop signals the
+        // container's PID 1, the task's shell, only. The Process runner signals every process the
+        // task started, then the shell.
+        let docker = task["taskRunner"]["type"]
+            .as_str()
+            .unwrap()
+            .ends_with("docker.Docker");
+        let grace = if docker {
+            let grace = task["taskRunner"]["killGracePeriod"]
+                .as_str()
+                .unwrap_or_else(|| {
+                    panic!("{name}: no killGracePeriod: the container is killed at once")
+                });
+            let grace = iso8601_seconds(grace);
+            assert!(grace >= 30, "{name}: {grace} s to finish a commit");
+            Duration::from_secs(grace)
+        } else {
+            Duration::from_secs(30)
+        };
+        let live = Live::start();
+        let uri = live.uri();
+        let policy = workdir
+            .path()
+            .join(task["env"]["HANDOFF_POLICY"].as_str().unwrap());
+        std::fs::create_dir_all(policy.parent().unwrap()).unwrap();
+        let export = support::handoff()
+            .args(["policy", "export-default"])
+            .arg(&policy)
+            .output()
+            .unwrap();
+        assert!(export.status.success());
+        let mut inputs = input_defaults(&flow);
+        inputs.insert("database".into(), live.db.clone());
+        inputs.insert("max_wait_seconds".into(), "30".into());
+        let capture = Capture { task, inputs };
+        let mut child = capture.spawn(
+            &uri,
+            workdir.path(),
+            &engines::path_with(&engines::handoff_dir()),
+        );
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut seen = engines::read_until(&mut stdout, "run starting").concat();
+        let stderr = child.stderr.take().unwrap();
+        let stderr = std::thread::spawn(move || std::io::read_to_string(stderr).unwrap());
+        let sent = Instant::now();
+        if !docker {
+            for pid in children_of(child.id()) {
+                engines::send_signal(pid, "TERM");
+            }
+        }
+        engines::send_signal(child.id(), "TERM");
+        seen.push_str(&std::io::read_to_string(stdout).unwrap());
+        let status = child.wait().unwrap();
+        let took = sent.elapsed();
+        let kestra = kestra_parse(&seen, &stderr.join().unwrap());
+        assert!(took < grace, "{name}: stopping took {took:?}");
+        assert_eq!(
+            kestra.vars["stopped"], true,
+            "{name}: {status:?} {:?}",
+            kestra.logs
+        );
+        assert_eq!(kestra.vars["status"], "IDLE", "{name}");
+        if docker {
+            assert_eq!(
+                status.code(),
+                Some(12),
+                "{name}: the task ends with handoff's code"
+            );
+        }
     }
 }

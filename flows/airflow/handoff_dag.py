@@ -8,6 +8,15 @@ The task's outputs are the run's outputs file as a dict: returned when the run s
 `return_value`, and each key as an XCom of its own), and pushed as XCom `outputs` on success and on
 failure (status FAILED, error_class, exit_code, guidance and what was committed).
 
+Every try's report (try number, exit code, outputs) is kept in the task's state store (Airflow 3.3
+and later; a Variable named after the DAG run before 3.3), so a retried task still reports what its
+earlier tries committed: the list is pushed as XCom `tries` by every try, and the dict returned
+adds `tries` and `events_handed_off_all_tries`.
+
+Logs: `handoff` writes JSON log lines (`HANDOFF_LOG_FORMAT=json`) and the task logs each one at its
+own level, so a routine run logs INFO lines only; the failure's final `error[class]: ...` line is
+logged as an error.
+
 Exit codes (README): 3 conflict, 10 unavailable and 12 stopped by a signal are retried with the
 task's retries; every other failure (2 bad input, 6 history lost, ...) raises AirflowFailException,
 which fails the task without retrying.
@@ -16,9 +25,13 @@ which fails the task without retrying.
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
+import signal
 import subprocess
 import tempfile
+import threading
 from datetime import datetime, timedelta, timezone
 
 from airflow.sdk import Param, Variable, dag, get_current_context, task
@@ -39,6 +52,21 @@ HANDOFF_COMMAND = ["handoff", "run", "--outputs-file"]
 # in task logs and hides it in the UI.
 URI_VARIABLE = "handoff_mongodb_uri_secret"
 
+# Where each try's report is kept until the next try: the key in the task's state store (Airflow 3.3
+# and later), or the prefix of a Variable named after the DAG run (before 3.3).
+TRIES_KEY = "handoff_tries"
+
+log = logging.getLogger("airflow.task")
+
+# handoff's JSON log levels (tracing's names) as the logging module's.
+LOG_LEVELS = {
+    "TRACE": logging.DEBUG,
+    "DEBUG": logging.DEBUG,
+    "INFO": logging.INFO,
+    "WARN": logging.WARNING,
+    "ERROR": logging.ERROR,
+}
+
 
 def retry_decision(exit_code: int) -> str:
     """What Airflow should do after `handoff run` exited with `exit_code`: `success`, `retry`
@@ -49,6 +77,82 @@ def retry_decision(exit_code: int) -> str:
     if exit_code in RETRYABLE_EXIT_CODES:
         return "retry"
     return "fail"
+
+
+def log_line(line: str) -> None:
+    """Logs one line `handoff` printed, at its own level. A JSON log line (`HANDOFF_LOG_FORMAT=json`)
+    keeps its level and fields; the task protocol lines on stdout (the outputs and metrics, already
+    in the outputs file) are debug; anything else is the failure's final `error[class]: ...` line on
+    stderr, or a crash, and is an error."""
+    line = line.rstrip("\n")
+    if not line:
+        return
+    try:
+        record = json.loads(line)
+    except ValueError:
+        record = None
+    if isinstance(record, dict) and record.get("level") in LOG_LEVELS:
+        fields = dict(record.get("fields") or {})
+        message = str(fields.pop("message", ""))
+        details = " ".join(f"{key}={value}" for key, value in fields.items())
+        log.log(LOG_LEVELS[record["level"]], "%s", f"{message} {details}".strip())
+    elif line.startswith("::{") and line.endswith("}::"):
+        log.debug("%s", line)
+    else:
+        log.error("%s", line)
+
+
+def run_handoff(arguments: list, env: dict) -> tuple:
+    """Runs `handoff` with its log lines logged at their own levels. Returns its exit code and, if
+    the task was stopped meanwhile (its execution_timeout expired), the exception that
+    stopped it: handoff then got SIGTERM, finished its in-flight commit and wrote its outputs."""
+    process = subprocess.Popen(
+        arguments,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        errors="replace",
+    )
+    readers = [
+        threading.Thread(target=lambda stream=stream: [log_line(line) for line in stream], daemon=True)
+        for stream in (process.stdout, process.stderr)
+    ]
+    for reader in readers:
+        reader.start()
+    try:
+        return process.wait(), None
+    except BaseException as stopped:
+        process.send_signal(signal.SIGTERM)
+        return process.wait(), stopped
+    finally:
+        for reader in readers:
+            reader.join()
+
+
+def tries_variable(ti) -> str:
+    """The Variable that carries the reports between tries before Airflow 3.3."""
+    name = f"{TRIES_KEY}__{ti.dag_id}__{ti.task_id}__{ti.run_id}"
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:250]
+
+
+def record_try(context: dict, report: dict, final: bool) -> list:
+    """Adds this try's report to the earlier tries' and returns them all, oldest first."""
+    store = context.get("task_state_store")
+    if store is not None:
+        tries = list(store.get(TRIES_KEY, default=None) or [])
+        tries.append(report)
+        store.set(TRIES_KEY, tries)
+        return tries
+    key = tries_variable(context["ti"])
+    tries = list(Variable.get(key, default=None, deserialize_json=True) or [])
+    tries.append(report)
+    if final:
+        Variable.delete(key)  # the last try: its XComs keep the list
+    else:
+        Variable.set(key, tries, serialize_json=True)
+    return tries
 
 
 def read_outputs(path: str, exit_code: int) -> dict:
@@ -100,20 +204,35 @@ def handoff():
             "MAX_EVENTS": str(params["max_events"]),
             "MAX_WAIT_SECONDS": str(params["max_wait_seconds"]),
             "HANDOFF_LOG": "info",
+            "HANDOFF_LOG_FORMAT": "json",
         }
         for name in ("HOME", "XDG_CACHE_HOME", "HANDOFF_CACHE_DIR", "HANDOFF_POLICY"):
             if name in os.environ:
                 env[name] = os.environ[name]
         with tempfile.TemporaryDirectory(prefix="handoff-") as workdir:
             outputs_file = os.path.join(workdir, "outputs.json")
-            # stdout (the outputs as protocol lines) and stderr (logs) go to the task log; the URI
-            # is passed in the environment only and handoff never prints it.
-            exit_code = subprocess.run(HANDOFF_COMMAND + [outputs_file], env=env, check=False).returncode
+            # The URI is passed in the environment only and handoff never prints it.
+            exit_code, stopped = run_handoff(HANDOFF_COMMAND + [outputs_file], env)
             outputs = read_outputs(outputs_file, exit_code)
-        context["ti"].xcom_push(key="outputs", value=outputs)
+        ti = context["ti"]
         decision = retry_decision(exit_code)
+        # The last try: it succeeded, it failed for good, or it used the last retry.
+        final = (decision != "retry" and stopped is None) or ti.try_number > ti.max_tries
+        tries = record_try(
+            context, {"try_number": ti.try_number, "exit_code": exit_code, "outputs": outputs}, final
+        )
+        ti.xcom_push(key="outputs", value=outputs)
+        ti.xcom_push(key="tries", value=tries)
+        if stopped is not None:
+            raise stopped
         if decision == "success":
-            return outputs
+            return dict(
+                outputs,
+                tries=tries,
+                events_handed_off_all_tries=sum(
+                    t["outputs"].get("events_handed_off", 0) for t in tries
+                ),
+            )
         summary = (
             f"handoff exited {exit_code} ({outputs.get('error_class', 'no outputs')}) after "
             f"{outputs.get('events_handed_off', 0)} event(s) handed off: {outputs.get('guidance', '')}"
@@ -126,7 +245,8 @@ def handoff():
     def report(outputs: dict) -> None:
         print(
             f"{outputs['events_handed_off']} event(s) handed off; status {outputs['status']}; "
-            f"last event {outputs['last_event_id'] or 'none'}; policy {outputs['policy_sha256']}."
+            f"last event {outputs['last_event_id'] or 'none'}; policy {outputs['policy_sha256']}; "
+            f"{outputs['events_handed_off_all_tries']} in all over {len(outputs['tries'])} tries."
         )
         if outputs["status"] == "INVALIDATED":
             print(

@@ -13,7 +13,12 @@
 //! task returns and pushes to XCom); and the retry rule is evaluated for every exit code the README
 //! documents, as the engine evaluates it (Argo: `retryStrategy`'s policy and expression; GitHub:
 //! the step's own loop, run with a stand-in `handoff`, counting attempts; Airflow: the exception
-//! the task raises, with a stand-in `handoff`).
+//! the task raises, with a stand-in `handoff`). Where more of the engine's behaviour matters, it
+//! is reproduced too: Airflow 3's task log (stdout at INFO, stderr at ERROR), its retried tries
+//! (a try's XComs cleared when the next one starts) and its execution_timeout; Argo's retry scope
+//! for the failures of the pod, and its backoff; the GitHub runner's cancellation (SIGINT, then
+//! SIGTERM, to the step's shell only) and the actions' Node runtime; the waits of Kestra's retry
+//! and the signals its runners send a killed task.
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
@@ -87,7 +92,53 @@ pub fn documented_exit_codes() -> Vec<i32> {
     assert_eq!(classes[&3], "conflict");
     assert_eq!(classes[&10], "unavailable");
     assert!(classes[&12].starts_with("stopped by"), "{}", classes[&12]);
+    retry_table_covers(&codes);
     codes
+}
+
+/// The retry table of `flows/README.md` names every exit code a run can end with (every
+/// documented code but 0 and 16, which only `status` and `reconcile` return) exactly once, and
+/// says "yes" for exactly the codes the examples retry.
+fn retry_table_covers(documented: &[i32]) {
+    let flows = std::fs::read_to_string(root().join("flows/README.md")).expect("flows/README.md");
+    let section = flows
+        .split("\n### Retries\n")
+        .nth(1)
+        .expect("flows/README.md has a Retries section");
+    let mut listed: BTreeMap<i32, bool> = BTreeMap::new();
+    for line in section
+        .lines()
+        .skip_while(|l| !l.starts_with('|'))
+        .take_while(|l| l.starts_with('|'))
+        .skip(2)
+    {
+        let cells: Vec<&str> = line.trim_matches('|').split('|').map(str::trim).collect();
+        let retried = cells[2].starts_with("yes");
+        for part in cells[0].split(',') {
+            let bounds: Vec<i32> = part
+                .split('–')
+                .map(|n| n.trim().parse().unwrap_or_else(|_| panic!("{line}")))
+                .collect();
+            for code in bounds[0]..=bounds[bounds.len() - 1] {
+                assert!(
+                    listed.insert(code, retried).is_none(),
+                    "exit {code} is listed twice in the retry table"
+                );
+            }
+        }
+    }
+    for code in documented.iter().filter(|c| ![0, 16].contains(*c)) {
+        assert!(
+            listed.contains_key(code),
+            "exit {code} is missing from flows/README.md's retry table: {listed:?}"
+        );
+    }
+    let retried: Vec<i32> = listed
+        .iter()
+        .filter(|(_, r)| **r)
+        .map(|(c, _)| *c)
+        .collect();
+    assert_eq!(retried, RETRYABLE, "the codes the retry table retries");
 }
 
 /// `dir` first on the PATH, then the test's own PATH (sh, bash, jq, python3…).
@@ -115,44 +166,116 @@ pub fn shell_quote(word: &str) -> String {
 /// real ones for `code` to its `--outputs-file` (none after a second signal, as the real one) and
 /// exits with `code`.
 pub fn fake_handoff(dir: &Path, code: i32) -> PathBuf {
+    scripted_handoff(dir, &[(code, 0)])
+}
+
+/// A stand-in `handoff` in `dir` whose `n`-th run behaves as `runs[n - 1]` (the last entry for any
+/// later run): `(exit code, events handed off)`, reported in its outputs as the real one does,
+/// exit 12 with `stopped`, a failure with its class and guidance. It counts its runs in
+/// `dir/calls`, which it returns.
+pub fn scripted_handoff(dir: &Path, runs: &[(i32, u64)]) -> PathBuf {
+    assert!(!runs.is_empty());
     std::fs::create_dir_all(dir).unwrap();
     let calls = dir.join("calls");
-    let committed = json!({
-        "events_handed_off": 0, "last_event_id": "", "consumer_id": "orders-to-outbox",
-        "events_skipped": 0, "events_quarantined": 0, "policy_sha256": "0".repeat(64),
-    });
-    let mut outputs = committed.as_object().unwrap().clone();
-    match code {
-        0 => {
-            outputs.insert("status".into(), json!("IDLE"));
+    let mut cases = String::new();
+    for (index, &(code, events)) in runs.iter().enumerate() {
+        let mut outputs = json!({
+            "events_handed_off": events,
+            "last_event_id": if events == 0 { String::new() } else { format!("event-{index}") },
+            "consumer_id": "orders-to-outbox",
+            "events_skipped": 0, "events_quarantined": 0, "policy_sha256": "0".repeat(64),
+        });
+        match code {
+            0 => outputs["status"] = json!(if events == 0 { "IDLE" } else { "HANDED_OFF" }),
+            12 => {
+                outputs["status"] = json!(if events == 0 { "IDLE" } else { "HANDED_OFF" });
+                outputs["stopped"] = json!(true);
+            }
+            _ => {
+                outputs["status"] = json!("FAILED");
+                outputs["error_class"] = json!("stand_in");
+                outputs["exit_code"] = json!(code);
+                outputs["guidance"] = json!("a stand-in failure");
+            }
         }
-        12 => {
-            outputs.insert("status".into(), json!("IDLE"));
-            outputs.insert("stopped".into(), json!(true));
-        }
-        _ => {
-            outputs.insert("status".into(), json!("FAILED"));
-            outputs.insert("error_class".into(), json!("stand_in"));
-            outputs.insert("exit_code".into(), json!(code));
-            outputs.insert("guidance".into(), json!("a stand-in failure"));
-        }
+        let write = if code == 130 || code == 143 {
+            ":".to_string()
+        } else {
+            // The outputs file, else Kestra's task protocol on stdout (as `handoff` without one).
+            format!(
+                "if [ -n \"$out\" ]; then printf '%s\\n' {json} > \"$out\"; else printf '%s\\n' {line}; fi",
+                json = shell_quote(&outputs.to_string()),
+                line = shell_quote(&format!("::{}::", json!({ "outputs": outputs }))),
+            )
+        };
+        let pattern = if index + 1 == runs.len() {
+            "*".to_string()
+        } else {
+            (index + 1).to_string()
+        };
+        cases.push_str(&format!("  {pattern}) {write}; exit {code} ;;\n"));
     }
-    let write = if code == 130 || code == 143 {
-        String::new()
-    } else {
-        format!(
-            "printf '%s\\n' {} > \"$out\"",
-            shell_quote(&Value::Object(outputs).to_string())
-        )
-    };
     let script = format!(
-        "#!/bin/sh\necho run >> {calls}\nout=\nprev=\nfor arg in \"$@\"; do\n  if [ \"$prev\" = --outputs-file ]; then out=\"$arg\"; fi\n  prev=\"$arg\"\ndone\n{write}\nexit {code}\n",
+        "#!/bin/sh\necho run >> {calls}\nn=$(($(wc -l < {calls})))\nout=\nprev=\nfor arg in \"$@\"; do\n  if [ \"$prev\" = --outputs-file ]; then out=\"$arg\"; fi\n  prev=\"$arg\"\ndone\ncase $n in\n{cases}esac\n",
         calls = shell_quote(&calls.display().to_string()),
     );
     let bin = dir.join("handoff");
     std::fs::write(&bin, script).unwrap();
     std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
     calls
+}
+
+/// `handoff run`'s default lease, in seconds, as its help states it.
+pub fn default_lease_seconds() -> u64 {
+    let help = std::process::Command::new(env!("CARGO_BIN_EXE_handoff"))
+        .args(["run", "--help"])
+        .output()
+        .expect("handoff run --help");
+    let help = String::from_utf8_lossy(&help.stdout);
+    let option = help
+        .split("--lease-seconds")
+        .nth(1)
+        .expect("the --lease-seconds option");
+    option
+        .split("[default: ")
+        .nth(1)
+        .and_then(|rest| rest.split(']').next())
+        .and_then(|value| value.parse().ok())
+        .unwrap_or_else(|| panic!("no default lease in {option}"))
+}
+
+/// The longest a replica set takes to elect a new primary, in seconds (MongoDB's election
+/// timeout, 10 s by default, and the election itself): a retry sooner than this meets the same
+/// `unavailable`.
+pub const ELECTION_SECONDS: u64 = 12;
+
+/// Reads `reader` line by line until a line contains `needle`; returns the lines read (panics after
+/// 30 s or at the end of the stream).
+pub fn read_until(reader: &mut impl std::io::BufRead, needle: &str) -> Vec<String> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let mut lines = Vec::new();
+    while std::time::Instant::now() < deadline {
+        let mut line = String::new();
+        if reader.read_line(&mut line).unwrap() == 0 {
+            break;
+        }
+        let found = line.contains(needle);
+        lines.push(line);
+        if found {
+            return lines;
+        }
+    }
+    panic!("{needle:?} never came: {lines:?}");
+}
+
+/// Sends `signal` (e.g. "TERM") to the process `pid`.
+pub fn send_signal(pid: u32, signal: &str) {
+    let status = std::process::Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill -{signal} {pid}");
 }
 
 pub fn count_calls(calls: &Path) -> usize {

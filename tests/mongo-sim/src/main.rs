@@ -1,18 +1,21 @@
-//! `mongo-sim`: run the in-memory MongoDB test server.
+//! `mongo-sim`: run the in-memory MongoDB test server, or send one command to a running one.
 
 use std::io::Write;
 
 use anyhow::Context;
 use bson::oid::ObjectId;
-use clap::Parser;
+use clap::{Parser, Subcommand};
 use mongo_sim::{Config, Server};
 
 #[derive(Debug, Parser)]
 #[command(
     name = "mongo-sim",
-    about = "In-memory single-node MongoDB replica-set test server"
+    about = "In-memory single-node MongoDB replica-set test server",
+    args_conflicts_with_subcommands = true
 )]
 struct Args {
+    #[command(subcommand)]
+    client: Option<Client>,
     /// Port to listen on; 0 picks an ephemeral port.
     #[arg(long, default_value_t = 27017)]
     port: u16,
@@ -47,6 +50,72 @@ struct Args {
     max_wire_version: i32,
 }
 
+#[derive(Debug, Subcommand)]
+enum Client {
+    /// Send one command to a running test server and print its reply (relaxed Extended JSON).
+    ///
+    /// Waits up to 5 s for the server to answer (one started a moment ago).
+    ///
+    /// Example: mongo-sim command --port 27018 change_demo '{"insert": "orders", "documents": [{"_id": 1}]}'
+    Command {
+        /// Port of the running server.
+        #[arg(long, default_value_t = 27017)]
+        port: u16,
+        /// Address of the running server.
+        #[arg(long, default_value = "127.0.0.1")]
+        host: String,
+        /// The database the command runs on.
+        database: String,
+        /// The command, a document in Extended JSON.
+        command: String,
+    },
+}
+
+/// Sends `command` on `database` to the server at `host:port` as one OP_MSG and prints the reply;
+/// fails when the reply's `ok` is not 1.
+fn send_command(host: &str, port: u16, database: &str, command: &str) -> anyhow::Result<()> {
+    use std::io::Read;
+    let json: serde_json::Value =
+        serde_json::from_str(command).context("the command must be a JSON document")?;
+    let mut body = match bson::Bson::try_from(json).context("the command must be Extended JSON")? {
+        bson::Bson::Document(body) => body,
+        other => anyhow::bail!("the command must be a document, not {other}"),
+    };
+    body.insert("$db", database);
+    let request = mongo_sim::wire::encode_op_msg_request(1, 0, &body, &[])?;
+    // A server started a moment ago may not listen yet: it gets five seconds.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let mut stream = loop {
+        match std::net::TcpStream::connect((host, port)) {
+            Ok(stream) => break stream,
+            Err(_) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            Err(error) => {
+                return Err(error)
+                    .with_context(|| format!("no test server answers on {host}:{port}"));
+            }
+        }
+    };
+    stream.write_all(&request)?;
+    let mut prefix = [0u8; 4];
+    stream.read_exact(&mut prefix)?;
+    let length = usize::try_from(i32::from_le_bytes(prefix)).context("a negative reply length")?;
+    anyhow::ensure!(length >= 4, "a reply shorter than its length field");
+    let mut reply = prefix.to_vec();
+    reply.resize(length, 0);
+    stream.read_exact(&mut reply[4..])?;
+    let (_, reply) = mongo_sim::wire::decode_op_msg_reply(&reply)?;
+    let ok = reply.get("ok").and_then(bson::Bson::as_f64) == Some(1.0)
+        || reply.get("ok").and_then(bson::Bson::as_i32) == Some(1);
+    let text = bson::Bson::Document(reply)
+        .into_relaxed_extjson()
+        .to_string();
+    anyhow::ensure!(ok, "the command failed: {text}");
+    writeln!(std::io::stdout().lock(), "{text}")?;
+    Ok(())
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
@@ -57,6 +126,15 @@ async fn main() -> anyhow::Result<()> {
         )
         .init();
     let args = Args::parse();
+    if let Some(Client::Command {
+        port,
+        host,
+        database,
+        command,
+    }) = &args.client
+    {
+        return send_command(host, *port, database, command);
+    }
     let replica_set_id = args
         .replica_set_id
         .as_deref()

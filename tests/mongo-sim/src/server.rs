@@ -240,8 +240,9 @@ impl ServerHandle {
 
     /// What the last commands received asked for, oldest first: `{command, db, app?, collection?,
     /// writeConcern?, readConcern?, $readPreference?, startTransaction?, autocommit?, txnNumber?,
-    /// documents?, ops?}` (`app` is the handshake's `client.application.name` on the command's
-    /// connection, `documents` an insert's document count, `ops` a bulkWrite's operation count). Handshakes and monitoring
+    /// documents?, ops?, namespaces?}` (`app` is the handshake's `client.application.name` on the
+    /// command's connection, `documents` an insert's document count, `ops` a bulkWrite's operation
+    /// count, `namespaces` the namespaces of its `nsInfo`). Handshakes and monitoring
     /// (`hello`, `isMaster`) are included like any other command.
     pub fn received_commands(&self) -> Vec<bson::Document> {
         let received = self

@@ -259,8 +259,8 @@ impl Shared {
 
     /// Notes what a command asked for, for tests: the application name its connection gave in
     /// its handshake, its name, database and collection, the concerns and read preference it
-    /// carried, its transaction fields and, for an insert, how many documents it held. Never the
-    /// documents themselves. The last [`RECEIVED_KEPT`] are kept.
+    /// carried, its transaction fields, for an insert how many documents it held and for a
+    /// `bulkWrite` the namespaces it writes to (`namespaces`). Never the documents themselves. The last [`RECEIVED_KEPT`] are kept.
     pub fn record_command(&self, app: Option<&str>, db: &str, name: &str, body: &Document) {
         let mut seen = doc! {"command": name, "db": db};
         if let Some(app) = app {
@@ -286,6 +286,14 @@ impl Shared {
         }
         if let Some(Bson::Array(ops)) = body.get("ops") {
             seen.insert("ops", ops.len() as i64);
+        }
+        if let Some(Bson::Array(namespaces)) = body.get("nsInfo") {
+            let namespaces: Vec<Bson> = namespaces
+                .iter()
+                .filter_map(|n| n.as_document()?.get_str("ns").ok())
+                .map(Bson::from)
+                .collect();
+            seen.insert("namespaces", namespaces);
         }
         let mut received = self.received.lock().unwrap_or_else(|p| p.into_inner());
         if received.len() == RECEIVED_KEPT {
