@@ -180,3 +180,58 @@ fn a_core_module_and_a_non_policy_component_are_refused() {
     );
     assert!(!s.state().exists());
 }
+
+/// A policy declares the parameters it reads (contract 1.4): a run given another is refused with
+/// the declared names, before any state exists; a policy that declares none refuses every one;
+/// a policy built without `declared` runs with a warning that nothing was checked.
+#[test]
+fn a_parameter_the_policy_does_not_read_is_refused_before_anything_is_written() {
+    let (s, output) = policy_run(
+        handoff_test_policies::BATCHING,
+        &["--policy-param", "batch_sise=3"],
+    );
+    let out = fails(&output, 2, "reads no parameter batch_sise");
+    assert!(stderr(&output).contains("did you mean batch_size?"));
+    assert_eq!(out["events_handed_off"], 0);
+    assert!(!s.state().exists(), "no state was created");
+
+    let (s, output) = policy_run(
+        handoff_test_policies::DEFAULT,
+        &["--policy-param", "batch_size=3"],
+    );
+    fails(&output, 2, "it reads none");
+    assert!(!s.state().exists());
+
+    let (_, output) = policy_run(
+        handoff_test_policies::BATCHING,
+        &["--policy-param", "batch_size=2"],
+    );
+    assert_eq!(ok(&output)["events_handed_off"], 3);
+
+    // Built on the world without `declared`: nothing to check against, and it says so.
+    let (_, output) = policy_run(
+        handoff_test_policies::PREFIXED_IDS,
+        &["--policy-param", "anything=1"],
+    );
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    assert!(stderr(&output).contains("the names of --policy-param are not checked"));
+
+    // `policy check` lists what a policy reads.
+    let check = handoff()
+        .args(["policy", "check", handoff_test_policies::BATCHING])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&check.stdout).contains("param:     batch_size"));
+}
+
+/// A policy that never answers which parameters it reads is refused within its bound, before
+/// any run (its imports of the contract would trap there anyway).
+#[test]
+fn a_policy_that_never_declares_its_parameters_is_refused_in_bounded_time() {
+    let started = std::time::Instant::now();
+    let (s, output) = policy_run(handoff_test_policies::DECLARES_FOREVER, &[]);
+    fails(&output, 9, "cannot say which parameters it reads");
+    assert!(stderr(&output).contains("took longer than"));
+    assert!(started.elapsed() < std::time::Duration::from_secs(30));
+    assert!(!s.state().exists());
+}

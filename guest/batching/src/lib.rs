@@ -33,6 +33,9 @@ impl FromSettings for Batching {
 }
 
 impl Policy for Batching {
+    const PARAMETERS: &'static [(&'static str, &'static str)] =
+        &[("batch_size", "events per transaction, 1-500 (default 10)")];
+
     fn decide(&mut self, _event: &mut Delivered<'_>, id: String) -> Decision {
         Decision::HandOff(id)
     }

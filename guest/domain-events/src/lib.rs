@@ -264,6 +264,18 @@ pub fn shape(
 }
 
 impl Policy for Shape {
+    const PARAMETERS: &'static [(&'static str, &'static str)] = &[
+        (
+            "entity",
+            "the entity the events name (default: the collection in PascalCase, singular)",
+        ),
+        (
+            "version-field",
+            "the document field holding its version (default version)",
+        ),
+        ("schema-version", "the events' schemaVersion (default 1)"),
+    ];
+
     fn decide(&mut self, event: &mut Delivered<'_>, id: String) -> Decision {
         let operation = event.operation_type.clone();
         let mut read = |path: &str| event.field(path);

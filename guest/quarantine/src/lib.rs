@@ -56,6 +56,11 @@ pub fn refusal(document: Option<&str>, version: Option<&str>, supported: &[i64])
 }
 
 impl Policy for Quarantine {
+    const PARAMETERS: &'static [(&'static str, &'static str)] = &[(
+        "supported",
+        "the schema versions handed off, comma-separated integers (default 1)",
+    )];
+
     fn decide(&mut self, event: &mut Delivered<'_>, id: String) -> Decision {
         let document = event.field("fullDocument").filter(|d| d != "null");
         let version = event.field("fullDocument.schemaVersion");

@@ -29,6 +29,11 @@ impl FromSettings for SkipDrafts {
 }
 
 impl Policy for SkipDrafts {
+    const PARAMETERS: &'static [(&'static str, &'static str)] = &[(
+        "skip",
+        "the status whose documents are not handed off (default draft)",
+    )];
+
     fn decide(&mut self, event: &mut Delivered<'_>, id: String) -> Decision {
         if event.operation_type == "delete" {
             return Decision::HandOff(id);

@@ -9,7 +9,7 @@
 pub mod bindings {
     wit_bindgen::generate!({
         path: "wit",
-        world: "handoff-policy",
+        world: "declared-policy",
         pub_export_macro: true,
         default_bindings_module: "handoff_policy_sdk::component::bindings",
     });
@@ -246,7 +246,8 @@ impl crate::Host for WitHost {
 }
 
 /// Exports a policy type (any [`Policy`](crate::Policy)) as the component's
-/// `handoff:policy/policy.run`: `handoff_policy_sdk::export_policy!(MyPolicy);`, on wasm32 only
+/// `handoff:policy/policy.run`, with its [`PARAMETERS`](crate::Policy::PARAMETERS) as
+/// `handoff:policy/declared.parameters`: `handoff_policy_sdk::export_policy!(MyPolicy);`, on wasm32 only
 /// (put it under `#[cfg(target_arch = "wasm32")]` in a crate that also builds natively).
 #[macro_export]
 macro_rules! export_policy {
@@ -259,6 +260,24 @@ macro_rules! export_policy {
             impl $crate::component::Guest for Component {
                 fn run(settings: wit::Settings) -> Result<wit::Report, String> {
                     $crate::component::run::<$policy>(settings)
+                }
+            }
+
+            impl $crate::component::bindings::exports::handoff::policy::declared::Guest
+                for Component
+            {
+                fn parameters() -> Vec<
+                    $crate::component::bindings::exports::handoff::policy::declared::Parameter,
+                > {
+                    <$policy as $crate::Policy>::PARAMETERS
+                        .iter()
+                        .map(|(name, summary)| {
+                            $crate::component::bindings::exports::handoff::policy::declared::Parameter {
+                                name: name.to_string(),
+                                summary: summary.to_string(),
+                            }
+                        })
+                        .collect()
                 }
             }
 

@@ -215,6 +215,11 @@ impl<T: Default> FromSettings for T {
 
 /// A policy's decisions; [`run`] drives everything else.
 pub trait Policy: FromSettings {
+    /// The parameters the policy reads (`--policy-param NAME=VALUE`), each with what it changes
+    /// in one line. The host refuses a run given any other, before anything is written; a policy
+    /// that reads none keeps the default.
+    const PARAMETERS: &'static [(&'static str, &'static str)] = &[];
+
     /// What becomes of one delivered event, given its baseline ID ([`event_id`] of its token).
     /// Never called for an invalidation: the run skips it and ends there.
     fn decide(&mut self, event: &mut Delivered<'_>, id: String) -> Decision;

@@ -61,6 +61,28 @@ pub fn check(source: &PolicySource) -> Result<CheckReport> {
             lines.push(format!(
                 "contract:  {version} (this host implements {CONTRACT}): compatible"
             ));
+            // What it reads: a run given another parameter is refused.
+            match handoff_runtime::declared::parameters(&engine, &component, &source.origin) {
+                Ok(None) => lines
+                    .push("params:    not declared (--policy-param names are not checked)".into()),
+                Ok(Some(declared)) if declared.is_empty() => {
+                    lines.push("params:    none (a run given one is refused)".into());
+                }
+                Ok(Some(declared)) => {
+                    for parameter in declared {
+                        lines.push(format!(
+                            "param:     {}  {}",
+                            parameter.name, parameter.summary
+                        ));
+                    }
+                }
+                Err(refusal) => {
+                    return Ok(CheckReport {
+                        lines,
+                        refusal: Some(refusal),
+                    });
+                }
+            }
             None
         }
         Err(refusal) => Some(refusal),

@@ -297,11 +297,13 @@ fn load_policy(
     if let (true, Some(cache)) = (store, cache) {
         cache.store(&source.sha256, &component);
     }
+    let parameters = super::declared::parameters(engine, &component, &source.origin)?;
     Ok(Policy {
         component,
         sha256: source.sha256.clone(),
         origin: source.origin.clone(),
         contract,
+        parameters,
     })
 }
 

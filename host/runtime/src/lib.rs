@@ -2,6 +2,7 @@
 //!
 //! - `engine`: the wasmtime engine and linker, and one policy run over a session;
 //! - `policy`: loading and checking policy components against the contract;
+//! - `declared`: what a policy declares before any run (the parameters it reads);
 //! - `bindings`: the WIT contract bound to the host, each import translated onto the session;
 //! - `limits`: memory cap, compute slice and run timeout;
 //! - `cache`: compiled artifacts keyed by policy digest and engine;
@@ -11,6 +12,7 @@
 mod bindings;
 pub mod cache;
 pub mod clock;
+pub mod declared;
 pub mod engine;
 pub mod limits;
 pub mod policy;

@@ -12,7 +12,7 @@ use handoff_domain::error::{HandoffError, Result};
 /// The contract version this host implements (`wit/policy.wit`).
 pub const CONTRACT: Version = Version {
     major: 1,
-    minor: 3,
+    minor: 4,
     patch: 0,
 };
 /// The package and interface a policy exports.
@@ -189,6 +189,8 @@ pub struct Policy {
     pub origin: String,
     /// The contract version the policy was built against.
     pub contract: Version,
+    /// The parameters it reads, when it declares them (contract 1.4, `declared`).
+    pub parameters: Option<Vec<super::declared::Parameter>>,
 }
 
 /// Checks a compiled component against the contract: it exports the policy interface in a
