@@ -163,6 +163,24 @@ pub fn near_names<'a>(name: &str, known: impl IntoIterator<Item = &'a str>) -> V
     near.into_iter().map(|(_, k)| k).take(3).collect()
 }
 
+/// What a refusal of the unknown `name` adds about the `known` names `place` holds: the near
+/// ones, else up to ten of them, else that it holds none.
+pub fn known_names_hint(name: &str, known: &[String], place: &str) -> String {
+    match did_you_mean(name, known.iter().map(String::as_str)) {
+        hint if !hint.is_empty() => hint,
+        _ if known.is_empty() => format!("; {place} holds no consumer"),
+        _ => format!(
+            "; {place} holds {}",
+            known
+                .iter()
+                .take(10)
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
+}
+
 /// `"; did you mean a or b?"` for the names near `name`, or `""`.
 pub fn did_you_mean<'a>(name: &str, known: impl IntoIterator<Item = &'a str>) -> String {
     let near = near_names(name, known);

@@ -15,7 +15,6 @@ use super::reset::Target;
 use handoff_domain::error::{HandoffError, Result};
 use handoff_domain::text::escape_untrusted;
 use handoff_mongo::operator::{self, CheckpointMove};
-use handoff_mongo::transaction::Failure;
 use handoff_mongo::{Connection, OperationError};
 
 /// What a release found and did.
@@ -128,10 +127,7 @@ pub fn release(
         evidence: doc! { "released_at": DateTime::now() },
     };
     let mut filter = doc! { "_id": target.consumer, "owner": &held_by, "leaseUntil": until };
-    match current.get("revision") {
-        Some(revision) => filter.insert("revision", revision.clone()),
-        None => filter.insert("revision", doc! { "$exists": false }),
-    };
+    super::reset::same_revision(&mut filter, &current);
     let record = entry.document();
     let change = CheckpointMove {
         database: target.database,
@@ -144,25 +140,7 @@ pub fn release(
         },
         record: &record,
     };
-    match connection.block_on(operator::move_checkpoint(connection, &change)) {
-        Ok(()) => {}
-        Err(Failure::Refused(())) => {
-            return Err(HandoffError::Conflict(
-                "the checkpoint changed since it was read (the run committed or renewed its \
-                 lease, or another command acted): nothing was written; look again with \
-                 `handoff status`"
-                    .into(),
-            ));
-        }
-        Err(Failure::Failed(error)) => return Err(failed(error)),
-        Err(Failure::Unknown(error)) => {
-            return Err(HandoffError::Unavailable(format!(
-                "the release's commit did not complete ({}): it may or may not have been \
-                 applied; look at `handoff status` and the audit collection before retrying",
-                error.text
-            )));
-        }
-    }
+    super::reset::apply_move(connection, &change, "release")?;
     tracing::warn!(consumer = %consumer, "lease released");
     Ok(Released {
         consumer,

@@ -157,6 +157,44 @@ impl Plan {
     }
 }
 
+/// The refusal of a move whose checkpoint changed since it was read.
+fn changed_since_read() -> HandoffError {
+    HandoffError::Conflict(
+        "the checkpoint changed since it was read (a run committed or renewed its lease, or \
+         another command acted): nothing was written; look again with status and retry"
+            .into(),
+    )
+}
+
+/// Matches only the checkpoint at the revision it was read at.
+pub(crate) fn same_revision(filter: &mut Document, current: &Document) {
+    match revision(current) {
+        Some(r) => filter.insert("revision", r),
+        None => filter.insert("revision", doc! { "$exists": false }),
+    };
+}
+
+/// Applies an audited move of a checkpoint (`what` names it in a failure): the checkpoint
+/// updated and its audit record inserted in one transaction, or nothing.
+pub(crate) fn apply_move(
+    connection: &Connection,
+    change: &CheckpointMove<'_>,
+    what: &str,
+) -> Result<()> {
+    match connection.block_on(operator::move_checkpoint(connection, change)) {
+        Ok(()) => Ok(()),
+        // The checkpoint moved since it was read, or (its audit record already stored) a commit
+        // of this move went through unseen: done or overtaken.
+        Err(Failure::Refused(())) => Err(changed_since_read()),
+        Err(Failure::Failed(error)) => Err(unavailable(error)),
+        Err(Failure::Unknown(error)) => Err(HandoffError::Unavailable(format!(
+            "the {what}'s commit did not complete ({}): it may or may not have been applied; \
+             look at `handoff status` and the audit collection before retrying",
+            error.text
+        ))),
+    }
+}
+
 fn revision(stored: &Document) -> Option<i64> {
     match stored.get("revision") {
         Some(Bson::Int64(n)) => Some(*n),
@@ -357,16 +395,9 @@ pub fn apply(
             _ => Document::new(),
         },
     };
-    let conflict = || {
-        HandoffError::Conflict(
-            "the checkpoint changed since it was read (a run committed, or another reset): \
-             nothing was written; look again with status and retry"
-                .into(),
-        )
-    };
     // A plan always holds the checkpoint it read (a missing one is refused).
     let Some(current) = &plan.current else {
-        return Err(conflict());
+        return Err(changed_since_read());
     };
     let mut filter = doc! { "_id": target.consumer };
     filter.insert("token", current.get("token").cloned().unwrap_or(Bson::Null));
@@ -374,10 +405,7 @@ pub fn apply(
         Some(mode) => filter.insert("mode", mode.clone()),
         None => filter.insert("mode", doc! { "$exists": false }),
     };
-    match revision(current) {
-        Some(r) => filter.insert("revision", r),
-        None => filter.insert("revision", doc! { "$exists": false }),
-    };
+    same_revision(&mut filter, current);
     let record = entry.document();
     let change = CheckpointMove {
         database: target.database,
@@ -390,20 +418,7 @@ pub fn apply(
         },
         record: &record,
     };
-    match connection.block_on(operator::move_checkpoint(connection, &change)) {
-        Ok(()) => {}
-        // The checkpoint moved since it was read, or (its audit record already stored) a commit
-        // of this reset went through unseen: done or overtaken.
-        Err(Failure::Refused(())) => return Err(conflict()),
-        Err(Failure::Failed(error)) => return Err(unavailable(error)),
-        Err(Failure::Unknown(error)) => {
-            return Err(HandoffError::Unavailable(format!(
-                "the reset's commit did not complete ({}): it may or may not have been \
-                 applied; look at `handoff status` and the audit collection before retrying",
-                error.text
-            )));
-        }
-    }
+    apply_move(connection, &change, "reset")?;
     tracing::warn!(
         consumer = %plan.consumer,
         to_mode = plan.to_mode.as_str(),

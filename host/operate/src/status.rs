@@ -6,7 +6,7 @@ use serde_json::{Value, json};
 use handoff_domain::config::Scope;
 use handoff_domain::error::{HandoffError, Result};
 use handoff_domain::position::{Position, iso, time_json};
-use handoff_domain::text::{did_you_mean, escape_untrusted};
+use handoff_domain::text::{did_you_mean, escape_untrusted, known_names_hint};
 use handoff_mongo::{Connection, OperationError, operator, window};
 
 /// How long each outbox figure may take.
@@ -72,19 +72,7 @@ pub async fn unknown_consumer(connection: &Connection, target: &Target<'_>) -> H
                         .all(|c| c.is_ascii_alphanumeric() || "-_".contains(c))
             })
             .collect();
-    let hint = match did_you_mean(target.consumer, known.iter().map(String::as_str)) {
-        hint if !hint.is_empty() => hint,
-        _ if known.is_empty() => format!("; {place} holds no consumer"),
-        _ => format!(
-            "; {place} holds {}",
-            known
-                .iter()
-                .take(10)
-                .cloned()
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
-    };
+    let hint = known_names_hint(target.consumer, &known, &place);
     HandoffError::BadInput(format!(
         "no consumer {consumer} in {place}: it has never run here, or its name or collections \
          are mistyped{hint}"

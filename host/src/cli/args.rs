@@ -220,6 +220,23 @@ pub struct ViewArgs {
 }
 
 impl TargetArgs {
+    /// The consumer whose checkpoint an audited command moves, its audit records going to
+    /// `audit`.
+    pub fn moved<'a>(
+        &self,
+        inputs: &'a handoff::run::Inputs,
+        audit: &'a str,
+    ) -> Result<handoff::operate::reset::Target<'a>> {
+        Ok(handoff::operate::reset::Target {
+            scope: self.scope()?,
+            database: &inputs.database,
+            collection: &inputs.collection,
+            consumer: &inputs.consumer_id,
+            checkpoints: &inputs.checkpoint_collection,
+            audit,
+        })
+    }
+
     /// `--scope`, checked.
     pub fn scope(&self) -> Result<Scope> {
         Scope::parse(&self.scope).ok_or_else(|| {

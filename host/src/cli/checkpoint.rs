@@ -7,7 +7,7 @@ use handoff::backend::mongo::Connection;
 use handoff::domain::Mode;
 use handoff::domain::position::parse_time;
 use handoff::error::{HandoffError, Result};
-use handoff::operate::reset::{self, Target, To};
+use handoff::operate::reset::{self, To};
 
 #[derive(Subcommand)]
 pub enum CheckpointCommand {
@@ -102,14 +102,7 @@ fn reset_checkpoint(args: ResetArgs) -> Result<()> {
         })?;
         To::Token(token, mode)
     };
-    let target = Target {
-        scope: args.target.scope()?,
-        database: &inputs.database,
-        collection: &inputs.collection,
-        consumer: &inputs.consumer_id,
-        checkpoints: &inputs.checkpoint_collection,
-        audit: &audit,
-    };
+    let target = args.target.moved(&inputs, &audit)?;
     let connection = Connection::connect(&args.target.uri)?;
     let done = (|| {
         let ahead = if args.allow_future {

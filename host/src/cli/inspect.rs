@@ -60,23 +60,11 @@ pub fn run(args: InspectArgs) -> Result<()> {
     // A consumer the store knows nothing of is a typo, not an empty listing.
     if dump.checkpoint.is_none() && dump.outbox.is_empty() && dump.quarantine.is_empty() {
         let known = store.consumers(1000)?;
-        let hint = match handoff::domain::text::did_you_mean(
+        let hint = handoff::domain::text::known_names_hint(
             &c.consumer_id,
-            known.iter().map(String::as_str),
-        ) {
-            hint if !hint.is_empty() => hint,
-            _ if known.is_empty() => format!("; {} holds no consumer", c.checkpoint_collection),
-            _ => format!(
-                "; {} holds {}",
-                c.checkpoint_collection,
-                known
-                    .iter()
-                    .take(10)
-                    .cloned()
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-        };
+            &known,
+            &c.checkpoint_collection,
+        );
         return Err(HandoffError::BadInput(format!(
             "no consumer {} in {}{hint}",
             c.consumer_id,

@@ -6,7 +6,6 @@ use super::args::{AuditArgs, TargetArgs, ViewArgs, reason_text};
 use handoff::backend::mongo::Connection;
 use handoff::error::Result;
 use handoff::operate::lease;
-use handoff::operate::reset::Target;
 
 #[derive(Subcommand)]
 pub enum LeaseCommand {
@@ -45,14 +44,7 @@ pub fn run(command: LeaseCommand) -> Result<()> {
     let inputs = args.target.inputs()?;
     let audit = args.audit.collection(&inputs)?;
     let reason = reason_text("--reason", &args.reason)?;
-    let target = Target {
-        scope: args.target.scope()?,
-        database: &inputs.database,
-        collection: &inputs.collection,
-        consumer: &inputs.consumer_id,
-        checkpoints: &inputs.checkpoint_collection,
-        audit: &audit,
-    };
+    let target = args.target.moved(&inputs, &audit)?;
     let connection = Connection::connect(&args.target.uri)?;
     let released = connection
         .register_state(&inputs.database, &[&inputs.checkpoint_collection, &audit])
