@@ -433,6 +433,8 @@ fn bad_input_writes_nothing() {
         &["--watermark-timeout-seconds", "0"],
         &["--reason", "   "],
         &["--reason", "line\nbreak"],
+        // A parameter the policy does not read (the default reads none).
+        &["--policy-param", "batch_size=3"],
     ];
     for extra in refused {
         let out = backfill(&live, extra).output().expect("backfill");

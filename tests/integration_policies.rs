@@ -234,4 +234,14 @@ fn a_policy_that_never_declares_its_parameters_is_refused_in_bounded_time() {
     assert!(stderr(&output).contains("took longer than"));
     assert!(started.elapsed() < std::time::Duration::from_secs(30));
     assert!(!s.state().exists());
+    // A wait is no way around the bound: every import traps while a policy answers.
+    let started = std::time::Instant::now();
+    let (s, output) = policy_run(handoff_test_policies::DECLARES_ASLEEP, &[]);
+    fails(&output, 9, "cannot say which parameters it reads");
+    assert!(started.elapsed() < std::time::Duration::from_secs(30));
+    assert!(!s.state().exists());
+    // Nor is a list too long: refused before it is copied.
+    let (s, output) = policy_run(handoff_test_policies::DECLARES_TOO_MANY, &[]);
+    fails(&output, 9, "declares 200 parameters, more than 100");
+    assert!(!s.state().exists());
 }

@@ -247,7 +247,7 @@ impl crate::Host for WitHost {
 
 /// Exports a policy type (any [`Policy`](crate::Policy)) as the component's
 /// `handoff:policy/policy.run`, with its [`PARAMETERS`](crate::Policy::PARAMETERS) as
-/// `handoff:policy/declared.parameters`: `handoff_policy_sdk::export_policy!(MyPolicy);`, on wasm32 only
+/// `handoff:policy/declared`: `handoff_policy_sdk::export_policy!(MyPolicy);`, on wasm32 only
 /// (put it under `#[cfg(target_arch = "wasm32")]` in a crate that also builds natively).
 #[macro_export]
 macro_rules! export_policy {
@@ -266,18 +266,21 @@ macro_rules! export_policy {
             impl $crate::component::bindings::exports::handoff::policy::declared::Guest
                 for Component
             {
-                fn parameters() -> Vec<
-                    $crate::component::bindings::exports::handoff::policy::declared::Parameter,
-                > {
-                    <$policy as $crate::Policy>::PARAMETERS
-                        .iter()
-                        .map(|(name, summary)| {
-                            $crate::component::bindings::exports::handoff::policy::declared::Parameter {
-                                name: name.to_string(),
-                                summary: summary.to_string(),
-                            }
-                        })
-                        .collect()
+                fn parameter_count() -> u32 {
+                    <$policy as $crate::Policy>::PARAMETERS.len() as u32
+                }
+
+                fn parameter_at(
+                    index: u32,
+                ) -> $crate::component::bindings::exports::handoff::policy::declared::Parameter {
+                    let (name, summary) = <$policy as $crate::Policy>::PARAMETERS
+                        .get(index as usize)
+                        .copied()
+                        .unwrap_or(("", ""));
+                    $crate::component::bindings::exports::handoff::policy::declared::Parameter {
+                        name: name.to_string(),
+                        summary: summary.to_string(),
+                    }
                 }
             }
 

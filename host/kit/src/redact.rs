@@ -110,7 +110,9 @@ fn below<'a>(key: &[&str], field: &'a [&str]) -> Option<&'a [&'a str]> {
 }
 
 /// Replaces the field at `parts` under `value` with [`REDACTED`] where it exists, following
-/// arrays (every element, or the one a numeric part names).
+/// arrays (every element, nested arrays too, or the one a numeric part names) and fields whose
+/// own names hold dots (`{"profile.email": …}` for `profile.email`): hiding too much is the safe
+/// side.
 fn hide(value: &mut Bson, parts: &[&str]) {
     let Some((first, rest)) = parts.split_first() else {
         *value = Bson::String(REDACTED.into());
@@ -118,15 +120,20 @@ fn hide(value: &mut Bson, parts: &[&str]) {
     };
     match value {
         Bson::Document(doc) => {
-            if let Some(inner) = doc.get_mut(*first) {
-                hide(inner, rest);
+            for taken in 1..=parts.len() {
+                if let Some(inner) = doc.get_mut(parts[..taken].join(".")) {
+                    hide(inner, &parts[taken..]);
+                }
             }
         }
         Bson::Array(items) => {
             if let Some(item) = first.parse::<usize>().ok().and_then(|i| items.get_mut(i)) {
                 hide(item, rest);
             }
-            for item in items.iter_mut().filter(|i| matches!(i, Bson::Document(_))) {
+            for item in items
+                .iter_mut()
+                .filter(|i| matches!(i, Bson::Document(_) | Bson::Array(_)))
+            {
                 hide(item, parts);
             }
         }

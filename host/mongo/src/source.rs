@@ -114,7 +114,7 @@ impl MongoSource {
         let command = doc! {
             "listCollections": 1,
             "filter": { "name": &namespace.coll },
-            "nameOnly": false,
+            "nameOnly": true,
             "authorizedCollections": true,
         };
         let reply = self
@@ -155,15 +155,10 @@ impl MongoSource {
             (self.config.before_change == BeforeChange::Required)
                 .then_some("--full-document-before-change"),
         ];
-        let recorded = spec
-            .and_then(|spec| spec.get_document("options").ok())
-            .and_then(|o| o.get_document("changeStreamPreAndPostImages").ok())
-            .and_then(|o| o.get_bool("enabled").ok())
-            .unwrap_or(false);
         if let Some(flag) = requires.iter().flatten().next()
             && spec.is_some()
             && kind == "collection"
-            && !recorded
+            && self.records_images(&namespace.db, &namespace.coll) == Some(false)
         {
             return Err(HandoffError::ImageMissing(format!(
                 "{flag} required needs the images MongoDB records only for a collection with \
@@ -188,6 +183,35 @@ impl MongoSource {
 }
 
 impl MongoSource {
+    /// Whether the collection records pre- and post-images (`changeStreamPreAndPostImages`);
+    /// `None` when its options cannot be read (`listCollections` without `nameOnly` needs that
+    /// privilege on the database): the stream's first event without one says so instead.
+    fn records_images(&self, database: &str, collection: &str) -> Option<bool> {
+        let db = self.connection.database(database);
+        let command = doc! { "listCollections": 1, "filter": { "name": collection } };
+        let reply = self
+            .connection
+            .bounded(async { db.run_command(command).await })
+            .ok()?
+            .map_err(|_| tracing::debug!("the collection's options could not be read"))
+            .ok()?;
+        let spec = reply
+            .get_document("cursor")
+            .ok()?
+            .get_array("firstBatch")
+            .ok()?
+            .first()?
+            .as_document()?
+            .clone();
+        Some(
+            spec.get_document("options")
+                .ok()
+                .and_then(|o| o.get_document("changeStreamPreAndPostImages").ok())
+                .and_then(|o| o.get_bool("enabled").ok())
+                .unwrap_or(false),
+        )
+    }
+
     /// A watched collection that does not exist is legitimate (the stream waits for its first
     /// write), but often a typo: a warning names the near databases or collections.
     fn warn_missing(&self, database: &str, collection: &str) {
@@ -207,7 +231,11 @@ impl MongoSource {
         let Ok(Some((database_missing, known))) = names else {
             return;
         };
-        let known = known.iter().map(String::as_str);
+        // Names the server sent: only printable ones are suggested.
+        let known = known
+            .iter()
+            .map(String::as_str)
+            .filter(|k| !k.chars().any(handoff_domain::text::needs_escape));
         if database_missing {
             let hint = did_you_mean(database, known);
             tracing::warn!(

@@ -89,13 +89,17 @@ fn canonical(name: &str, among: &[&'static str]) -> Option<&'static str> {
     among.iter().copied().find(|k| k.eq_ignore_ascii_case(name))
 }
 
-/// The URI up to its options, and its options (`key=value`, split on `&` or `;`).
+/// The URI up to its options, and its options (`key=value`): split on `&`, or on `;` when no `&`
+/// separates them (PyMongo reads either, not a mix).
 fn split(uri: &str) -> (&str, Vec<&str>) {
     match uri.split_once('?') {
-        Some((base, query)) => (
-            base,
-            query.split(['&', ';']).filter(|o| !o.is_empty()).collect(),
-        ),
+        Some((base, query)) => {
+            let separator = if query.contains('&') { '&' } else { ';' };
+            (
+                base,
+                query.split(separator).filter(|o| !o.is_empty()).collect(),
+            )
+        }
         None => (uri, Vec::new()),
     }
 }
@@ -108,8 +112,20 @@ fn with_options(base: &str, options: &[&str]) -> String {
     }
 }
 
-/// Sets aside the options of [`NO_EFFECT`]. The URI is otherwise unchanged.
+/// Sets aside the options of [`NO_EFFECT`], and separates the others with `&`. The URI is
+/// otherwise unchanged, and left whole when what follows its first `?` cannot be options (an `@`
+/// or `/` there: an unescaped `?` in the credentials, which the driver then refuses).
 pub fn prepare(uri: &str) -> Prepared {
+    let unchanged = || Prepared {
+        uri: uri.to_string(),
+        set_aside: Vec::new(),
+    };
+    if uri
+        .split_once('?')
+        .is_none_or(|(_, query)| query.contains(['@', '/']))
+    {
+        return unchanged();
+    }
     let (base, options) = split(uri);
     let mut set_aside = Vec::new();
     let mut kept = Vec::new();
@@ -123,12 +139,6 @@ pub fn prepare(uri: &str) -> Prepared {
             }
             None => kept.push(option),
         }
-    }
-    if set_aside.is_empty() {
-        return Prepared {
-            uri: uri.to_string(),
-            set_aside,
-        };
     }
     Prepared {
         uri: with_options(base, &kept),

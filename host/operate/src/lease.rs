@@ -44,8 +44,9 @@ impl Released {
                 self.consumer
             ),
             Some((owner, until)) => format!(
-                "consumer {}: released the lease of {owner} (until {}); audit record written\n",
+                "consumer {}: released the lease of {} (until {}); audit record written\n",
                 self.consumer,
+                escape_untrusted(owner, 128),
                 until.try_to_rfc3339_string().unwrap_or_default(),
             ),
         }

@@ -1,13 +1,13 @@
 //! What a policy declares before any run (contract 1.4, world `declared-policy`): the parameters
-//! it reads. The host asks once per loaded policy, in a store of its own whose contract imports
-//! trap (no run exists yet) and with the run's memory cap and a short deadline, and refuses a run
-//! given a parameter the policy does not read.
+//! it reads. The host asks once per loaded policy, in a store of its own in which every import
+//! traps (no run exists yet, and nothing may wait), under a memory cap and a short epoch bound,
+//! one parameter per call: an answer costs the host no more than its own strings, which the cap
+//! bounds. A run given a parameter the policy does not read is refused.
 
 use std::time::Duration;
 
-use wasmtime::component::{Component, Linker, ResourceTable};
+use wasmtime::component::{Component, Linker};
 use wasmtime::{Engine, Store};
-use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use super::limits::{Limiter, Limits};
 use handoff_domain::error::{HandoffError, Result};
@@ -25,12 +25,16 @@ mod generated {
 pub const DECLARED_PREFIX: &str = "handoff:policy/declared@";
 
 /// The most parameters a policy may declare, and the longest name and summary.
-const MAX_PARAMETERS: usize = 100;
+const MAX_PARAMETERS: u32 = 100;
 const MAX_NAME: usize = 64;
 const MAX_SUMMARY: usize = 300;
 
 /// How long the policy may take to answer, in epoch ticks of the engine (10 ms each).
 const TICKS: u64 = 200;
+
+/// The memory the policy may grow to while it answers: the start-up of a language's runtime,
+/// and a bound on what one answer can make the host copy.
+const MEMORY_MIB: usize = 64;
 
 /// A parameter a policy reads.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -40,18 +44,7 @@ pub struct Parameter {
 }
 
 struct Asking {
-    wasi: WasiCtx,
-    table: ResourceTable,
     limiter: Limiter,
-}
-
-impl WasiView for Asking {
-    fn ctx(&mut self) -> WasiCtxView<'_> {
-        WasiCtxView {
-            ctx: &mut self.wasi,
-            table: &mut self.table,
-        }
-    }
 }
 
 /// Whether `component` exports the `declared` interface.
@@ -77,19 +70,19 @@ pub fn parameters(
             "the policy {origin} cannot say which parameters it reads: {what}"
         ))
     };
+    let failed = |e: wasmtime::Error| refused(escape_untrusted(&format!("{e:#}"), 500));
     let mut linker: Linker<Asking> = Linker::new(engine);
-    wasmtime_wasi::p2::add_to_linker_sync(&mut linker)
-        .map_err(|e| HandoffError::Internal(e.into()))?;
     linker
         .define_unknown_imports_as_traps(component)
         .map_err(|e| HandoffError::Internal(e.into()))?;
+    let limits = Limits {
+        memory_bytes: MEMORY_MIB << 20,
+        ..Limits::default()
+    };
     let mut store = Store::new(
         engine,
         Asking {
-            // Nothing is granted: no preopens, environment, arguments, network or stdio.
-            wasi: WasiCtx::builder().build(),
-            table: ResourceTable::new(),
-            limiter: Limiter::new(&Limits::default()),
+            limiter: Limiter::new(&limits),
         },
     );
     store.limiter(|state| &mut state.limiter);
@@ -100,17 +93,20 @@ pub fn parameters(
             Duration::from_millis(10 * TICKS).as_secs_f64()
         )))
     });
-    let declared = generated::DeclaredPolicy::instantiate(&mut store, component, &linker)
-        .and_then(|policy| policy.handoff_policy_declared().call_parameters(&mut store))
-        .map_err(|e| refused(escape_untrusted(&format!("{e:#}"), 500)))?;
-    if declared.len() > MAX_PARAMETERS {
+    let policy =
+        generated::DeclaredPolicy::instantiate(&mut store, component, &linker).map_err(failed)?;
+    let declared = policy.handoff_policy_declared();
+    let count = declared.call_parameter_count(&mut store).map_err(failed)?;
+    if count > MAX_PARAMETERS {
         return Err(refused(format!(
-            "it declares {} parameters, more than {MAX_PARAMETERS}",
-            declared.len()
+            "it declares {count} parameters, more than {MAX_PARAMETERS}"
         )));
     }
-    let mut parameters: Vec<Parameter> = Vec::with_capacity(declared.len());
-    for parameter in declared {
+    let mut parameters: Vec<Parameter> = Vec::with_capacity(count as usize);
+    for index in 0..count {
+        let parameter = declared
+            .call_parameter_at(&mut store, index)
+            .map_err(failed)?;
         let name = parameter.name;
         if name.is_empty() || name.chars().count() > MAX_NAME || name.chars().any(needs_escape) {
             return Err(refused(format!(

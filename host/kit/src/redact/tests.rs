@@ -163,3 +163,24 @@ fn the_token_and_whole_documents_cannot_be_named() {
         doc! {"_id": {"_data": "8200"}, "documentKey": {"_id": R}}
     );
 }
+
+#[test]
+fn nested_arrays_and_dotted_field_names_are_followed_too() {
+    let event = doc! {
+        "fullDocument": {
+            "items": [[{"email": "a@x"}], [[{"email": "b@x"}]]],
+            "profile.email": "c@x",
+            "profile": {"email": "d@x", "name.first": "kept"},
+        },
+    };
+    assert_eq!(
+        redacted(&["items.email", "profile.email"], event),
+        doc! {
+            "fullDocument": {
+                "items": [[{"email": R}], [[{"email": R}]]],
+                "profile.email": R,
+                "profile": {"email": R, "name.first": "kept"},
+            },
+        }
+    );
+}

@@ -58,7 +58,7 @@ fn every_option_pymongo_accepts_is_taken_or_set_aside() {
 #[test]
 fn what_is_set_aside_is_named_once_and_the_rest_kept_in_order() {
     let prepared = prepare(
-        "mongodb://u:p%3Fw@db1/shop?uuidRepresentation=standard&replicaSet=rs0;connect=false\
+        "mongodb://u:p%3Fw@db1/shop?uuidRepresentation=standard&replicaSet=rs0&connect=false\
          &UUIDREPRESENTATION=javaLegacy&appName=a",
     );
     assert_eq!(prepared.set_aside, ["uuidRepresentation", "connect"]);
@@ -66,10 +66,29 @@ fn what_is_set_aside_is_named_once_and_the_rest_kept_in_order() {
         prepared.uri,
         "mongodb://u:p%3Fw@db1/shop?replicaSet=rs0&appName=a"
     );
-    // A URI with nothing to set aside is passed on exactly as written.
-    let plain = "mongodb://db1/?replicaSet=rs0;w=majority";
+    // Options separated by `;` reach the driver separated by `&`, as PyMongo reads them; a URI
+    // with nothing to set aside is otherwise passed on as written.
+    let semicolons = prepare("mongodb://db1/?replicaSet=rs0;w=majority");
+    assert_eq!(semicolons.uri, "mongodb://db1/?replicaSet=rs0&w=majority");
+    assert!(semicolons.set_aside.is_empty());
+    assert!(ConnectionString::parse(&semicolons.uri).is_ok());
+    let plain = "mongodb://db1/?replicaSet=rs0&w=majority";
     assert_eq!(prepare(plain).uri, plain);
-    assert!(prepare(plain).set_aside.is_empty());
+    // With `&` separators a `;` belongs to a value.
+    assert_eq!(
+        prepare("mongodb://db1/?appName=a;b&connect=false").uri,
+        "mongodb://db1/?appName=a;b"
+    );
+    // An unescaped `?` in a password: what follows is no query, and nothing is rewritten (the
+    // driver refuses it, and the refusal echoes none of it).
+    let password = "mongodb://admin:12345?connect=x@db.invalid/";
+    assert_eq!(prepare(password).uri, password);
+    assert!(prepare(password).set_aside.is_empty());
+    let refused = refusal(password);
+    assert!(
+        !refused.contains("12345") && !refused.contains("admin"),
+        "{refused}"
+    );
 }
 
 #[test]

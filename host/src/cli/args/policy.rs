@@ -138,6 +138,12 @@ impl DecidingArgs {
         let params = self.policy.params()?;
         let (runtime, policy) = self.policy.load()?;
         handoff::run::snapshot::Snapshots::check_contract(&policy, command)?;
+        // Before anything is read or written, as for a run.
+        handoff::runtime::declared::check_given(
+            policy.parameters.as_deref(),
+            &params,
+            &policy.origin,
+        )?;
         Ok(Deciding {
             runtime,
             policy,
