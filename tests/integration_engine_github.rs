@@ -342,15 +342,16 @@ fn the_github_output_reader_follows_the_runner() {
     assert!(parse_github_output("<<EOF\nx\nEOF\n").is_err());
 }
 
+/// The workflow's one job.
+fn the_job() -> Value {
+    let (_, workflow) = load_yaml("github-actions/handoff.yml");
+    let jobs = workflow["jobs"].as_object().expect("jobs");
+    jobs.values().next().expect("a job").clone()
+}
+
 #[test]
 fn github_actions_workflow_runs_on_node24_and_caches_the_binary_whatever_the_run_does() {
-    let (_, workflow) = load_yaml("github-actions/handoff.yml");
-    let job = workflow["jobs"]
-        .as_object()
-        .unwrap()
-        .values()
-        .next()
-        .unwrap();
+    let job = the_job();
     let steps = job["steps"].as_array().unwrap();
     for step in steps {
         if let Some(uses) = step["uses"].as_str() {
@@ -445,13 +446,7 @@ fn github_actions_workflow_runs_on_node24_and_caches_the_binary_whatever_the_run
 
 #[test]
 fn github_actions_step_passes_a_cancellation_on_to_handoff_and_still_writes_outputs() {
-    let (_, workflow) = load_yaml("github-actions/handoff.yml");
-    let job = workflow["jobs"]
-        .as_object()
-        .unwrap()
-        .values()
-        .next()
-        .unwrap();
+    let job = the_job();
     let step = job["steps"]
         .as_array()
         .unwrap()

@@ -886,3 +886,30 @@ fn policy_build_keeps_secrets_out_of_the_toolchains_environment() {
         }
     }
 }
+
+/// A case giving a parameter its policy does not read is refused as a wrong case, naming the
+/// parameter the policy reads.
+#[test]
+fn a_case_with_a_parameter_its_policy_does_not_read_is_refused() {
+    let s = Scratch::new();
+    let case = s.path("cases/typo");
+    std::fs::create_dir_all(&case).unwrap();
+    std::fs::copy(s.three_events(), case.join("stream.jsonl")).unwrap();
+    std::fs::write(
+        case.join("case.json"),
+        r#"{"runs": 1, "params": {"batch_sise": "3"}}"#,
+    )
+    .unwrap();
+    let output = policy(&[
+        "test",
+        "--policy",
+        handoff_test_policies::BATCHING,
+        case.to_str().unwrap(),
+    ]);
+    assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("did you mean batch_size?"),
+        "{}",
+        stderr(&output)
+    );
+}

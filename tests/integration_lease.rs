@@ -292,6 +292,18 @@ fn a_dead_runs_lease_is_released_by_an_audited_command() {
         "is held by handoff@elsewhere",
     );
     assert_eq!(live.operator(&["lease", "release"]).status.code(), Some(2));
+    support::refused(
+        &live.operator(&[
+            "lease",
+            "release",
+            "--consumer-id",
+            "orders-to-outbx",
+            "--reason",
+            "r",
+        ]),
+        2,
+        "did you mean orders-to-outbox?",
+    );
     assert_eq!(live.checkpoint().unwrap(), before);
     assert!(live.records(AUDIT).is_empty());
 

@@ -225,23 +225,37 @@ fn a_parameter_the_policy_does_not_read_is_refused_before_anything_is_written() 
 }
 
 /// A policy that never answers which parameters it reads is refused within its bound, before
-/// any run (its imports of the contract would trap there anyway).
+/// any run (it is asked when a run is given parameters, and by `policy check`).
 #[test]
 fn a_policy_that_never_declares_its_parameters_is_refused_in_bounded_time() {
     let started = std::time::Instant::now();
-    let (s, output) = policy_run(handoff_test_policies::DECLARES_FOREVER, &[]);
+    let (s, output) = policy_run(
+        handoff_test_policies::DECLARES_FOREVER,
+        &["--policy-param", "x=1"],
+    );
     fails(&output, 9, "cannot say which parameters it reads");
     assert!(stderr(&output).contains("took longer than"));
     assert!(started.elapsed() < std::time::Duration::from_secs(30));
     assert!(!s.state().exists());
     // A wait is no way around the bound: every import traps while a policy answers.
     let started = std::time::Instant::now();
-    let (s, output) = policy_run(handoff_test_policies::DECLARES_ASLEEP, &[]);
+    let (s, output) = policy_run(
+        handoff_test_policies::DECLARES_ASLEEP,
+        &["--policy-param", "x=1"],
+    );
     fails(&output, 9, "cannot say which parameters it reads");
     assert!(started.elapsed() < std::time::Duration::from_secs(30));
     assert!(!s.state().exists());
     // Nor is a list too long: refused before it is copied.
-    let (s, output) = policy_run(handoff_test_policies::DECLARES_TOO_MANY, &[]);
+    let (s, output) = policy_run(
+        handoff_test_policies::DECLARES_TOO_MANY,
+        &["--policy-param", "x=1"],
+    );
     fails(&output, 9, "declares 200 parameters, more than 100");
     assert!(!s.state().exists());
+    let check = handoff()
+        .args(["policy", "check", handoff_test_policies::DECLARES_FOREVER])
+        .output()
+        .unwrap();
+    assert_eq!(check.status.code(), Some(9), "{}", stderr(&check));
 }

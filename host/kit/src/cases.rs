@@ -214,6 +214,10 @@ impl Case {
             outbox: self.outbox()?,
             stream: StreamOptions::default(),
         };
+        // A parameter the policy does not read makes the case itself wrong.
+        runtime
+            .check_params(policy, &plan.params)
+            .map_err(|e| bad(&self.dir, e))?;
         let inputs = &plan.inputs;
         let mut actual = Vec::new();
         let mut before = Dump::default();

@@ -3,6 +3,7 @@
 use wasmtime::component::Component;
 
 use handoff_domain::error::{HandoffError, Result};
+use handoff_runtime::Runtime;
 use handoff_runtime::policy::{CONTRACT, EXPORT_PREFIX, PolicySource, check_contract, granted};
 
 /// What a check found.
@@ -27,8 +28,11 @@ pub fn check(source: &PolicySource) -> Result<CheckReport> {
         });
     }
     lines.push("component: yes".into());
-    let engine = wasmtime::Engine::default();
-    let component = match Component::new(&engine, &source.bytes) {
+    // The runtime's engine: the one a run compiles with, whose epoch ticker bounds the policy's
+    // answer about its parameters.
+    let runtime = Runtime::new(None)?;
+    let engine = runtime.engine();
+    let component = match Component::new(engine, &source.bytes) {
         Ok(component) => component,
         Err(e) => {
             let refusal = HandoffError::Policy(format!(
@@ -42,7 +46,7 @@ pub fn check(source: &PolicySource) -> Result<CheckReport> {
         }
     };
     let ty = component.component_type();
-    for (name, _) in ty.exports(&engine) {
+    for (name, _) in ty.exports(engine) {
         let note = if name.starts_with(EXPORT_PREFIX) {
             "  (the policy's run)"
         } else {
@@ -50,19 +54,19 @@ pub fn check(source: &PolicySource) -> Result<CheckReport> {
         };
         lines.push(format!("export:    {name}{note}"));
     }
-    for (name, _) in ty.imports(&engine) {
+    for (name, _) in ty.imports(engine) {
         lines.push(match granted(name) {
             Some(what) => format!("import:    {name}  (granted: {what})"),
             None => format!("import:    {name}  (NOT granted: the host refuses the policy)"),
         });
     }
-    let refusal = match check_contract(&engine, &component, &source.origin) {
+    let refusal = match check_contract(engine, &component, &source.origin) {
         Ok(version) => {
             lines.push(format!(
                 "contract:  {version} (this host implements {CONTRACT}): compatible"
             ));
             // What it reads: a run given another parameter is refused.
-            match handoff_runtime::declared::parameters(&engine, &component, &source.origin) {
+            match runtime.parameters(&component, &source.origin) {
                 Ok(None) => lines
                     .push("params:    not declared (--policy-param names are not checked)".into()),
                 Ok(Some(declared)) if declared.is_empty() => {

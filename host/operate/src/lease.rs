@@ -80,17 +80,12 @@ pub fn release(
         ))
         .map_err(failed)?;
     let Some(current) = current else {
-        let status_target = super::status::Target {
-            scope: target.scope,
-            database: target.database,
-            collection: target.collection,
-            consumer: target.consumer,
-            checkpoints: target.checkpoints,
-            outbox: "",
-        };
-        return Err(
-            connection.block_on(super::status::unknown_consumer(connection, &status_target))
-        );
+        return Err(connection.block_on(super::status::unknown_consumer(
+            connection,
+            target.database,
+            target.checkpoints,
+            target.consumer,
+        )));
     };
     if current.get_str("source").ok() != Some(source.as_str()) {
         return Err(HandoffError::Mismatch(format!(

@@ -49,32 +49,36 @@ pub struct Target<'a> {
 
 /// The refusal of a consumer no checkpoint names: the consumers and databases there are, the
 /// near ones suggested (a mistyped name should not read as a healthy consumer that never ran).
-pub async fn unknown_consumer(connection: &Connection, target: &Target<'_>) -> HandoffError {
-    let place = format!("{}.{}", target.database, target.checkpoints);
-    let consumer = escape_untrusted(target.consumer, 64);
+pub async fn unknown_consumer(
+    connection: &Connection,
+    database: &str,
+    checkpoints: &str,
+    consumer: &str,
+) -> HandoffError {
+    let place = format!("{}.{}", database, checkpoints);
+    let shown = escape_untrusted(consumer, 64);
     let databases = operator::database_names(connection).await;
-    if let Some(databases) = databases.filter(|d| !d.iter().any(|n| n == target.database)) {
-        let hint = did_you_mean(target.database, databases.iter().map(String::as_str));
+    if let Some(databases) = databases.filter(|d| !d.iter().any(|n| n == database)) {
+        let hint = did_you_mean(database, databases.iter().map(String::as_str));
         return HandoffError::BadInput(format!(
-            "no consumer {consumer}: the database {} does not exist{hint}",
-            escape_untrusted(target.database, 64)
+            "no consumer {shown}: the database {} does not exist{hint}",
+            escape_untrusted(database, 64)
         ));
     }
     // Only names a consumer can have are shown: the collection may hold anything.
-    let known: Vec<String> =
-        operator::consumer_ids(connection, target.database, target.checkpoints, 1000)
-            .await
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|k| {
-                k.len() <= 64
-                    && k.chars()
-                        .all(|c| c.is_ascii_alphanumeric() || "-_".contains(c))
-            })
-            .collect();
-    let hint = known_names_hint(target.consumer, &known, &place);
+    let known: Vec<String> = operator::consumer_ids(connection, database, checkpoints, 1000)
+        .await
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|k| {
+            k.len() <= 64
+                && k.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_".contains(c))
+        })
+        .collect();
+    let hint = known_names_hint(consumer, &known, &place);
     HandoffError::BadInput(format!(
-        "no consumer {consumer} in {place}: it has never run here, or its name or collections \
+        "no consumer {shown} in {place}: it has never run here, or its name or collections \
          are mistyped{hint}"
     ))
 }
@@ -93,7 +97,13 @@ impl Status {
             .await
             .map_err(unavailable)?;
             if stored.is_none() {
-                return Err(unknown_consumer(connection, target).await);
+                return Err(unknown_consumer(
+                    connection,
+                    target.database,
+                    target.checkpoints,
+                    target.consumer,
+                )
+                .await);
             }
             let token = stored.as_ref().and_then(|s| s.get_document("token").ok());
             let position = window::position(connection, token).await;

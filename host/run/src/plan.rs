@@ -142,11 +142,7 @@ impl Plan {
             let (runtime, policy) = loaded?;
             policy_sha256 = Some(policy.sha256.clone());
             // Before the backends open: a refused parameter leaves no state behind.
-            handoff_runtime::declared::check_given(
-                policy.parameters.as_deref(),
-                &self.params,
-                &policy.origin,
-            )?;
+            runtime.check_params(&policy, &self.params)?;
             let deadline = begin(&self.limits);
             let (source, store) = backends.open(deadline)?;
             let summary = self.execute(&runtime, &policy, source, store, deadline)?;
@@ -202,11 +198,6 @@ impl Plan {
         deadline: Instant,
     ) -> Result<RunSummary, Failed> {
         let started = Instant::now();
-        // A parameter the policy does not read is a typo: refused before anything is written
-        // (also for runs that start here, without `run`).
-        if let Some(declared) = &policy.parameters {
-            handoff_runtime::declared::check_given(Some(declared), &self.params, &policy.origin)?;
-        }
         let deployment = source.deployment()?;
         let config = &self.stream.config;
         let consumer = Consumer {

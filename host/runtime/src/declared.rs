@@ -10,6 +10,7 @@ use wasmtime::component::{Component, Linker};
 use wasmtime::{Engine, Store};
 
 use super::limits::{Limiter, Limits};
+use super::policy::Policy;
 use handoff_domain::error::{HandoffError, Result};
 use handoff_domain::text::{did_you_mean, escape_untrusted, needs_escape};
 
@@ -48,7 +49,7 @@ struct Asking {
 }
 
 /// Whether `component` exports the `declared` interface.
-pub fn declares(engine: &Engine, component: &Component) -> bool {
+fn declares(engine: &Engine, component: &Component) -> bool {
     component
         .component_type()
         .exports(engine)
@@ -56,8 +57,9 @@ pub fn declares(engine: &Engine, component: &Component) -> bool {
 }
 
 /// Asks the policy for its parameters. `None` when it declares none (built before 1.4, or on
-/// the world without `declared`).
-pub fn parameters(
+/// the world without `declared`). `engine` must be the runtime's: its epoch ticker is what
+/// bounds the answer ([`Runtime::parameters`](super::Runtime::parameters)).
+pub(crate) fn parameters(
     engine: &Engine,
     component: &Component,
     origin: &str,
@@ -128,21 +130,20 @@ pub fn parameters(
     Ok(Some(parameters))
 }
 
-/// Refuses `given` parameters the policy does not declare (nothing is checked for a policy that
-/// declares none: it was built before 1.4 or without `declared`, and a warning says so).
-pub fn check_given(
-    declared: Option<&[Parameter]>,
-    given: &[(String, String)],
-    origin: &str,
-) -> Result<()> {
-    let Some(declared) = declared else {
-        if !given.is_empty() {
-            tracing::warn!(
-                policy = %escape_untrusted(origin, 200),
-                "the policy declares no parameters (built before contract 1.4 or without \
-                 `declared`): the names of --policy-param are not checked"
-            );
-        }
+/// Refuses `given` parameters `policy` does not declare. The policy is asked only when some are
+/// given, so a run without parameters pays nothing for the question; nothing is checked for a
+/// policy that declares none (built before 1.4 or without `declared`), and a warning says so.
+pub fn check_given(engine: &Engine, policy: &Policy, given: &[(String, String)]) -> Result<()> {
+    if given.is_empty() {
+        return Ok(());
+    }
+    let origin = &policy.origin;
+    let Some(declared) = parameters(engine, &policy.component, origin)? else {
+        tracing::warn!(
+            policy = %escape_untrusted(origin, 200),
+            "the policy declares no parameters (built before contract 1.4 or without \
+             `declared`): the names of --policy-param are not checked"
+        );
         return Ok(());
     };
     let names = || declared.iter().map(|p| p.name.as_str());

@@ -87,6 +87,23 @@ impl Runtime {
         ))
     }
 
+    /// The parameters `component` declares it reads (`None`: it declares none), asked in a store
+    /// of this runtime's engine, whose epoch ticker bounds the answer.
+    pub fn parameters(
+        &self,
+        component: &wasmtime::component::Component,
+        origin: &str,
+    ) -> Result<Option<Vec<super::declared::Parameter>>> {
+        super::declared::parameters(&self.engine, component, origin)
+    }
+
+    /// Refuses parameters `policy` does not read (see [`declared::check_given`]).
+    ///
+    /// [`declared::check_given`]: super::declared::check_given
+    pub fn check_params(&self, policy: &Policy, given: &[(String, String)]) -> Result<()> {
+        super::declared::check_given(&self.engine, policy, given)
+    }
+
     pub fn engine(&self) -> &Engine {
         &self.engine
     }
@@ -297,13 +314,11 @@ fn load_policy(
     if let (true, Some(cache)) = (store, cache) {
         cache.store(&source.sha256, &component);
     }
-    let parameters = super::declared::parameters(engine, &component, &source.origin)?;
     Ok(Policy {
         component,
         sha256: source.sha256.clone(),
         origin: source.origin.clone(),
         contract,
-        parameters,
     })
 }
 

@@ -189,8 +189,6 @@ pub struct Policy {
     pub origin: String,
     /// The contract version the policy was built against.
     pub contract: Version,
-    /// The parameters it reads, when it declares them (contract 1.4, `declared`).
-    pub parameters: Option<Vec<super::declared::Parameter>>,
 }
 
 /// Checks a compiled component against the contract: it exports the policy interface in a

@@ -139,11 +139,7 @@ impl DecidingArgs {
         let (runtime, policy) = self.policy.load()?;
         handoff::run::snapshot::Snapshots::check_contract(&policy, command)?;
         // Before anything is read or written, as for a run.
-        handoff::runtime::declared::check_given(
-            policy.parameters.as_deref(),
-            &params,
-            &policy.origin,
-        )?;
+        runtime.check_params(&policy, &params)?;
         Ok(Deciding {
             runtime,
             policy,
