@@ -65,6 +65,8 @@ fn two_runs_on_one_store_one_cas_loses_and_no_event_is_duplicated() {
         checkpoint_collection: "cp".into(),
         outbox_collection: "ob".into(),
         quarantine_collection: "qb".into(),
+        runs_collection: "runs".into(),
+        runs_keep: 10,
         max_events: "500".into(),
         max_wait_seconds: "2".into(),
     }

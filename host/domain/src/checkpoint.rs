@@ -49,6 +49,8 @@ pub struct Checkpoint {
     pub config: Option<StreamConfig>,
     /// The policy the last run decided with; `None` before any run recorded one.
     pub policy: Option<PolicyBinding>,
+    /// How many runs claimed the checkpoint ([`crate::history::RUNS_FIELD`]); 0 before any.
+    pub runs: i64,
 }
 
 /// The policy a consumer's runs decide with: its component's SHA-256 and a digest of its
@@ -135,6 +137,7 @@ impl Checkpoint {
             holder: None,
             config: None,
             policy: None,
+            runs: 0,
         }
     }
 }
@@ -182,6 +185,8 @@ pub struct Claim {
     pub set: Document,
     /// A configuration change accepted by the operator, appended to `configChanges`.
     pub change: Option<Document>,
+    /// The run's number for its consumer, which the claim records (`runs`).
+    pub run: i64,
 }
 
 /// What a run asks of the checkpoint it loaded.
@@ -251,6 +256,7 @@ pub fn claim(loaded: &Checkpoint, binding: &Binding<'_>) -> Result<Claim> {
             "differences": differences,
         }),
     };
+    let run = loaded.runs + 1;
     Ok(Claim {
         seen_revision: loaded.revision,
         set: doc! {
@@ -258,8 +264,10 @@ pub fn claim(loaded: &Checkpoint, binding: &Binding<'_>) -> Result<Claim> {
             "leaseUntil": binding.lease.until(binding.now),
             "config": binding.config.to_document(),
             "configDigest": binding.config.digest(),
+            crate::history::RUNS_FIELD: run,
         },
         change,
+        run,
     })
 }
 
@@ -297,6 +305,12 @@ pub fn validate(stored: &Document, source: &str, replica_set_id: &str) -> Result
         Some(Bson::Int32(n)) if *n >= 0 => Some(i64::from(*n)),
         Some(_) => return Err(malformed()),
     };
+    let runs = match stored.get(crate::history::RUNS_FIELD) {
+        None => 0,
+        Some(Bson::Int64(n)) if (0..MAX_REVISION).contains(n) => *n,
+        Some(Bson::Int32(n)) if *n >= 0 => i64::from(*n),
+        Some(_) => return Err(malformed()),
+    };
     let holder = match (stored.get("owner"), stored.get("leaseUntil")) {
         (None, None) => None,
         (Some(Bson::String(owner)), Some(Bson::DateTime(until))) => Some(Holder {
@@ -328,6 +342,7 @@ pub fn validate(stored: &Document, source: &str, replica_set_id: &str) -> Result
         holder,
         config,
         policy,
+        runs,
     })
 }
 

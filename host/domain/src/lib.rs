@@ -8,6 +8,8 @@
 //! - `stream`: where a stream starts, server errors and their classes, the change-source trait;
 //! - `lease`: which run holds a consumer, and until when;
 //! - `position`: a consumer against its deployment: lag, checkpoint age, oplog margin;
+//! - `history`: the run history (one record per run) and `forecast`: when the checkpoint would
+//!   fall off the oplog if the rates hold;
 //! - `state`: handoff's own state collections, which a database or deployment stream leaves out;
 //! - `stop`: the flag SIGTERM and SIGINT raise to end a run after its in-flight commit;
 //! - `store`: the atomic commit and the checkpoint-store trait;
@@ -25,6 +27,8 @@ pub mod config;
 pub mod deployment;
 pub mod error;
 pub mod fixture;
+pub mod forecast;
+pub mod history;
 pub mod lease;
 pub mod position;
 pub mod state;

@@ -30,15 +30,16 @@ use bson::{Bson, Document, doc};
 pub const REGISTRY: &str = "kestra_change_registry";
 
 /// The default names of the state collections: checkpoints, outbox, quarantine, audit records,
-/// backfill signals and backfill positions. Left out of every wide stream in every database,
-/// registered or not (a baseline task writes them without registering them).
-pub const DEFAULT_NAMES: [&str; 6] = [
+/// backfill signals, backfill positions and run history. Left out of every wide stream in every
+/// database, registered or not (a baseline task writes them without registering them).
+pub const DEFAULT_NAMES: [&str; 7] = [
     super::deployment::DEFAULT_CHECKPOINTS,
     super::deployment::DEFAULT_OUTBOX,
     "kestra_change_quarantine",
     "kestra_change_audit",
     "kestra_change_signals",
     "kestra_change_backfill",
+    super::history::DEFAULT_RUNS,
 ];
 
 /// The most names one registry is read for: a database holds far fewer collections.

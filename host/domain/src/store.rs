@@ -101,6 +101,20 @@ pub trait CheckpointStore: Send + Sync {
     /// Sets the end of `owner`'s lease to `at`, if it still holds it; nothing otherwise. A run
     /// gives its lease back with the epoch.
     fn release(&self, consumer: &str, owner: &str, at: DateTime) -> Result<(), CommitError>;
+    /// Gives the lease back as [`CheckpointStore::release`] does and keeps `record` in the run
+    /// history, in the same command where the store can. The record is the store's to keep or
+    /// lose: a record that cannot be written is logged, never an error, so a run that committed
+    /// cannot fail on it. A store without a history only releases.
+    fn release_recording(
+        &self,
+        consumer: &str,
+        owner: &str,
+        at: DateTime,
+        record: &crate::history::RunRecord,
+    ) -> Result<(), CommitError> {
+        let _ = record;
+        self.release(consumer, owner, at)
+    }
     /// Extends `owner`'s lease to `until` (a run that reads without committing keeps it).
     fn renew(&self, consumer: &str, owner: &str, until: DateTime) -> Result<(), CommitError> {
         self.release(consumer, owner, until)

@@ -199,6 +199,8 @@ impl Case {
             checkpoint_collection: "checkpoints".into(),
             outbox_collection: "outbox".into(),
             quarantine_collection: "quarantine".into(),
+            runs_collection: "runs".into(),
+            runs_keep: 10,
             max_events: self.input("max_events", "50"),
             max_wait_seconds: self.input("max_wait_seconds", "10"),
         }

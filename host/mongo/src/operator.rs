@@ -57,6 +57,47 @@ pub async fn consumer_ids(
         .collect())
 }
 
+/// A consumer's most recent run records (at most `limit`, newest first as read), as stored.
+pub async fn run_history(
+    connection: &Connection,
+    database: &str,
+    runs: &str,
+    consumer: &str,
+    limit: i64,
+) -> Result<Vec<Document>, OperationError> {
+    connection
+        .database(database)
+        .collection::<Document>(runs)
+        .find(doc! { "consumer": consumer })
+        .sort(doc! { "endedAt": -1 })
+        .limit(limit)
+        .await
+        .map_err(connection.failed("the run history"))?
+        .try_collect()
+        .await
+        .map_err(connection.failed("the run history"))
+}
+
+/// Every checkpoint of a collection (at most `limit`), as stored: the consumers `status --all`
+/// lists.
+pub async fn checkpoints(
+    connection: &Connection,
+    database: &str,
+    collection: &str,
+    limit: i64,
+) -> Result<Vec<Document>, OperationError> {
+    connection
+        .database(database)
+        .collection::<Document>(collection)
+        .find(doc! {})
+        .limit(limit)
+        .await
+        .map_err(connection.failed("the checkpoints"))?
+        .try_collect()
+        .await
+        .map_err(connection.failed("the checkpoints"))
+}
+
 /// The names of the deployment's databases the user may see (`None` when it may not list them).
 pub async fn database_names(connection: &Connection) -> Option<Vec<String>> {
     connection

@@ -13,6 +13,7 @@ use super::connection::Connection;
 use super::errors::server_error;
 use super::transaction::{self, Decision, Failure};
 
+mod release;
 mod writes;
 use handoff_domain::checkpoint::CONFIG_CHANGES_KEPT;
 use handoff_domain::store::{SPLIT_EVENTS_WRITTEN, admit_events, lookups};
@@ -41,9 +42,12 @@ pub struct MongoStore {
     /// `splitEventsWritten`): an event may then be held in fragments under other `_id`s than its
     /// records', which a duplicate key would not reveal, so every commit looks first.
     split_events: AtomicBool,
-    /// The checkpoint's token as the lease's release left it (`Some(None)`: a checkpoint without
-    /// a token); unset until a release found the lease.
-    released: std::sync::Mutex<Option<Option<Document>>>,
+    /// The checkpoint's token as this store last read or committed it (`Some(None)`: a
+    /// checkpoint without a token); unset before the checkpoint is read, and again after a
+    /// commit whose outcome is unknown.
+    known: std::sync::Mutex<Option<Option<Document>>>,
+    /// The run history's collection and how many records a consumer keeps there.
+    runs: Option<(Collection<Document>, u32)>,
 }
 
 impl MongoStore {
@@ -61,15 +65,30 @@ impl MongoStore {
             retries: AtomicU32::new(0),
             bulk_write: AtomicBool::new(true),
             split_events: AtomicBool::new(false),
-            released: std::sync::Mutex::new(None),
+            known: std::sync::Mutex::new(None),
+            runs: None,
         }
     }
 
-    /// The checkpoint's token as the lease's release left it, read in the same command; `None`
-    /// when no release found the lease (a run that never held it, or lost it, or could not reach
-    /// the server to give it back).
-    pub fn released_token(&self) -> Option<Option<Document>> {
-        self.released.lock().ok()?.clone()
+    /// Keeps each run's record in `collection` of the same database, `keep` records per
+    /// consumer (see [`handoff_domain::history`]).
+    pub fn keeping_runs(mut self, database: &str, collection: &str, keep: u32) -> MongoStore {
+        let db = self.connection.database(database);
+        self.runs = Some((db.collection(collection), keep));
+        self
+    }
+
+    /// The checkpoint's token as this store last read or committed it; `None` when unknown (no
+    /// checkpoint read yet, or a commit whose outcome is unknown since). A run holding the
+    /// lease is the only writer of its checkpoint, so this is the stored token.
+    pub fn known_token(&self) -> Option<Option<Document>> {
+        self.known.lock().ok()?.clone()
+    }
+
+    fn know(&self, token: Option<Option<Document>>) {
+        if let Ok(mut known) = self.known.lock() {
+            *known = token;
+        }
     }
 
     /// The filter and update that end `owner`'s lease at `at`, if it still holds it.
@@ -165,6 +184,7 @@ impl CheckpointStore for MongoStore {
         if checkpoint.get_bool(SPLIT_EVENTS_WRITTEN).unwrap_or(false) {
             self.split_events.store(true, Ordering::Relaxed);
         }
+        self.know(Some(checkpoint.get_document("token").ok().cloned()));
         Ok(checkpoint)
     }
 
@@ -198,14 +218,22 @@ impl CheckpointStore for MongoStore {
             if committed.is_ok() && split_events {
                 self.split_events.store(true, Ordering::Relaxed);
             }
+            match &committed {
+                Ok(_) => self.know(Some(Some(commit.next.clone()))),
+                Err(Failure::Refused(_) | Failure::Failed(_)) => {}
+                Err(Failure::Unknown(_)) => self.know(None),
+            }
             committed.map_err(|failure| match failure {
                 Failure::Refused(e) => e,
                 Failure::Failed(e) | Failure::Unknown(e) => self.unavailable(&e),
             })
         };
-        self.connection
-            .bounded(retried)
-            .map_err(|_| CommitError::Unavailable(DEADLINE_IN_COMMIT.into()))?
+        let committed = self.connection.bounded(retried);
+        if committed.is_err() {
+            // Interrupted in flight: the commit may or may not have happened.
+            self.know(None);
+        }
+        committed.map_err(|_| CommitError::Unavailable(DEADLINE_IN_COMMIT.into()))?
     }
 
     fn claim(&self, consumer: &str, claim: &Claim) -> std::result::Result<(), CommitError> {
@@ -243,28 +271,17 @@ impl CheckpointStore for MongoStore {
         owner: &str,
         at: bson::DateTime,
     ) -> std::result::Result<(), CommitError> {
-        // A run stopped by its deadline still gives its lease back, if it can within a second
-        // (a transaction its deadline interrupted may hold the checkpoint longer: then the lease
-        // expires by itself). The same command returns the checkpoint's token, which the
-        // figures read at the end need.
-        if let Ok(mut released) = self.released.lock() {
-            *released = None;
-        }
-        let (filter, update) = MongoStore::lease_end(consumer, owner, at);
-        let release = self
-            .checkpoints
-            .find_one_and_update(filter, update)
-            .projection(doc! { "token": 1 })
-            .return_document(ReturnDocument::After);
-        let found = self
-            .connection
-            .bounded_past_deadline(async { release.await }, RELEASE_GRACE)
-            .map_err(|_| CommitError::Unavailable("ending the lease took too long".into()))?
-            .map_err(|e| self.unavailable(&e))?;
-        if let (Some(checkpoint), Ok(mut released)) = (found, self.released.lock()) {
-            *released = Some(checkpoint.get_document("token").ok().cloned());
-        }
-        Ok(())
+        self.end_lease(consumer, owner, at, None)
+    }
+
+    fn release_recording(
+        &self,
+        consumer: &str,
+        owner: &str,
+        at: bson::DateTime,
+        record: &handoff_domain::history::RunRecord,
+    ) -> std::result::Result<(), CommitError> {
+        self.end_lease(consumer, owner, at, Some(record))
     }
 
     fn renew(

@@ -1,10 +1,15 @@
 //! `status`: where a consumer stands, read in one pass and changing nothing.
 
+mod all;
+pub use all::{MAX_CONSUMERS, Place, read_all, severity, table, to_json};
+
 use bson::{Bson, Document, Timestamp};
 use serde_json::{Value, json};
 
 use handoff_domain::config::Scope;
 use handoff_domain::error::{HandoffError, Result};
+use handoff_domain::forecast::{self, Forecast};
+use handoff_domain::history::{self, RunRecord};
 use handoff_domain::position::{Position, iso, time_json};
 use handoff_domain::text::{did_you_mean, escape_untrusted, known_names_hint};
 use handoff_mongo::{Connection, OperationError, operator, window};
@@ -23,6 +28,10 @@ pub struct Status {
     pub outbox_records: Option<u64>,
     /// The cluster time of the outbox record inserted last.
     pub last_record_time: Option<Timestamp>,
+    /// The consumer's recorded runs, oldest first (none when the history cannot be read).
+    pub history: Vec<RunRecord>,
+    /// When the checkpoint would fall off the oplog if the rates hold.
+    pub forecast: Forecast,
 }
 
 /// The checkpoint as stored, described without its token.
@@ -45,6 +54,7 @@ pub struct Target<'a> {
     pub consumer: &'a str,
     pub checkpoints: &'a str,
     pub outbox: &'a str,
+    pub runs: &'a str,
 }
 
 /// The refusal of a consumer no checkpoint names: the consumers and databases there are, the
@@ -119,13 +129,17 @@ impl Status {
             )
             .await
             .map_err(unavailable)?;
+            let history =
+                read_history(connection, target.database, target.runs, target.consumer).await;
             Ok(Status {
                 consumer: target.consumer.to_string(),
                 source: target.scope.source(target.database, target.collection),
                 checkpoint: stored.as_ref().map(CheckpointView::of),
+                forecast: forecast::forecast(&history, &position, now_seconds()),
                 position,
                 outbox_records: records,
                 last_record_time,
+                history,
             })
         })
     }
@@ -156,6 +170,14 @@ impl Status {
         if let (Value::Object(map), Value::Object(figures)) = (&mut value, self.position.to_json())
         {
             map.extend(figures);
+        }
+        if let Value::Object(map) = &mut value {
+            map.insert(
+                "history_loss_eta_seconds".into(),
+                json!(self.forecast.eta_seconds()),
+            );
+            map.insert("forecast".into(), self.forecast.to_json());
+            map.insert("runs".into(), runs_json(&self.history));
         }
         value
     }
@@ -230,6 +252,8 @@ impl Status {
                     time(self.last_record_time)
                 ),
             ),
+            ("runs", runs_text(&self.history)),
+            ("forecast", self.forecast.sentence()),
         ];
         if let Some(ahead) = p.ahead_seconds() {
             rows.push((
@@ -277,6 +301,76 @@ impl CheckpointView {
             lease_until: stored.get_datetime("leaseUntil").ok().copied(),
         }
     }
+}
+
+/// Seconds since the epoch on this machine, to the millisecond.
+pub fn now_seconds() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// A consumer's recorded runs, oldest first; none when the history cannot be read (a user
+/// without `find` on it): the forecast then says it is not estimable.
+pub async fn read_history(
+    connection: &Connection,
+    database: &str,
+    runs: &str,
+    consumer: &str,
+) -> Vec<RunRecord> {
+    match operator::run_history(
+        connection,
+        database,
+        runs,
+        consumer,
+        history::READ_BACK as i64,
+    )
+    .await
+    {
+        Ok(stored) => history::records(&stored),
+        Err(error) => {
+            tracing::warn!(
+                error = %escape_untrusted(&error.text, 500),
+                "the run history cannot be read; the forecast is not estimable"
+            );
+            Vec::new()
+        }
+    }
+}
+
+/// The runs in one line: how many are recorded, the last one, the failures among the recent.
+fn runs_text(history: &[RunRecord]) -> String {
+    let Some(last) = history.last() else {
+        return "none recorded".into();
+    };
+    let recent = &history[history.len().saturating_sub(20)..];
+    let failed = recent.iter().filter(|r| r.failed()).count();
+    format!(
+        "{} recorded; the last ended {} at {} ({} handed off); {} of the last {} failed",
+        history.len(),
+        escape_untrusted(&last.status, 32),
+        last.ended_at.try_to_rfc3339_string().unwrap_or_default(),
+        last.events_handed_off,
+        failed,
+        recent.len()
+    )
+}
+
+fn runs_json(history: &[RunRecord]) -> Value {
+    let last = history.last().map(|r| {
+        json!({
+            "run": r.run,
+            "ended_at": r.ended_at.try_to_rfc3339_string().ok(),
+            "status": r.status,
+            "error_class": r.error_class,
+            "events_handed_off": r.events_handed_off,
+        })
+    });
+    json!({
+        "recorded": history.len(),
+        "failed": history.iter().filter(|r| r.failed()).count(),
+        "last": last,
+    })
 }
 
 fn unavailable(error: OperationError) -> HandoffError {

@@ -16,6 +16,7 @@ pub use evidence::{Evidence, RECOVERY_STEPS, target_flags};
 
 use serde_json::{Value, json};
 
+use handoff_domain::forecast::Forecast;
 use handoff_domain::position::Position;
 use handoff_domain::text::escape_untrusted;
 use handoff_run::{FailedRun, Finished};
@@ -65,6 +66,7 @@ impl RunOutputs {
         }
         if let Some(position) = &finished.position {
             run.add_position(position);
+            run.add_forecast(finished.forecast.as_ref());
         }
         run
     }
@@ -102,6 +104,7 @@ impl RunOutputs {
             .push(("guidance", json!(escape_untrusted(&guidance, 4096))));
         if let Some(position) = failed.position.as_deref() {
             run.add_position(position);
+            run.add_forecast(failed.forecast.as_deref());
         }
         if let Some(evidence) = evidence {
             run.outputs.push(("evidence", evidence.to_json()));
@@ -126,6 +129,20 @@ impl RunOutputs {
                     value: json!(value),
                 });
             }
+        }
+    }
+
+    /// When the checkpoint would fall off the oplog if the rates hold: an output (null when it
+    /// would not, or that cannot be told) and a gauge when known.
+    fn add_forecast(&mut self, forecast: Option<&Forecast>) {
+        let eta = forecast.and_then(Forecast::eta_seconds);
+        self.outputs.push(("history_loss_eta_seconds", json!(eta)));
+        if let Some(eta) = eta {
+            self.metrics.push(Metric {
+                name: "history_loss_eta_seconds",
+                kind: MetricKind::Gauge,
+                value: json!(eta),
+            });
         }
     }
 

@@ -9,6 +9,7 @@ use super::inputs::Inputs;
 use handoff_backend::redb_store::RedbStore;
 use handoff_backend::replay::{Fixture, ReplaySource};
 use handoff_domain::error::{HandoffError, Result};
+use handoff_domain::history::{self, RunRecord};
 use handoff_domain::position::Position;
 use handoff_domain::{ChangeSource, CheckpointStore, StreamConfig};
 use handoff_mongo::{Connection, MongoSource, MongoStore, Pool, window};
@@ -28,6 +29,11 @@ pub trait Backends: Send {
     fn position(&mut self, _consumer: &str) -> Option<Position> {
         None
     }
+    /// The consumer's recorded runs, read while the policy loaded (for the forecast); none for
+    /// a backend that keeps no history.
+    fn history(&self) -> &[RunRecord] {
+        &[]
+    }
     /// Called once the run ended, whatever its outcome.
     fn close(&mut self) {}
 }
@@ -39,8 +45,10 @@ pub struct Mongo {
     inputs: Inputs,
     config: StreamConfig,
     connection: Option<Arc<Connection>>,
-    /// The run's store, kept for the checkpoint's token its lease's release read.
+    /// The run's store, kept for the checkpoint's token it last read or committed.
     store: Option<Arc<MongoStore>>,
+    /// The consumer's recorded runs.
+    history: Vec<RunRecord>,
 }
 
 impl Mongo {
@@ -51,6 +59,7 @@ impl Mongo {
             config: config.clone(),
             connection: None,
             store: None,
+            history: Vec::new(),
         }
     }
 
@@ -69,10 +78,29 @@ impl Mongo {
 impl Backends for Mongo {
     /// Connects, checks the deployment and that the source can be watched: all reads, done
     /// while the policy loads.
+    /// The run history is read here too, off the run's path: a history that cannot be read
+    /// leaves the forecast unknown, never the run failed.
     fn prepare(&mut self) -> Result<()> {
         let connection = Connection::connect_with(&self.uri, Pool::Single)?;
         self.connection = Some(connection.clone());
-        self.source(connection).check_watchable()
+        self.source(connection.clone()).check_watchable()?;
+        let inputs = &self.inputs;
+        let read = handoff_mongo::operator::run_history(
+            &connection,
+            &inputs.database,
+            &inputs.runs_collection,
+            &inputs.consumer_id,
+            history::READ_BACK as i64,
+        );
+        match connection.block_on(async { tokio::time::timeout(window::READ_WAIT, read).await }) {
+            Ok(Ok(stored)) => self.history = history::records(&stored),
+            Ok(Err(error)) => tracing::debug!(
+                error = %handoff_domain::text::escape_untrusted(&error.text, 500),
+                "the run history cannot be read; the forecast is unknown"
+            ),
+            Err(_) => tracing::debug!("reading the run history took too long"),
+        }
+        Ok(())
     }
 
     fn open(&mut self, deadline: Instant) -> Result<Opened> {
@@ -88,22 +116,25 @@ impl Backends for Mongo {
                 &inputs.checkpoint_collection,
                 &inputs.outbox_collection,
                 &inputs.quarantine_collection,
+                &inputs.runs_collection,
             ],
         )?;
         let source = self.source(connection.clone());
-        let store = Arc::new(MongoStore::new(
-            connection,
-            &inputs.database,
-            &inputs.collections(),
-        ));
+        let store = Arc::new(
+            MongoStore::new(connection, &inputs.database, &inputs.collections()).keeping_runs(
+                &inputs.database,
+                &inputs.runs_collection,
+                inputs.runs_keep,
+            ),
+        );
         self.store = Some(store.clone());
         Ok((Box::new(source), store))
     }
 
-    /// The checkpoint's token is the one the lease's release returned, else read now.
+    /// The checkpoint's token is the one the run last read or committed, else read now.
     fn position(&mut self, consumer: &str) -> Option<Position> {
         let connection = self.connection.clone()?;
-        let released = self.store.take().and_then(|store| store.released_token());
+        let released = self.store.take().and_then(|store| store.known_token());
         let inputs = &self.inputs;
         let read = async {
             let token = match released {
@@ -129,6 +160,10 @@ impl Backends for Mongo {
             "consumer position"
         );
         Some(position)
+    }
+
+    fn history(&self) -> &[RunRecord] {
+        &self.history
     }
 
     /// The stream and the store are gone with the run; the connection then ends its sessions on

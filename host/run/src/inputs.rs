@@ -11,6 +11,10 @@ pub struct RawInputs {
     pub checkpoint_collection: String,
     pub outbox_collection: String,
     pub quarantine_collection: String,
+    /// The run history's collection ([`handoff_domain::history`]).
+    pub runs_collection: String,
+    /// Run records kept per consumer.
+    pub runs_keep: u32,
     pub max_events: String,
     pub max_wait_seconds: String,
 }
@@ -24,6 +28,8 @@ pub struct Inputs {
     pub checkpoint_collection: String,
     pub outbox_collection: String,
     pub quarantine_collection: String,
+    pub runs_collection: String,
+    pub runs_keep: u32,
     pub max_events: u32,
     pub max_wait_seconds: u32,
 }
@@ -61,6 +67,9 @@ fn name(key: &str, value: &str) -> Result<String> {
         )))
     }
 }
+
+/// The most run records a consumer may keep.
+pub const MAX_RUNS_KEPT: u32 = 100_000;
 
 const LIMITS: &str = "max_events must be 1-500 and max_wait_seconds must be 1-30";
 
@@ -100,6 +109,25 @@ impl RawInputs {
                     .to_string(),
             ));
         }
+        let runs_collection = name("HANDOFF_RUNS_COLLECTION", &self.runs_collection)?;
+        if [
+            &collection,
+            &checkpoint_collection,
+            &outbox_collection,
+            &quarantine_collection,
+        ]
+        .contains(&&runs_collection)
+        {
+            return Err(HandoffError::BadInput(
+                "The runs collection must be distinct from the source, checkpoint, outbox and quarantine collections"
+                    .to_string(),
+            ));
+        }
+        if !(1..=MAX_RUNS_KEPT).contains(&self.runs_keep) {
+            return Err(HandoffError::BadInput(format!(
+                "HANDOFF_RUNS_KEEP must be 1-{MAX_RUNS_KEPT}"
+            )));
+        }
         let max_events = limit("MAX_EVENTS", &self.max_events, 1..=500)?;
         let max_wait_seconds = limit("MAX_WAIT_SECONDS", &self.max_wait_seconds, 1..=30)?;
         Ok(Inputs {
@@ -109,6 +137,8 @@ impl RawInputs {
             checkpoint_collection,
             outbox_collection,
             quarantine_collection,
+            runs_collection,
+            runs_keep: self.runs_keep,
             max_events,
             max_wait_seconds,
         })
@@ -127,6 +157,8 @@ mod tests {
             checkpoint_collection: "kestra_change_checkpoints".into(),
             outbox_collection: "kestra_change_outbox".into(),
             quarantine_collection: "kestra_change_quarantine".into(),
+            runs_collection: "kestra_change_runs".into(),
+            runs_keep: 1000,
             max_events: "50".into(),
             max_wait_seconds: "10".into(),
         }
@@ -179,6 +211,24 @@ mod tests {
                 .to_string()
                 .contains("quarantine collection must be distinct")
         );
+        let mut r = raw();
+        r.runs_collection = r.outbox_collection.clone();
+        assert!(
+            r.validate()
+                .unwrap_err()
+                .to_string()
+                .contains("runs collection must be distinct")
+        );
+        for keep in [0, MAX_RUNS_KEPT + 1] {
+            let mut r = raw();
+            r.runs_keep = keep;
+            assert!(
+                r.validate()
+                    .unwrap_err()
+                    .to_string()
+                    .contains("HANDOFF_RUNS_KEEP")
+            );
+        }
     }
 
     #[test]

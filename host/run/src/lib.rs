@@ -7,9 +7,11 @@
 //! - `backends`: where the events come from and where the state goes (a replica set, or a
 //!   recording with an embedded store);
 //! - `snapshot`: documents an operator command read, decided by the policy as a run's events;
+//! - `held`: a run's hold on its consumer, given back with the run's record in its history;
 //! - `watchdog`: ends the process when a run outlives its deadline plus a grace period.
 
 pub mod backends;
+pub mod held;
 pub mod inputs;
 pub mod plan;
 pub mod snapshot;

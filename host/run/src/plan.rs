@@ -5,9 +5,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::backends::Backends;
+use super::held::Held;
 use super::inputs::Inputs;
 use handoff_domain::checkpoint::{self, Binding};
 use handoff_domain::error::{HandoffError, Result};
+use handoff_domain::forecast::{self, Forecast};
 use handoff_domain::lease::DEFAULT_LEASE;
 use handoff_domain::position::Position;
 use handoff_domain::{
@@ -62,6 +64,8 @@ pub struct Finished {
     pub duration: Duration,
     /// Where the consumer stands at the end (lag, margin), when the backend can tell.
     pub position: Option<Position>,
+    /// When the checkpoint would fall off the oplog, from the run history and the position.
+    pub forecast: Option<Forecast>,
 }
 
 /// A run that failed: its failure, what it committed before (which stands), and the policy
@@ -74,6 +78,8 @@ pub struct FailedRun {
     pub duration: Duration,
     /// Where the consumer stands after the failure (the evidence), when the backend can tell.
     pub position: Option<Box<Position>>,
+    /// When the checkpoint would fall off the oplog, as for a finished run.
+    pub forecast: Option<Box<Forecast>>,
     /// What the consumer watches, once the inputs were valid.
     pub source: Option<handoff_domain::config::Watched>,
     /// The consumer's collections, once the inputs were valid.
@@ -90,6 +96,7 @@ impl FailedRun {
                 .get()
                 .map_or(Duration::ZERO, Instant::elapsed),
             position: None,
+            forecast: None,
             source: None,
             collections: None,
         }
@@ -135,6 +142,7 @@ impl Plan {
             (load(), preparing.join())
         });
         let mut policy_sha256 = None;
+        let mut held = None;
         let executed = (|| -> Result<(RunSummary, String), Failed> {
             prepared.map_err(|_| {
                 HandoffError::Internal(anyhow::anyhow!("preparing the backends panicked"))
@@ -145,7 +153,8 @@ impl Plan {
             runtime.check_params(&policy, &self.params)?;
             let deadline = begin(&self.limits);
             let (source, store) = backends.open(deadline)?;
-            let summary = self.execute(&runtime, &policy, source, store, deadline)?;
+            let summary =
+                self.execute_holding(&runtime, &policy, source, store, deadline, &mut held)?;
             Ok((summary, policy.sha256.clone()))
         })();
         // The figures are read unless the deployment could not be reached or refused us: then
@@ -163,6 +172,20 @@ impl Plan {
             }
             _ => backends.position(&self.inputs.consumer_id),
         };
+        let forecast = position.as_ref().map(|p| {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64());
+            forecast::forecast(backends.history(), p, now)
+        });
+        // The lease is given back once the figures are read, with the run's record.
+        if let Some(held) = held {
+            let record = held.record(
+                executed.as_ref().map(|(summary, _)| summary),
+                position.as_ref(),
+            );
+            held.release(Some(&record));
+        }
         backends.close();
         // The run's duration includes closing its backends.
         let duration = started.elapsed();
@@ -172,12 +195,14 @@ impl Plan {
                 policy_sha256,
                 duration,
                 position,
+                forecast,
             }),
             Err(failed) => Err(FailedRun {
                 failed: Box::new(failed),
                 policy_sha256,
                 duration,
                 position: position.map(Box::new),
+                forecast: forecast.map(Box::new),
                 source: Some(handoff_domain::config::Watched {
                     scope: self.stream.config.scope,
                     database: self.inputs.database.clone(),
@@ -188,16 +213,36 @@ impl Plan {
         }
     }
 
-    /// Runs the policy once against `source` and `store`, until `deadline` at the latest.
+    /// Runs the policy once against `source` and `store`, until `deadline` at the latest, and
+    /// gives the lease back.
     pub fn execute(
+        &self,
+        runtime: &Runtime,
+        policy: &Policy,
+        source: Box<dyn ChangeSource>,
+        store: Arc<dyn CheckpointStore>,
+        deadline: Instant,
+    ) -> Result<RunSummary, Failed> {
+        let mut held = None;
+        let ran = self.execute_holding(runtime, policy, source, store, deadline, &mut held);
+        if let Some(held) = held {
+            held.release(None);
+        }
+        ran
+    }
+
+    /// As [`Plan::execute`], leaving the lease held in `held` once claimed.
+    fn execute_holding(
         &self,
         runtime: &Runtime,
         policy: &Policy,
         mut source: Box<dyn ChangeSource>,
         store: Arc<dyn CheckpointStore>,
         deadline: Instant,
+        held: &mut Option<Held>,
     ) -> Result<RunSummary, Failed> {
         let started = Instant::now();
+        let started_at = bson::DateTime::now();
         let deployment = source.deployment()?;
         let config = &self.stream.config;
         let consumer = Consumer {
@@ -258,6 +303,7 @@ impl Plan {
             "run starting"
         );
         let name = consumer.consumer.clone();
+        let watched = consumer.source.clone();
         let session = Session::new(
             consumer,
             deployment,
@@ -272,17 +318,15 @@ impl Plan {
         .with_split_events(config.split_large_events)
         .with_lease(lease.clone())
         .with_policy(checkpoint::PolicyBinding::new(&policy.sha256, &self.params));
-        let ran = runtime.run(policy, session, &self.settings(), &self.limits);
-        // The next run need not wait for the lease to expire. A run that cannot release it
-        // (its deadline passed, the server is gone) leaves it to expire.
-        // The epoch, not this machine's time: a next run whose clock is behind finds it free.
-        if let Err(error) = store.release(&name, &lease.owner, bson::DateTime::from_millis(0)) {
-            tracing::debug!(
-                error = %handoff_domain::text::escape_untrusted(&error.to_string(), 500),
-                "the lease could not be released; it expires by itself"
-            );
-        }
-        let summary = ran?;
+        *held = Some(Held {
+            store: store.clone(),
+            consumer: name,
+            source: watched,
+            owner: lease.owner.clone(),
+            run: claim.run,
+            started_at,
+        });
+        let summary = runtime.run(policy, session, &self.settings(), &self.limits)?;
         tracing::info!(
             status = summary.status.as_str(),
             events_handed_off = summary.committed.handed_off,

@@ -40,6 +40,14 @@ pub struct ConsumerArgs {
         default_value = "kestra_change_quarantine"
     )]
     pub quarantine_collection: String,
+    /// Collection (table) of the run history: one record per run, which `status` reads for its
+    /// forecast and charts.
+    #[arg(
+        long,
+        env = env::RUNS_COLLECTION,
+        default_value = handoff::domain::history::DEFAULT_RUNS
+    )]
+    pub runs_collection: String,
 }
 
 impl ConsumerArgs {
@@ -58,6 +66,8 @@ impl ConsumerArgs {
             checkpoint_collection: self.checkpoint_collection.clone(),
             outbox_collection: self.outbox_collection.clone(),
             quarantine_collection: self.quarantine_collection.clone(),
+            runs_collection: self.runs_collection.clone(),
+            runs_keep: handoff::domain::history::DEFAULT_KEEP,
             max_events: max_events.to_string(),
             max_wait_seconds: max_wait_seconds.to_string(),
         }
@@ -82,6 +92,9 @@ pub struct InputArgs {
     /// Idle seconds before the run ends, 1-30.
     #[arg(long, env = env::MAX_WAIT_SECONDS, default_value = "10")]
     pub max_wait_seconds: String,
+    /// Run records kept per consumer in the run history (the oldest are replaced), 1-100000.
+    #[arg(long, env = env::RUNS_KEEP, default_value_t = handoff::domain::history::DEFAULT_KEEP)]
+    pub runs_keep: u32,
     #[command(flatten)]
     pub keep: KeepEventArgs,
     /// Write an outbox record for each invalidation of the stream (its `_id` the invalidate
@@ -115,14 +128,14 @@ impl InputArgs {
     }
 
     pub fn validate(&self) -> Result<Inputs> {
-        self.consumer
-            .raw_inputs(
-                self.database.as_deref().unwrap_or(DEFAULT_DATABASE),
-                self.collection.as_deref().unwrap_or(DEFAULT_COLLECTION),
-                &self.max_events,
-                &self.max_wait_seconds,
-            )
-            .validate()
+        let mut raw = self.consumer.raw_inputs(
+            self.database.as_deref().unwrap_or(DEFAULT_DATABASE),
+            self.collection.as_deref().unwrap_or(DEFAULT_COLLECTION),
+            &self.max_events,
+            &self.max_wait_seconds,
+        );
+        raw.runs_keep = self.runs_keep;
+        raw.validate()
     }
 
     pub fn outbox(&self) -> OutboxOptions {

@@ -9,14 +9,16 @@ use super::args::{TargetArgs, ViewArgs};
 use handoff::backend::mongo::Connection;
 use handoff::error::{HandoffError, Result};
 use handoff::operate::report::{Page, Section};
-use handoff::operate::status::{Status, Target};
+use handoff::operate::status::{self, Place, Status, Target};
 
 #[derive(Args)]
 #[command(after_help = concat!(
     "Reads, changes nothing. The oplog window needs the right to read the `local` database\n",
     "(role clusterMonitor); without it the window and margin are shown as unknown.\n\n",
     "Example (alert a day before the checkpoint falls off the oplog):\n",
-    "  MONGODB_URI=... handoff status --consumer-id orders-to-outbox --min-margin 24h\n\n",
+    "  MONGODB_URI=... handoff status --consumer-id orders-to-outbox --min-margin 24h\n",
+    "Every consumer of a database, the worst first, failing when any would lose history within a day:\n",
+    "  MONGODB_URI=... handoff status --all --database shop --min-forecast 1day\n\n",
     exit_codes!(),
 ))]
 pub struct StatusArgs {
@@ -29,6 +31,16 @@ pub struct StatusArgs {
     /// stands after the deployment's present.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub min_margin: Option<Duration>,
+    /// Exit with 16 when the forecast (when the checkpoint would fall off the oplog if the
+    /// current rates hold, from the run history) is shorter than this, or history is already
+    /// lost. A forecast that cannot be made (fewer than 3 runs recorded, the window unknown)
+    /// is said and does not fail.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub min_forecast: Option<Duration>,
+    /// Every consumer of --database's checkpoint collection, with its lag, margin and
+    /// forecast, the worst first (--consumer-id is then not used).
+    #[arg(long)]
+    pub all: bool,
     /// Also write the figures as a self-contained HTML report to this file (checked before
     /// anything is read: its directory must exist and be writable).
     #[arg(long, value_name = "FILE")]
@@ -49,6 +61,9 @@ pub fn run(args: StatusArgs) -> Result<()> {
     if let Some(path) = &args.html {
         Page::check_path(path)?;
     }
+    if args.all {
+        return all(&args);
+    }
     let connection = Connection::connect(&t.uri)?;
     let status = Status::read(
         &connection,
@@ -59,6 +74,7 @@ pub fn run(args: StatusArgs) -> Result<()> {
             consumer: &t.consumer.consumer_id,
             checkpoints: &t.consumer.checkpoint_collection,
             outbox: &t.consumer.outbox_collection,
+            runs: &t.consumer.runs_collection,
         },
     );
     connection.close();
@@ -89,6 +105,83 @@ pub fn run(args: StatusArgs) -> Result<()> {
         .write(path)?;
     }
     printed?;
+    check(&args, &status)
+}
+
+/// `--all`: the listing, then the checks of every consumer.
+fn all(args: &StatusArgs) -> Result<()> {
+    let t = &args.target;
+    let place = Place {
+        database: &t.database,
+        checkpoints: &t.consumer.checkpoint_collection,
+        runs: &t.consumer.runs_collection,
+    };
+    let connection = Connection::connect(&t.uri)?;
+    let listed = status::read_all(&connection, &place);
+    connection.close();
+    let listed = listed?;
+    let printed = if args.view.json {
+        out!("{}", status::to_json(&place, &listed))
+    } else if listed.is_empty() {
+        handoff::output::write_stdout(&format!(
+            "no consumer in {}.{}\n",
+            t.database, t.consumer.checkpoint_collection
+        ))
+    } else {
+        handoff::output::write_stdout(&status::table(&listed))
+    };
+    if let Some(path) = &args.html {
+        Page {
+            title: format!(
+                "handoff status: {} consumers of {}",
+                listed.len(),
+                t.database
+            ),
+            sections: listed
+                .iter()
+                .map(|status| Section {
+                    heading: format!("{} on {}", status.consumer, status.source),
+                    rows: status
+                        .rows()
+                        .into_iter()
+                        .map(|(label, value)| (label.to_string(), value))
+                        .collect(),
+                })
+                .collect(),
+        }
+        .write(path)?;
+    }
+    printed?;
+    let failures: Vec<String> = listed
+        .iter()
+        .filter_map(|status| {
+            check(args, status)
+                .err()
+                .map(|e| format!("{}: {e}", status.consumer))
+        })
+        .collect();
+    match failures.first() {
+        None => Ok(()),
+        Some(first) => Err(HandoffError::Attention(format!(
+            "{} of {} consumers need attention; the first: {first}",
+            failures.len(),
+            listed.len()
+        ))),
+    }
+}
+
+/// `--min-margin` and `--min-forecast` against one consumer.
+fn check(args: &StatusArgs, status: &Status) -> Result<()> {
+    if let Some(min) = args.min_forecast
+        && let Some(eta) = status.forecast.eta_seconds()
+        && eta < min.as_secs() as i64
+    {
+        return Err(HandoffError::Attention(format!(
+            "the forecast is under --min-forecast {} s: {}",
+            min.as_secs(),
+            status.forecast.sentence()
+        )));
+    }
     if let Some(min) = args.min_margin {
         // A checkpoint after the present has a large margin and skips everything: no margin
         // makes it healthy.

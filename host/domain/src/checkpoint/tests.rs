@@ -313,3 +313,39 @@ fn a_run_records_its_policy_and_another_one_is_refused() {
         Err(HandoffError::MalformedCheckpoint(_))
     ));
 }
+
+#[test]
+fn each_claim_numbers_its_run_and_a_bad_counter_is_malformed() {
+    let stored = initial_bound("c", "db.coll", "rs", &StreamConfig::default());
+    let loaded = validate(&stored, "db.coll", "rs").unwrap();
+    assert_eq!(loaded.runs, 0);
+    let lease = crate::Lease::new(std::time::Duration::from_secs(60));
+    let binding = Binding {
+        config: &StreamConfig::default(),
+        accept_change: None,
+        lease: &lease,
+        now: bson::DateTime::now(),
+    };
+    let claim = claim(&loaded, &binding).unwrap();
+    assert_eq!(claim.run, 1);
+    assert_eq!(claim.set.get_i64(crate::history::RUNS_FIELD).unwrap(), 1);
+    let mut counted = stored.clone();
+    counted.insert(crate::history::RUNS_FIELD, 41_i64);
+    let loaded = validate(&counted, "db.coll", "rs").unwrap();
+    assert_eq!(super::claim(&loaded, &binding).unwrap().run, 42);
+    for bad in [
+        bson::Bson::Int64(-1),
+        bson::Bson::String("x".into()),
+        bson::Bson::Int64(i64::MAX),
+    ] {
+        let mut corrupted = stored.clone();
+        corrupted.insert(crate::history::RUNS_FIELD, bad.clone());
+        assert!(
+            matches!(
+                validate(&corrupted, "db.coll", "rs"),
+                Err(HandoffError::MalformedCheckpoint(_))
+            ),
+            "{bad:?}"
+        );
+    }
+}
