@@ -158,17 +158,20 @@ struct TimeChart<'a> {
 
 type Drawn = Result<(), DrawingAreaErrorKind<std::io::Error>>;
 
-/// The forecast line as drawn: from the margin now to zero, or to the chart's edge when zero is
-/// far beyond the runs; and its legend.
+/// The forecast as drawn: the margin now, a line from it to zero (or to the chart's edge when
+/// zero is far beyond the runs) when the time to zero is known, and its legend.
 struct ForecastLine {
     from: (f64, f64),
-    to: (f64, f64),
+    to: Option<(f64, f64)>,
     label: String,
 }
 
 impl TimeChart<'_> {
     /// The chart, or a line saying why it could not be drawn.
     fn draw(&self, points: &[RunPoint]) -> Chart {
+        if points.is_empty() {
+            return Chart::note(self.title, "no runs recorded yet".into());
+        }
         let mut svg = String::new();
         match self.draw_into(points, &mut svg) {
             Ok(()) => Chart {
@@ -184,12 +187,14 @@ impl TimeChart<'_> {
             .iter()
             .map(|p| p.ended_at.timestamp_millis() as f64)
             .collect();
-        let (first, last) = (times[0], times[times.len() - 1]);
-        let forecast = self.forecast.and_then(|f| forecast_line(f, last - first));
+        let (Some(&first), Some(&last)) = (times.first(), times.last()) else {
+            return Ok(());
+        };
+        let forecast = self.forecast.map(|f| forecast_line(f, last - first));
         let (mut lo, mut hi) = (first, last);
         if let Some(f) = &forecast {
             lo = lo.min(f.from.0);
-            hi = hi.max(f.from.0).max(f.to.0);
+            hi = hi.max(f.from.0).max(f.to.map_or(f.from.0, |to| to.0));
         }
         let pad = if hi > lo {
             (hi - lo) * 0.04
@@ -291,13 +296,15 @@ impl TimeChart<'_> {
             }
         }
         if let Some(f) = &forecast {
-            let (from, to) = ((f.from.0, scaled(f.from.1)), (f.to.0, scaled(f.to.1)));
-            chart.draw_series(DashedLineSeries::new(
-                [from, to],
-                9,
-                6,
-                FORECAST.stroke_width(2),
-            ))?;
+            let from = (f.from.0, scaled(f.from.1));
+            if let Some(to) = f.to {
+                chart.draw_series(DashedLineSeries::new(
+                    [from, (to.0, scaled(to.1))],
+                    9,
+                    6,
+                    FORECAST.stroke_width(2),
+                ))?;
+            }
             chart.draw_series([Circle::new(from, 4, FORECAST.filled())])?;
             legend.push((Sample::Dashed(FORECAST), f.label.clone()));
         }
@@ -391,26 +398,33 @@ fn bar_half_width(times: &[f64], span: f64) -> f64 {
 
 /// The forecast line: from the margin at `at` down to zero at `at + eta`. Zero is drawn only
 /// within twice the runs' span (at least a day) after `at`; beyond, the line stops at that edge
-/// and the legend gives the date.
-fn forecast_line(forecast: &Forecast, runs_span: f64) -> Option<ForecastLine> {
-    let eta = forecast.eta_seconds?.max(0) as f64 * 1_000.0;
+/// and the legend gives the date. No time to zero: the margin now alone.
+fn forecast_line(forecast: &Forecast, runs_span: f64) -> ForecastLine {
     let at = forecast.at.timestamp_millis() as f64;
-    let margin = forecast.margin_seconds as f64;
+    let from = (at, forecast.margin_seconds as f64);
+    let Some(eta) = forecast.eta_seconds else {
+        return ForecastLine {
+            from,
+            to: None,
+            label: "margin now: no time to 0 foreseen".into(),
+        };
+    };
+    let eta = eta.max(0) as f64 * 1_000.0;
     let horizon = (2.0 * runs_span).max(86_400_000.0);
     let zero = utc_text(at + eta);
-    Some(if eta <= horizon {
+    if eta <= horizon {
         ForecastLine {
-            from: (at, margin),
-            to: (at + eta, 0.0),
+            from,
+            to: Some((at + eta, 0.0)),
             label: format!("forecast: 0 at {zero}"),
         }
     } else {
         ForecastLine {
-            from: (at, margin),
-            to: (at + horizon, margin * (1.0 - horizon / eta)),
+            from,
+            to: Some((at + horizon, from.1 * (1.0 - horizon / eta))),
             label: format!("forecast: 0 at {zero} (off the chart)"),
         }
-    })
+    }
 }
 
 /// The drawing made to fit its container: no fixed size (the page's style sets its width, the

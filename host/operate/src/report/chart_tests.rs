@@ -236,8 +236,15 @@ fn no_runs_is_a_line_of_text_and_few_runs_still_draw() {
         }),
     );
     let margin = parse(two[1].svg().expect("a drawing"));
-    assert!(lines(&margin, FORECAST).is_empty(), "no ETA, no line");
+    // No time to zero: the margin now, no line.
+    assert_eq!(
+        lines(&margin, FORECAST),
+        [2, 2],
+        "the legend's two dashes only"
+    );
     assert_eq!(count(&margin, "circle", "fill", MARGIN), 1);
+    assert_eq!(count(&margin, "circle", "fill", FORECAST), 1);
+    assert!(texts(&margin).contains("margin now: no time to 0 foreseen"));
 }
 
 #[test]
