@@ -34,6 +34,7 @@ mod integration_policies;
 mod integration_races;
 mod integration_reconcile;
 mod integration_replay;
+mod integration_reports;
 mod integration_sandbox;
 mod integration_split_events;
 mod integration_stop;

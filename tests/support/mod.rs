@@ -2,6 +2,7 @@
 //! run as the engine runs it, and its outputs and state read back.
 #![allow(dead_code)]
 
+pub mod browser;
 pub mod engines;
 pub mod live;
 

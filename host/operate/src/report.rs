@@ -1,5 +1,8 @@
-//! Self-contained HTML reports (`--html FILE`): figures and differences readable offline, no
-//! script, no external resource.
+//! Self-contained HTML reports (`--html FILE`): charts, figures and differences readable
+//! offline, no script, no external resource.
+
+mod axis;
+pub mod chart;
 
 use std::path::Path;
 
@@ -8,9 +11,12 @@ use quick_xml::escape::escape;
 use handoff_domain::error::{HandoffError, Result};
 use handoff_domain::text::escape_chars;
 
-/// A report: a title, then sections of labelled rows.
+pub use chart::{Chart, Forecast, RunPoint, history_charts};
+
+/// A report: a title, charts (inline SVG), then sections of labelled rows.
 pub struct Page {
     pub title: String,
+    pub charts: Vec<Chart>,
     pub sections: Vec<Section>,
 }
 
@@ -31,7 +37,9 @@ impl Page {
              table{border-collapse:collapse;margin-bottom:2em}\
              th,td{border:1px solid #ccc;padding:.3em .8em;text-align:left;vertical-align:top}\
              th{background:#f4f4f4}td{font-family:ui-monospace,monospace}\
-             .warn{color:#a00;font-weight:bold}</style></head><body>",
+             h1,h2,td{overflow-wrap:anywhere}.warn{color:#a00;font-weight:bold}\
+             .chart{margin:0 0 1.5em}.chart svg{display:block;width:100%;max-width:960px;height:auto}\
+             @media (max-width:600px){body{margin:.8em}}</style></head><body>",
         );
         html.push_str(&format!("<h1>{}</h1>", text(&self.title)));
         html.push_str(&format!(
@@ -44,6 +52,9 @@ impl Page {
             ),
             env!("CARGO_PKG_VERSION")
         ));
+        for chart in &self.charts {
+            html.push_str(&chart.to_html());
+        }
         for section in &self.sections {
             html.push_str(&format!("<h2>{}</h2><table>", text(&section.heading)));
             for (label, value) in &section.rows {
@@ -126,6 +137,7 @@ mod tests {
     fn values_are_escaped_and_nothing_is_fetched() {
         let report = Page {
             title: "status <c>".into(),
+            charts: Vec::new(),
             sections: vec![Section {
                 heading: "figures".into(),
                 rows: vec![
@@ -154,6 +166,7 @@ mod tests {
     fn names_from_the_server_cannot_reorder_or_break_the_page() {
         let report = Page {
             title: "status rs0\u{202e}lanif".into(),
+            charts: Vec::new(),
             sections: vec![Section {
                 heading: "db.orders\u{2028}x".into(),
                 rows: vec![("set\u{200b}name".into(), "a\nb\u{2066}c".into())],

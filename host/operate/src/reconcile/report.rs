@@ -179,6 +179,7 @@ impl ReconcileReport {
         );
         Page {
             title: format!("handoff reconcile: {}", self.consumer),
+            charts: Vec::new(),
             sections,
         }
     }
