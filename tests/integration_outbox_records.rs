@@ -426,6 +426,7 @@ const AUDIT: &str = "kestra_change_audit";
 const SIGNALS: &str = "kestra_change_signals";
 const BACKFILL_STATES: &str = "kestra_change_backfill";
 const REGISTRY: &str = "kestra_change_registry";
+const RUNS: &str = "kestra_change_runs";
 
 /// What a table's "on" cell calls the collection `collection` of the test's database.
 fn target_of(collection: &str) -> &'static str {
@@ -438,6 +439,7 @@ fn target_of(collection: &str) -> &'static str {
         SIGNALS => "signal collection",
         BACKFILL_STATES => "backfill state collection",
         REGISTRY => "registry collection",
+        RUNS => "runs collection",
         "oplog.rs" => "`local.oplog.rs`",
         // The cursor of a change stream on the whole database.
         "$cmd.aggregate" => "source database",
@@ -464,6 +466,7 @@ fn resource_of(target: &str) -> Option<Document> {
                 AUDIT,
                 SIGNALS,
                 BACKFILL_STATES,
+                RUNS,
             ]
             .into_iter()
             .find(|name| target_of(name) == other)

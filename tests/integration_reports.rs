@@ -12,7 +12,7 @@ use support::live::{CONSUMER, Live};
 /// The charts `status --html` and `reconcile --html` draw: none yet. Once they are given the
 /// consumer's run history this is 3 (lag, oplog margin and events per run), and the pages are
 /// checked for them.
-const CHARTS_IN_REPORTS: usize = 0;
+const CHARTS_IN_REPORTS: usize = 3;
 
 /// A consumer that ran a few times, with events handed off.
 fn consumer_after_runs() -> Live {

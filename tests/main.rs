@@ -22,6 +22,7 @@ mod integration_forgery;
 mod integration_fresh_consumer;
 mod integration_fuzz_decisions;
 mod integration_guarantees;
+mod integration_history;
 mod integration_hostile;
 mod integration_kit;
 mod integration_lease;

@@ -262,9 +262,10 @@ pub fn inspect(state: &Path) -> (Value, Vec<Value>) {
         .collect::<Vec<_>>()
         .into_iter();
     let mut checkpoint = lines.next().expect("a checkpoint");
-    // What every run writes without moving the checkpoint: its revision and its lease.
+    // What every run writes without moving the checkpoint: its revision, its lease and its
+    // count of runs.
     if let Some(fields) = checkpoint.as_object_mut() {
-        for key in ["revision", "owner", "leaseUntil"] {
+        for key in ["revision", "owner", "leaseUntil", "runs"] {
             fields.remove(key);
         }
     }

@@ -28,7 +28,7 @@ use super::position::Position;
 /// Runs with figures a forecast needs.
 pub const MIN_RUNS: usize = 3;
 /// The most recent runs a forecast fits its rates to.
-pub const FIT_RUNS: usize = 50;
+pub const FIT_RUNS: usize = 10;
 /// An oldest-entry rate under this is an oplog that keeps everything (not full yet).
 const DISCARDING: f64 = 0.01;
 

@@ -303,6 +303,60 @@ impl CheckpointView {
     }
 }
 
+impl Status {
+    /// The run history drawn for an HTML report: lag, margin (with the forecast) and events
+    /// per run.
+    pub fn charts(&self) -> Vec<crate::report::Chart> {
+        charts(&self.history, &self.position, &self.forecast)
+    }
+}
+
+/// The charts of `history`, the margin's forecast drawn from `now`.
+pub fn charts(
+    history: &[RunRecord],
+    now: &Position,
+    forecast: &Forecast,
+) -> Vec<crate::report::Chart> {
+    use crate::report::{Forecast as Line, RunPoint, history_charts};
+    let points: Vec<RunPoint> = history
+        .iter()
+        .map(|r| {
+            let p = r.position();
+            RunPoint {
+                ended_at: r.ended_at,
+                lag_seconds: p.lag_seconds(),
+                oplog_margin_seconds: p.oplog_margin_seconds(),
+                events: u64::from(r.events_handed_off),
+                failed: r.failed(),
+            }
+        })
+        .collect();
+    let line = now.oplog_margin_seconds().map(|margin| Line {
+        at: bson::DateTime::from_millis((now.wall_now as i64).saturating_mul(1000)),
+        margin_seconds: margin,
+        eta_seconds: forecast.eta_seconds(),
+    });
+    history_charts(&points, line.as_ref())
+}
+
+/// The charts of a consumer's run history as `status` reads them (for another command's
+/// report); none when the checkpoint cannot be read.
+pub fn read_charts(
+    connection: &Connection,
+    database: &str,
+    checkpoints: &str,
+    runs: &str,
+    consumer: &str,
+) -> Vec<crate::report::Chart> {
+    connection.block_on(async {
+        let token = window::checkpoint_token(connection, database, checkpoints, consumer).await;
+        let position = window::position(connection, token.as_ref()).await;
+        let history = read_history(connection, database, runs, consumer).await;
+        let forecast = forecast::forecast(&history, &position, now_seconds());
+        charts(&history, &position, &forecast)
+    })
+}
+
 /// Seconds since the epoch on this machine, to the millisecond.
 pub fn now_seconds() -> f64 {
     std::time::SystemTime::now()

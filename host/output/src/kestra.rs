@@ -175,6 +175,7 @@ mod tests {
             policy_sha256: "ff".into(),
             duration: std::time::Duration::from_millis(1500),
             position: None,
+            forecast: None,
         };
         let lines = Kestra.lines(&RunOutputs::of(&finished));
         assert_eq!(lines.len(), 2);
@@ -250,6 +251,7 @@ mod tests {
             policy_sha256: "ff".into(),
             duration: std::time::Duration::ZERO,
             position: None,
+            forecast: None,
         };
         let lines = Kestra.lines(&RunOutputs::of(&finished));
         assert_eq!(protocol(&lines[0])["outputs"]["stopped"], json!(true));

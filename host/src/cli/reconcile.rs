@@ -125,6 +125,17 @@ pub fn run(args: ReconcileArgs) -> Result<()> {
         connection.deployment(),
     );
     let outcome = reconcile::reconcile(&connection, &options, &snapshots);
+    // The report's charts of the consumer's runs, read once the comparison is done.
+    let charts = match (&outcome, &args.html) {
+        (Ok(_), Some(_)) => handoff::operate::status::read_charts(
+            &connection,
+            &options.database,
+            &options.checkpoints,
+            &args.run.target.consumer.runs_collection,
+            &options.consumer,
+        ),
+        _ => Vec::new(),
+    };
     connection.close();
     let report = outcome?;
     // The HTML report is written whatever became of stdout.
@@ -134,7 +145,7 @@ pub fn run(args: ReconcileArgs) -> Result<()> {
         handoff::output::write_stdout(&report.human())
     };
     if let Some(path) = &args.html {
-        report.html().write(path)?;
+        report.html(charts).write(path)?;
     }
     printed?;
     let differences = report.differences();

@@ -138,6 +138,7 @@ fn all(args: &StatusArgs) -> Result<()> {
                 listed.len(),
                 t.database
             ),
+            charts: Vec::new(),
             sections: listed
                 .iter()
                 .map(|status| Section {

@@ -113,7 +113,7 @@ impl ReconcileReport {
     }
 
     /// The report as a self-contained HTML page: the figures, then the keys of each kind.
-    pub fn html(&self) -> Page {
+    pub fn html(&self, charts: Vec<crate::report::Chart>) -> Page {
         let mut figures = vec![
             (
                 "consumer".to_string(),
@@ -179,7 +179,7 @@ impl ReconcileReport {
         );
         Page {
             title: format!("handoff reconcile: {}", self.consumer),
-            charts: Vec::new(),
+            charts,
             sections,
         }
     }
