@@ -226,7 +226,11 @@ fn lost_history_carries_evidence_and_an_audited_reset_recovers() {
         guidance.contains(". Evidence: checkpoint at cluster time"),
         "{guidance}"
     );
-    assert!(guidance.contains("Next: handoff status"), "{guidance}");
+    assert!(guidance.contains("Next: handoff recover"), "{guidance}");
+    assert!(
+        guidance.contains("or, by hand: handoff status"),
+        "{guidance}"
+    );
     assert!(support::stderr(&output).contains("oldest oplog entry"));
 
     // A dry run shows the move and writes nothing.

@@ -33,6 +33,7 @@ mod integration_partitions;
 mod integration_policies;
 mod integration_races;
 mod integration_reconcile;
+mod integration_recover;
 mod integration_replay;
 mod integration_sandbox;
 mod integration_split_events;

@@ -32,7 +32,7 @@ it, and `handoff recover` again completes the repair without moving the checkpoi
 Consumers of a partition, a pipeline or a wider --scope are refused (reconcile cannot compare \
 them), naming the commands that serve them. --dry-run shows the lost window and the move (for a \
 recovery in progress, what its repair would write) and writes nothing.\n\n\
-Examples:\n  handoff recover --consumer-id orders-to-outbox --reason \"INC-42: oplog too small\" --dry-run\n  \
+Example:\n  handoff recover --consumer-id orders-to-outbox --reason \"INC-42: oplog too small\" --dry-run\n  \
 handoff recover --consumer-id orders-to-outbox --reason \"INC-42: oplog too small\"\n  \
 handoff run --consumer-id orders-to-outbox\n\n",
     exit_codes!()
