@@ -216,6 +216,12 @@ fn lost_history_is_recovered_in_one_command_with_the_default_and_the_quarantine_
         assert!(from.as_u64() <= to.as_u64() && to.is_u64(), "{dry}");
         assert!(dry["lost"]["gap_seconds"].is_i64(), "{dry}");
         assert!(dry["refused"].is_null(), "{dry}");
+        let recover_next = dry["next_command"].as_str().expect("the next command");
+        assert!(
+            recover_next.starts_with("handoff recover --database change_demo"),
+            "{dry}"
+        );
+        assert_eq!(recover_next.contains("--policy "), path.is_some(), "{dry}");
         assert_eq!(live.checkpoint(), Some(before.clone()));
         assert!(live.records(AUDIT).is_empty());
 
@@ -258,6 +264,11 @@ fn lost_history_is_recovered_in_one_command_with_the_default_and_the_quarantine_
         let completed = audit[2].get_document("evidence").expect("evidence");
         assert_eq!(completed.get_i64("missing").ok(), Some(30), "{completed}");
         assert_eq!(completed.get_i64("correction_records").ok(), Some(38));
+        let next = completed.get_str("next").expect("the next command");
+        assert!(
+            next.starts_with("handoff run --database change_demo"),
+            "{next}"
+        );
 
         // The next run goes on from the new position; the outbox then describes the source.
         support::ok(&live.run(&policy));

@@ -252,7 +252,8 @@ async fn checkpoint(
     )?;
     if let Some(unfit) = Unfit::of(&loaded) {
         return Err(HandoffError::BadInput(format!(
-            "Consumer {} {}. Reconcile is for consumers of the plain stream of a whole collection",
+            "Consumer {} {}. Reconcile is for consumers of the plain collection stream (a whole \
+             collection, no pipeline)",
             escape_untrusted(&options.consumer, 64),
             unfit.why()
         )));

@@ -53,7 +53,8 @@ pub struct Options {
     pub dry_run: bool,
     /// The consumer's flags, as the commands named in refusals take them.
     pub flags: String,
-    /// The command to run once the recovery is complete.
+    /// The command to run next: after a recovery, the consumer's run (after a dry run, the
+    /// recovery).
     pub next: String,
 }
 
@@ -336,6 +337,7 @@ fn complete(
             "correction_records": repair.written as i64,
             "already_present": repair.already_present as i64,
             "repair_audit_id": repair.audit_id,
+            "next": &options.next,
         },
     };
     let record = entry.document();

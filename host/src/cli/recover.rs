@@ -95,7 +95,13 @@ impl RecoverArgs {
                 ));
             }
         };
-        let mut next = format!("handoff run {flags}");
+        // After a dry run, the recovery itself; after a recovery, the consumer's next run.
+        let mut next = if self.dry_run {
+            let why = if reason.is_empty() { "<why>" } else { &reason };
+            format!("handoff recover {flags} --reason {}", shell_word(why))
+        } else {
+            format!("handoff run {flags}")
+        };
         let policy = &self.run.deciding.policy;
         if let Some(path) = &policy.policy {
             next.push_str(&format!(
@@ -103,7 +109,7 @@ impl RecoverArgs {
                 shell_word(&path.display().to_string())
             ));
         }
-        // The parameters' values are not printed: the run takes them as this command did.
+        // The parameters' values are not printed: give them as this command was given them.
         for param in &policy.params {
             let key = param.split_once('=').map_or(param.as_str(), |(key, _)| key);
             next.push_str(&format!(

@@ -24,7 +24,7 @@ pub struct Recovery {
     pub report: Option<ReconcileReport>,
     /// The completion's audit record (`_id`, hex).
     pub audit_id: Option<String>,
-    /// The command to run next.
+    /// The command to run next (after a dry run, the recovery itself).
     pub next: String,
 }
 
