@@ -739,6 +739,13 @@ const CASES: [Case; 6] = [
                     .insert_many((100..160).map(|i| doc! {"_id": i, "schemaVersion": 1})),
             )
             .expect("insert");
+            for round in 0..2 {
+                live.wait(
+                    live.coll("orders")
+                        .update_many(doc! {"_id": {"$gte": 100}}, doc! {"$set": {"round": round}}),
+                )
+                .expect("update");
+            }
             let output = live.command().args(policy).output().expect("run handoff");
             if output.status.code() != Some(6) {
                 // A replica set does not lose its history on demand: a recovery killed after its
@@ -808,9 +815,10 @@ fn every_writing_command_needs_only_the_documented_privileges() {
         for wire_version in [25, 21] {
             let live = Live::with_config(mongo_sim::Config {
                 max_wire_version: wire_version,
-                // Small enough for `recover`'s setup to lose the consumer's history.
+                // Small enough for `recover`'s setup to lose the consumer's history (180
+                // events), large enough for its repair's writes (about 65).
                 history_limit: if case.section == "recover" {
-                    40
+                    100
                 } else {
                     mongo_sim::Config::default().history_limit
                 },

@@ -2,9 +2,9 @@
 //! exits 6, one command moves the checkpoint and repairs the outbox through the policy, after
 //! which the next run and `reconcile` find nothing missing, orphaned or stale and no event twice
 //! (with the default policy and the quarantine policy, whose poison documents stay
-//! quarantined); a writer during the repair loses nothing; a recovery killed after its move is
-//! completed by the next; and what has nothing to recover, or cannot be recovered here, is
-//! refused with nothing written.
+//! quarantined); a writer during the repair loses nothing; a recovery killed after its move, or
+//! whose repair outran the oplog, is completed by the next; and what has nothing to recover, or
+//! cannot be recovered here, is refused with nothing written.
 
 use crate::support;
 
@@ -34,18 +34,6 @@ fn recover(live: &Live, args: &[&str]) -> Output {
     live.operator(&[&["recover"][..], args].concat())
 }
 
-/// The JSON document a command that exited with `code` printed.
-fn json_of(output: &Output, code: i32) -> Value {
-    assert_eq!(
-        output.status.code(),
-        Some(code),
-        "stdout: {}\nstderr: {}",
-        String::from_utf8_lossy(&output.stdout),
-        support::stderr(output)
-    );
-    serde_json::from_slice(&output.stdout).expect("one JSON document on stdout")
-}
-
 /// `(missing, orphan, stale)` of a reconcile report, or of a recovery's repair.
 fn counts(report: &Value) -> (u64, u64, u64) {
     let n = |v: &Value| v.as_u64().or_else(|| v["count"].as_u64()).expect("a count");
@@ -58,22 +46,16 @@ fn counts(report: &Value) -> (u64, u64, u64) {
 
 /// `reconcile --json` with `policy`, which must find the outbox describing the source.
 fn reconciled(live: &Live, policy: &[&str]) -> Value {
-    let report = json_of(
-        &live.operator(&[&["reconcile", "--json"][..], policy].concat()),
-        0,
-    );
+    let report =
+        support::json_stdout(&live.operator(&[&["reconcile", "--json"][..], policy].concat()));
     assert_eq!(counts(&report), (0, 0, 0), "{report}");
     report
 }
 
-fn poison(i: i32) -> bool {
-    i % 5 == 0
-}
-
-/// Documents `ids`, those `poison` picks of a schema the quarantine policy refuses.
+/// Documents `ids`, every fifth of a schema the quarantine policy refuses (poison).
 fn insert_orders(live: &Live, ids: std::ops::Range<i32>) {
     live.wait(live.coll("orders").insert_many(ids.map(|i| {
-        if poison(i) {
+        if i % 5 == 0 {
             doc! { "_id": i, "schemaVersion": 99, "card": "4111111111111111", "n": 0 }
         } else {
             doc! { "_id": i, "schemaVersion": 1, "n": 0 }
@@ -107,18 +89,16 @@ fn each_event_once(live: &Live) {
     assert!(!seen.is_empty());
 }
 
-/// The number of commands of that name `handoff` sent to the test's server.
-fn sent(live: &Live, command: &str) -> usize {
-    live.commands_from_handoff()
-        .iter()
-        .filter(|c| c.as_str() == command)
-        .count()
-}
-
 /// Waits until `handoff` sent `n` commands named `command`, failing if `child` ends first.
 fn wait_for_sent(live: &Live, child: &mut std::process::Child, command: &str, n: usize) {
     let deadline = Instant::now() + Duration::from_secs(120);
-    while sent(live, command) < n {
+    let sent = || {
+        live.commands_from_handoff()
+            .iter()
+            .filter(|c| *c == command)
+            .count()
+    };
+    while sent() < n {
         if let Some(status) = child.try_wait().expect("try_wait") {
             panic!("recover ended ({status}) before its {n}th {command}");
         }
@@ -129,13 +109,7 @@ fn wait_for_sent(live: &Live, child: &mut std::process::Child, command: &str, n:
 
 /// A spawned `handoff recover --json ARGS…`.
 fn spawn_recover(live: &Live, args: &[&str]) -> std::process::Child {
-    support::handoff()
-        .args(["recover", "--json"])
-        .args(args)
-        .env("MONGODB_URI", live.uri())
-        .env("SOURCE_DATABASE", &live.db)
-        .env_remove(support::env_names::AUDIT_COLLECTION)
-        .env_remove("HANDOFF_OPERATOR")
+    live.operator_command(&[&["recover", "--json"][..], args].concat())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -193,23 +167,19 @@ fn lost_history_is_recovered_in_one_command_with_the_default_and_the_quarantine_
              orders-to-outbox --reason '<why>'",
             "{name}: {next}"
         );
-        assert!(
-            next[1].as_str().unwrap().starts_with("handoff status"),
-            "{next}"
-        );
         let guidance = failed["guidance"].as_str().expect("guidance");
-        assert!(guidance.contains("Next: handoff recover "), "{guidance}");
+        let by_hand = "; or, by hand: handoff status ";
         assert!(
-            guidance.contains("or, by hand: handoff status"),
+            guidance.contains(&format!("Next: {first}{by_hand}")),
             "{guidance}"
         );
 
         // A dry run shows the lost window and writes nothing.
         let before = live.checkpoint().expect("checkpoint");
-        let dry = json_of(
-            &recover(&live, &[&["--dry-run", "--json"][..], &policy].concat()),
-            0,
-        );
+        let dry = support::json_stdout(&recover(
+            &live,
+            &[&["--dry-run", "--json"][..], &policy].concat(),
+        ));
         assert_eq!(dry["applied"], false, "{dry}");
         assert_eq!(dry["cause"], "history lost", "{dry}");
         let (from, to) = (&dry["lost"]["from"]["t"], &dry["lost"]["to"]["t"]);
@@ -230,7 +200,7 @@ fn lost_history_is_recovered_in_one_command_with_the_default_and_the_quarantine_
         let mut args: Vec<&str> = command.split_whitespace().skip(2).collect();
         args.extend(["--json"]);
         args.extend(&policy);
-        let done = json_of(&recover(&live, &args), 0);
+        let done = support::json_stdout(&recover(&live, &args));
         assert_eq!(done["applied"], true, "{name}: {done}");
         assert_eq!(done["resumed"], false, "{done}");
         let repair = &done["repair"];
@@ -242,23 +212,14 @@ fn lost_history_is_recovered_in_one_command_with_the_default_and_the_quarantine_
         );
         assert_eq!(repair["written"], 38, "{name}: {done}");
         assert_eq!(repair["in_flight"], 0, "{done}");
-        assert!(
-            done["next_command"]
-                .as_str()
-                .unwrap()
-                .starts_with("handoff run ")
-        );
         let after = live.checkpoint().expect("checkpoint");
         assert_ne!(after.get("token"), before.get("token"));
         assert!(after.get("recovering").is_none(), "{after}");
         // The move, the repair and the completion, each audited.
         let audit = live.records(AUDIT);
         assert_eq!(audit.len(), 3, "{audit:?}");
-        assert!(
-            audit
-                .iter()
-                .all(|r| r.get_str("reason").ok() == Some("INC-42"))
-        );
+        let reasons: Vec<_> = audit.iter().map(|r| r.get_str("reason").ok()).collect();
+        assert_eq!(reasons, [Some("INC-42"); 3]);
         let moved = audit[0].get_document("evidence").expect("evidence");
         assert!(moved.get_document("recovering").is_ok(), "{moved}");
         let completed = audit[2].get_document("evidence").expect("evidence");
@@ -343,7 +304,7 @@ fn a_writer_during_the_repair_loses_nothing_and_doubles_nothing() {
         .expect("delete");
     insert_orders(&live, 1000..1005);
     let output = child.wait_with_output().expect("recover ends");
-    let done = json_of(&output, 0);
+    let done = support::json_stdout(&output);
     assert_eq!(
         live.fail_point_off(),
         1,
@@ -401,7 +362,7 @@ fn a_recovery_killed_after_its_move_is_completed_by_the_next() {
         2,
         "the move and the repair's start"
     );
-    let status = json_of(&live.operator(&["status", "--json"]), 0);
+    let status = support::json_stdout(&live.operator(&["status", "--json"]));
     assert_eq!(
         status["checkpoint"]["recovering"]["reason"], "INC-9",
         "{status}"
@@ -414,13 +375,13 @@ fn a_recovery_killed_after_its_move_is_completed_by_the_next() {
     );
 
     // A dry run of the recovery in progress shows what its repair would write.
-    let dry = json_of(&recover(&live, &["--dry-run", "--json"]), 0);
+    let dry = support::json_stdout(&recover(&live, &["--dry-run", "--json"]));
     assert_eq!(dry["resumed"], true, "{dry}");
     assert_eq!(counts(&dry["repair"]), (50, 0, 0), "{dry}");
     assert_eq!(live.records(AUDIT).len(), 2);
 
     // The next recovery completes the repair without moving the checkpoint again.
-    let done = json_of(&recover(&live, &["--reason", "INC-9 again", "--json"]), 0);
+    let done = support::json_stdout(&recover(&live, &["--reason", "INC-9 again", "--json"]));
     assert_eq!(done["resumed"], true, "{done}");
     assert_eq!(done["cause"], "history lost", "{done}");
     assert_eq!(counts(&done["repair"]), (50, 0, 0), "{done}");
@@ -431,6 +392,37 @@ fn a_recovery_killed_after_its_move_is_completed_by_the_next() {
     assert_eq!(snapshot_keys_once(&live), 150);
     assert_eq!(live.records(AUDIT).len(), 4);
 
+    support::ok(&live.run(&[]));
+    reconciled(&live, &[]);
+    each_event_once(&live);
+}
+
+#[test]
+fn a_repair_that_outruns_the_oplog_stays_recorded_and_the_next_recovery_completes_it() {
+    // 60 events of history: the lost window's 80 inserts overflow it, and so do the 80
+    // correction records of the repair.
+    let live = sim(60);
+    support::ok(&live.run(&[]));
+    insert_orders(&live, 0..80);
+    support::fails(&live.run(&[]), 6, "ChangeStreamHistoryLost");
+    support::refused(
+        &recover(&live, &["--reason", "INC-11"]),
+        6,
+        "outran the oplog",
+    );
+    let recorded = live.checkpoint().expect("checkpoint");
+    assert!(recorded.get_document("recovering").is_ok(), "{recorded}");
+    assert_eq!(snapshot_keys_once(&live), 80);
+    // Moved again: what the repair wrote stands, nothing is left to write.
+    let done = support::json_stdout(&recover(&live, &["--reason", "INC-11", "--json"]));
+    assert_eq!(done["resumed"], false, "{done}");
+    assert_eq!(counts(&done["repair"]), (0, 0, 0), "{done}");
+    assert!(
+        live.checkpoint()
+            .expect("checkpoint")
+            .get("recovering")
+            .is_none()
+    );
     support::ok(&live.run(&[]));
     reconciled(&live, &[]);
     each_event_once(&live);
@@ -486,7 +478,7 @@ fn what_cannot_or_need_not_be_recovered_is_refused_with_nothing_written() {
     let leased = state(&live);
     let out = recover(&live, &["--reason", "INC-5"]);
     support::refused(&out, 3, "handoff@worker-3:1:1");
-    let dry = json_of(&recover(&live, &["--dry-run", "--json"]), 0);
+    let dry = support::json_stdout(&recover(&live, &["--dry-run", "--json"]));
     assert!(
         dry["refused"].as_str().unwrap().contains("worker-3"),
         "{dry}"

@@ -14,7 +14,9 @@
 //!    (keys changed after it are in flight: the next run hands them off) and hands off, through
 //!    the consumer's policy, a correction record for every document the outbox no longer
 //!    describes.
-//! 4. The marker is cleared, with an audit record of what was repaired, in one transaction.
+//! 4. The marker is cleared, with an audit record of what was repaired, in one transaction,
+//!    once the stream still resumes from the checkpoint (a repair whose own writes outran the
+//!    oplog fails with the class of a run that lost its position, the recovery still recorded).
 //!
 //! A recovery killed or failed between 2 and 4 leaves the marker: `recover` again completes the
 //! repair without moving the checkpoint again (the keys already repaired are no longer
@@ -173,6 +175,23 @@ pub fn recover(
             options.flags
         ))
     })?;
+    // The repair's own writes are in the oplog too: ones that outran it left the consumer where
+    // it started. The recovery stays recorded; run again, it moves the checkpoint again and
+    // repairs what changed since, which is less.
+    let (_, now) = connection.block_on(checkpoint_of(connection, options))?;
+    if let Some(cause) = cause(connection, options, &now)? {
+        let written = report.repair.as_ref().map_or(0, |r| r.written);
+        let message = format!(
+            "the repair wrote {written} correction records, and the stream no longer resumes              from the new position ({}): the repair's writes outran the oplog. The recovery is              still recorded: `handoff recover {} --reason '<why>'` moves the checkpoint again              and repairs what changed since; a larger oplog keeps this from recurring",
+            cause.as_str(),
+            options.flags
+        );
+        return Err(match cause {
+            Cause::HistoryLost => HandoffError::HistoryLost(message),
+            Cause::InvalidToken => HandoffError::InvalidToken(message),
+            Cause::StreamFatal => HandoffError::StreamFatal(message),
+        });
+    }
     recovery.audit_id = Some(complete(
         connection,
         options,

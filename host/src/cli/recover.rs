@@ -28,7 +28,9 @@ run`) and its records written, as `reconcile --repair` does (keys changed after 
 are in flight: the next run hands them off);\n  \
 4. the recovery's record is cleared, with an audit record of what was repaired.\n\
 A recovery stopped between 2 and 4 (killed, or a failure) stays recorded: `handoff status` shows \
-it, and `handoff recover` again completes the repair without moving the checkpoint again. \
+it, and `handoff recover` again completes the repair without moving the checkpoint again. A \
+repair whose own writes outran the oplog fails with exit 6, the recovery still recorded: run \
+again, it moves the checkpoint again and repairs what changed since. \
 Consumers of a partition, a pipeline or a wider --scope are refused (reconcile cannot compare \
 them), naming the commands that serve them. --dry-run shows the lost window and the move (for a \
 recovery in progress, what its repair would write) and writes nothing.\n\n\
