@@ -182,7 +182,10 @@ pub fn recover(
     if let Some(cause) = cause(connection, options, &now)? {
         let written = report.repair.as_ref().map_or(0, |r| r.written);
         let message = format!(
-            "the repair wrote {written} correction records, and the stream no longer resumes              from the new position ({}): the repair's writes outran the oplog. The recovery is              still recorded: `handoff recover {} --reason '<why>'` moves the checkpoint again              and repairs what changed since; a larger oplog keeps this from recurring",
+            "the repair wrote {written} correction records, and the stream no longer resumes \
+             from the new position ({}): the repair's writes outran the oplog. The recovery is \
+             still recorded: `handoff recover {} --reason '<why>'` moves the checkpoint again \
+             and repairs what changed since; a larger oplog keeps this from recurring",
             cause.as_str(),
             options.flags
         );
