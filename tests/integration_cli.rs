@@ -95,6 +95,7 @@ fn every_commands_help_shows_an_example_and_every_exit_code() {
         &["man"],
         &["lease", "release"],
         &["checkpoint", "reset"],
+        &["recover"],
     ];
     let mut codes: Vec<u8> = every_class().iter().map(HandoffError::exit_code).collect();
     codes.extend([
@@ -187,6 +188,7 @@ fn every_command_has_a_manual_page_and_every_reference_exists() {
         "handoff-checkpoint-reset.1",
         "handoff-policy-test.1",
         "handoff-reconcile.1",
+        "handoff-recover.1",
     ] {
         assert!(written.contains(page), "{page} missing from {written:?}");
     }
@@ -210,6 +212,9 @@ fn every_command_has_a_manual_page_and_every_reference_exists() {
     let reset = text(&["man", "checkpoint", "reset"]);
     assert!(reset.contains(".TH handoff-checkpoint-reset 1"), "{reset}");
     assert!(reset.contains("\\-\\-to\\-time"), "{reset}");
+    let recover = text(&["man", "recover"]);
+    assert!(recover.contains(".TH handoff-recover 1"), "{recover}");
+    assert!(recover.contains("\\-\\-dry\\-run"), "{recover}");
     let output = handoff().args(["man", "chekpoint"]).output().unwrap();
     assert_eq!(output.status.code(), Some(2));
     assert!(

@@ -226,7 +226,11 @@ fn lost_history_carries_evidence_and_an_audited_reset_recovers() {
         guidance.contains(". Evidence: checkpoint at cluster time"),
         "{guidance}"
     );
-    assert!(guidance.contains("Next: handoff status"), "{guidance}");
+    assert!(guidance.contains("Next: handoff recover"), "{guidance}");
+    assert!(
+        guidance.contains("or, by hand: handoff status"),
+        "{guidance}"
+    );
     assert!(support::stderr(&output).contains("oldest oplog entry"));
 
     // A dry run shows the move and writes nothing.
@@ -442,7 +446,7 @@ fn a_reset_to_a_time_the_oplog_no_longer_holds_is_refused() {
 }
 
 #[test]
-fn consumers_of_a_filtered_stream_are_refused_by_backfill_and_reconcile() {
+fn consumers_of_a_filtered_stream_are_refused_by_backfill_reconcile_and_recover() {
     let d = sim(10_000);
     support::ok(&d.run(&[
         "--pipeline",
@@ -465,6 +469,15 @@ fn consumers_of_a_filtered_stream_are_refused_by_backfill_and_reconcile() {
         support::stderr(&reconcile)
     );
     assert!(support::stderr(&reconcile).contains("plain collection stream"));
+    // Recover repairs as reconcile does: it names the commands that serve such a consumer.
+    let recover = d.operator(&["recover", "--reason", "x"]);
+    assert_eq!(
+        recover.status.code(),
+        Some(2),
+        "{}",
+        support::stderr(&recover)
+    );
+    assert!(support::stderr(&recover).contains("handoff checkpoint reset"));
     assert!(d.outbox().is_empty());
     assert!(d.records(AUDIT).is_empty());
 }

@@ -612,7 +612,7 @@ struct Case {
     sends: &'static [&'static str],
 }
 
-const CASES: [Case; 5] = [
+const CASES: [Case; 6] = [
     // Through a fresh consumer, hand-offs, quarantine records, duplicates after a moved
     // checkpoint and an invalidation.
     Case {
@@ -730,6 +730,61 @@ const CASES: [Case; 5] = [
         },
         sends: &["aggregate", "count", "insert"],
     },
+    // History lost under a consumer of the quarantine policy: the move, then the repair.
+    Case {
+        section: "recover",
+        setup: |live| {
+            quarantining_consumer(live);
+            let policy = ["--policy", handoff_test_policies::QUARANTINE];
+            run_as(live, &live.uri(), &policy);
+            live.wait(
+                live.coll("orders")
+                    .insert_many((100..160).map(|i| doc! {"_id": i, "schemaVersion": 1})),
+            )
+            .expect("insert");
+            for round in 0..2 {
+                live.wait(
+                    live.coll("orders")
+                        .update_many(doc! {"_id": {"$gte": 100}}, doc! {"$set": {"round": round}}),
+                )
+                .expect("update");
+            }
+            let output = live.command().args(policy).output().expect("run handoff");
+            if output.status.code() != Some(6) {
+                // A replica set does not lose its history on demand: a recovery killed after its
+                // move leaves the repair the same work.
+                ok(&output);
+                live.wait(
+                    live.coll(OUTBOX)
+                        .delete_many(doc! {"event.documentKey._id": {"$gte": 100}}),
+                )
+                .expect("delete");
+                live.wait(live.coll(CHECKPOINTS).update_one(
+                    doc! {"_id": CONSUMER},
+                    doc! {"$set": {"recovering": {"reason": "a test"}}},
+                ))
+                .expect("plant a recovery");
+            }
+        },
+        exercise: |live, uri| {
+            operator_as(
+                live,
+                uri,
+                &[
+                    "recover",
+                    "--policy",
+                    handoff_test_policies::QUARANTINE,
+                    "--reason",
+                    "a test",
+                ],
+            );
+            let checkpoint = live.checkpoint().expect("checkpoint");
+            assert!(checkpoint.get("recovering").is_none(), "{checkpoint}");
+            assert_eq!(live.records(QUARANTINE).len(), 2);
+            assert_eq!(live.outbox_len(), 64);
+        },
+        sends: &["aggregate", "count", "update", "insert"],
+    },
     // The lease of a run that died, given back.
     Case {
         section: "lease release",
@@ -763,6 +818,13 @@ fn every_writing_command_needs_only_the_documented_privileges() {
         for wire_version in [25, 21] {
             let live = Live::with_config(mongo_sim::Config {
                 max_wire_version: wire_version,
+                // Small enough for `recover`'s setup to lose the consumer's history (180
+                // events), large enough for its repair's writes (about 65).
+                history_limit: if case.section == "recover" {
+                    100
+                } else {
+                    mongo_sim::Config::default().history_limit
+                },
                 ..mongo_sim::Config::default()
             });
             (case.setup)(&live);

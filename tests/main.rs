@@ -34,6 +34,7 @@ mod integration_partitions;
 mod integration_policies;
 mod integration_races;
 mod integration_reconcile;
+mod integration_recover;
 mod integration_replay;
 mod integration_reports;
 mod integration_sandbox;

@@ -260,14 +260,19 @@ impl Live {
     /// An operator command (`status`, `checkpoint reset`, `reconcile`, …) against this server's
     /// database, without an audit collection or operator name from the test's environment.
     pub fn operator(&self, args: &[&str]) -> Output {
-        super::handoff()
+        self.operator_command(args).output().expect("run handoff")
+    }
+
+    /// The command [`Live::operator`] runs, to spawn.
+    pub fn operator_command(&self, args: &[&str]) -> Command {
+        let mut command = super::handoff();
+        command
             .args(args)
             .env("MONGODB_URI", &self.uri)
             .env("SOURCE_DATABASE", &self.db)
             .env_remove(super::env_names::AUDIT_COLLECTION)
-            .env_remove("HANDOFF_OPERATOR")
-            .output()
-            .expect("run handoff")
+            .env_remove("HANDOFF_OPERATOR");
+        command
     }
 
     pub fn run(&self, extra: &[&str]) -> Output {

@@ -2,7 +2,7 @@
 //!
 //! Every command here is bounded in time, works against a replica set and the test server, and
 //! never prints credentials or raw resume tokens. Reading commands change nothing; the acting ones
-//! (`checkpoint reset`, `backfill`, `reconcile --repair`) write an audit record with what they
+//! (`checkpoint reset`, `lease release`, `backfill`, `reconcile --repair`, `recover`) write an audit record with what they
 //! changed and why, in the same transaction as the change.
 //!
 //! What is here plans and reports (chunks and watermarks, comparisons, in-flight keys, audit
@@ -14,6 +14,8 @@
 //! - `backfill`: the collection's existing documents handed off beside the live stream
 //!   (watermark-based incremental snapshot);
 //! - `reconcile`: the source compared with what the outbox says each document is;
+//! - `recover`: after lost history, the checkpoint moved to now and the outbox repaired, in
+//!   one audited command that a rerun completes when it was killed;
 //! - `outbox_view`: what the outbox says each document should be now;
 //! - `audit`: the audit records;
 //! - `progress`: rate and ETA of long work, on a terminal or as structured lines;
@@ -25,6 +27,7 @@ pub mod lease;
 pub mod outbox_view;
 pub mod progress;
 pub mod reconcile;
+pub mod recover;
 pub mod report;
 pub mod reset;
 pub mod status;

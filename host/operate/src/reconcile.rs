@@ -157,8 +157,44 @@ impl ReconcileReport {
     }
 }
 
+/// Why a consumer's outbox cannot be compared with its collection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Unfit {
+    /// It hands off one partition (index, count) of the collection.
+    Partition(u32, u32),
+    /// It streams through a pipeline or a wider scope.
+    Reshaped,
+}
+
+impl Unfit {
+    /// Whether (and why) `loaded`'s consumer is not one reconcile can compare.
+    pub(crate) fn of(loaded: &Checkpoint) -> Option<Unfit> {
+        let config = loaded.config.as_ref()?;
+        if let Some(partition) = config.partition {
+            return Some(Unfit::Partition(partition.index, partition.count));
+        }
+        (!config.pipeline.is_empty() || config.scope != handoff_domain::config::Scope::Collection)
+            .then_some(Unfit::Reshaped)
+    }
+
+    /// What the consumer does that a comparison cannot follow, after its name.
+    pub(crate) fn why(self) -> String {
+        match self {
+            Unfit::Partition(index, count) => format!(
+                "hands off one partition ({index}/{count}) of its source: its outbox describes \
+                 only that share, so a comparison with the whole collection would report the \
+                 other partitions' documents as missing"
+            ),
+            Unfit::Reshaped => "streams through a pipeline or a wider scope: its records may \
+                 filter or reshape the documents, so a comparison with the collection (and a \
+                 repair writing whole documents) would be wrong"
+                .into(),
+        }
+    }
+}
+
 /// A server failure in the command's failure classes (credentials already removed).
-fn server(error: OperationError) -> HandoffError {
+pub(crate) fn server(error: OperationError) -> HandoffError {
     let what = error.what;
     let message = escape_untrusted(&error.message, 500);
     match error.command_code {
@@ -214,26 +250,12 @@ async fn checkpoint(
         source_name,
         &connection.deployment().replica_set_id,
     )?;
-    if let Some(partition) = loaded.config.as_ref().and_then(|c| c.partition) {
+    if let Some(unfit) = Unfit::of(&loaded) {
         return Err(HandoffError::BadInput(format!(
-            "Consumer {} hands off one partition ({}/{}) of its source: its outbox describes only \
-             that share, so a comparison with the whole collection would report the other \
-             partitions' documents as missing. Reconcile is for consumers of a whole collection",
+            "Consumer {} {}. Reconcile is for consumers of the plain collection stream (a whole \
+             collection, no pipeline)",
             escape_untrusted(&options.consumer, 64),
-            partition.index,
-            partition.count
-        )));
-    }
-    if let Some(config) = &loaded.config
-        && (!config.pipeline.is_empty()
-            || config.scope != handoff_domain::config::Scope::Collection)
-    {
-        return Err(HandoffError::BadInput(format!(
-            "Consumer {} streams through a pipeline or a wider scope: its records may filter or \
-             reshape the documents, so a comparison with the collection (and a repair writing \
-             whole documents) would be wrong. Reconcile is for consumers of the plain \
-             collection stream",
-            escape_untrusted(&options.consumer, 64)
+            unfit.why()
         )));
     }
     let Some(token) = loaded.token.clone() else {

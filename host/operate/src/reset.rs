@@ -75,16 +75,7 @@ impl Plan {
 
     /// Why applying the plan now would be refused: a run holds the consumer's lease.
     pub fn refusal(&self) -> Option<String> {
-        let current = self.current.as_ref()?;
-        let until = current.get_datetime("leaseUntil").ok()?;
-        (*until > bson::DateTime::now()).then(|| {
-            format!(
-                "a run ({}) holds this consumer until {}: let it end or stop it before resetting; \
-                 if it died, `handoff lease release` gives its lease back",
-                escape_untrusted(current.get_str("owner").unwrap_or("unknown"), 128),
-                until.try_to_rfc3339_string().unwrap_or_default()
-            )
-        })
+        held_by_run(self.current.as_ref()?, "resetting")
     }
 
     fn previous_json(&self) -> Value {
@@ -155,6 +146,19 @@ impl Plan {
             ),
         ]
     }
+}
+
+/// Why a checkpoint cannot be moved now (`doing` names the move): a run holds its lease.
+pub(crate) fn held_by_run(current: &Document, doing: &str) -> Option<String> {
+    let until = current.get_datetime("leaseUntil").ok()?;
+    (*until > bson::DateTime::now()).then(|| {
+        format!(
+            "a run ({}) holds this consumer until {}: let it end or stop it before {doing}; \
+             if it died, `handoff lease release` gives its lease back",
+            escape_untrusted(current.get_str("owner").unwrap_or("unknown"), 128),
+            until.try_to_rfc3339_string().unwrap_or_default()
+        )
+    })
 }
 
 /// The refusal of a move whose checkpoint changed since it was read.
@@ -364,6 +368,43 @@ pub fn apply(
     plan: &Plan,
     reason: &str,
 ) -> Result<()> {
+    let command = format!(
+        "checkpoint reset --consumer-id {} {}",
+        plan.consumer,
+        plan.to.describe()
+    );
+    apply_as(connection, target, plan, reason, &As::command(command))
+}
+
+/// What a move made for another command records besides the reset's own fields.
+pub(crate) struct As {
+    /// The command, as its audit record names it.
+    pub command: String,
+    /// More fields the same update sets on the checkpoint.
+    pub set: Document,
+    /// More figures for the audit record's evidence.
+    pub evidence: Document,
+}
+
+impl As {
+    fn command(command: String) -> As {
+        As {
+            command,
+            set: Document::new(),
+            evidence: Document::new(),
+        }
+    }
+}
+
+/// [`apply`], the move recorded as `how` says: one compare-and-set for every command that
+/// moves a checkpoint to a new position.
+pub(crate) fn apply_as(
+    connection: &Connection,
+    target: &Target<'_>,
+    plan: &Plan,
+    reason: &str,
+    how: &As,
+) -> Result<()> {
     if reason.trim().is_empty() {
         return Err(HandoffError::BadInput(
             "--reason must say why the checkpoint moves".into(),
@@ -375,11 +416,7 @@ pub fn apply(
     let entry = AuditEntry {
         consumer: plan.consumer.clone(),
         source: plan.source.clone(),
-        command: format!(
-            "checkpoint reset --consumer-id {} {}",
-            plan.consumer,
-            plan.to.describe()
-        ),
+        command: how.command.clone(),
         from: Bson::try_from(plan.previous_json()).unwrap_or(Bson::Null),
         to: Bson::try_from(json!({
             "mode": plan.to_mode.as_str(),
@@ -391,8 +428,11 @@ pub fn apply(
             "gap_seconds": plan.gap_seconds(),
             "before": plan.before.to_json(),
         })) {
-            Ok(Bson::Document(d)) => d,
-            _ => Document::new(),
+            Ok(Bson::Document(mut d)) => {
+                d.extend(how.evidence.clone());
+                d
+            }
+            _ => how.evidence.clone(),
         },
     };
     // A plan always holds the checkpoint it read (a missing one is refused).
@@ -407,15 +447,14 @@ pub fn apply(
     };
     same_revision(&mut filter, current);
     let record = entry.document();
+    let mut set = doc! { "token": plan.to_token.clone(), "mode": plan.to_mode.as_str() };
+    set.extend(how.set.clone());
     let change = CheckpointMove {
         database: target.database,
         checkpoints: target.checkpoints,
         audit: target.audit,
         filter,
-        update: doc! {
-            "$set": { "token": plan.to_token.clone(), "mode": plan.to_mode.as_str() },
-            "$inc": { "revision": 1_i64 },
-        },
+        update: doc! { "$set": set, "$inc": { "revision": 1_i64 } },
         record: &record,
     };
     apply_move(connection, &change, "reset")?;

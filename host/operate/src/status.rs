@@ -43,6 +43,8 @@ pub struct CheckpointView {
     pub revision: Option<i64>,
     pub lease_owner: Option<String>,
     pub lease_until: Option<bson::DateTime>,
+    /// A recovery that moved the checkpoint and has not completed its repair.
+    pub recovering: Option<super::recover::Marker>,
 }
 
 /// Where the consumer's state lives.
@@ -156,6 +158,7 @@ impl Status {
                     "owner": owner,
                     "until": until.try_to_rfc3339_string().ok(),
                 })),
+                "recovering": c.recovering.as_ref().map(super::recover::Marker::to_json),
             })
         });
         let mut value = json!({
@@ -265,6 +268,9 @@ impl Status {
                 ),
             ));
         }
+        if let Some(marker) = self.checkpoint.as_ref().and_then(|c| c.recovering.as_ref()) {
+            rows.push(("RECOVERING", marker.describe()));
+        }
         if p.fell_off() == Some(true) {
             rows.push((
                 "WARNING",
@@ -299,6 +305,7 @@ impl CheckpointView {
             },
             lease_owner: stored.get_str("owner").ok().map(str::to_string),
             lease_until: stored.get_datetime("leaseUntil").ok().copied(),
+            recovering: super::recover::Marker::of(stored),
         }
     }
 }

@@ -14,12 +14,14 @@ use handoff_domain::position::{Position, iso};
 
 /// What to do once a consumer's saved position can no longer be read from (history lost, a
 /// token that cannot resume, a stream the server ended), in order. The one sequence the run's
-/// `next_commands`, `--help`, the README and the engine examples' alerts give: see how big the gap
-/// is, look at the move, move the checkpoint to now, hand off what comes after it, then repair
-/// through the policy the documents the gap left wrong and check that nothing differs any more.
-/// A consumer of a database or deployment stream stops after `run` (reconcile compares one
-/// collection).
-pub const RECOVERY_STEPS: [&str; 6] = [
+/// `next_commands`, `--help`, the README and the engine examples' alerts give. First `recover`,
+/// which does the rest in one audited command (a rerun completes it if it was stopped); then the
+/// same by hand: see how big the gap is, look at the move, move the checkpoint to now, hand off
+/// what comes after it, then repair through the policy the documents the gap left wrong and
+/// check that nothing differs any more. A consumer of a database or deployment stream has
+/// neither `recover` nor the reconcile steps (they compare one collection): it stops after `run`.
+pub const RECOVERY_STEPS: [&str; 7] = [
+    "recover --reason",
     "status",
     "checkpoint reset --to now --dry-run",
     "checkpoint reset --to now",
@@ -27,6 +29,10 @@ pub const RECOVERY_STEPS: [&str; 6] = [
     "reconcile --repair",
     "reconcile",
 ];
+
+/// The steps that compare or repair one collection's documents, which a consumer of a wider
+/// stream is not given.
+const ONE_COLLECTION_STEPS: [&str; 3] = ["recover --reason", "reconcile --repair", "reconcile"];
 
 /// A failed run's evidence.
 #[derive(Debug, Clone, PartialEq)]
@@ -59,8 +65,9 @@ impl Evidence {
             | HandoffError::InvalidToken(_)
             | HandoffError::StreamFatal(_) => RECOVERY_STEPS
                 .iter()
-                .take(if one_collection { 6 } else { 4 })
+                .filter(|step| one_collection || !ONE_COLLECTION_STEPS.contains(step))
                 .map(|step| match *step {
+                    "recover --reason" => format!("handoff recover {target} --reason '<why>'"),
                     "status" => status.clone(),
                     "checkpoint reset --to now --dry-run" => reset(" --dry-run"),
                     "checkpoint reset --to now" => reset(""),
@@ -114,7 +121,18 @@ impl Evidence {
             if !text.is_empty() {
                 text.push(' ');
             }
-            text.push_str(&format!("Next: {}.", self.next.join("; then ")));
+            // `recover` does the steps after it: those are the same by hand, not more to do.
+            match self.next.split_first() {
+                Some((recover, by_hand))
+                    if recover.starts_with("handoff recover ") && !by_hand.is_empty() =>
+                {
+                    text.push_str(&format!(
+                        "Next: {recover}; or, by hand: {}.",
+                        by_hand.join("; then ")
+                    ))
+                }
+                _ => text.push_str(&format!("Next: {}.", self.next.join("; then "))),
+            }
         }
         text
     }
@@ -142,24 +160,29 @@ pub fn target_flags(
         if watched.scope != Scope::Collection {
             flags.push(format!("--scope {}", watched.scope.as_str()));
         }
-        flags.push(format!("--database {}", quote(&watched.database)));
+        flags.push(format!("--database {}", shell_word(&watched.database)));
         if watched.scope == Scope::Collection {
-            flags.push(format!("--collection {}", quote(&watched.collection)));
+            flags.push(format!("--collection {}", shell_word(&watched.collection)));
         }
     }
-    flags.push(format!("--consumer-id {}", quote(consumer)));
+    flags.push(format!("--consumer-id {}", shell_word(consumer)));
     if let Some(c) = collections {
         if c.checkpoints != DEFAULT_CHECKPOINTS {
-            flags.push(format!("--checkpoint-collection {}", quote(&c.checkpoints)));
+            flags.push(format!(
+                "--checkpoint-collection {}",
+                shell_word(&c.checkpoints)
+            ));
         }
         if c.outbox != DEFAULT_OUTBOX {
-            flags.push(format!("--outbox-collection {}", quote(&c.outbox)));
+            flags.push(format!("--outbox-collection {}", shell_word(&c.outbox)));
         }
     }
     flags.join(" ")
 }
 
-fn quote(text: &str) -> String {
+/// `text` as one word of a POSIX shell's command line: as it is when it needs no quoting, else
+/// in single quotes.
+pub fn shell_word(text: &str) -> String {
     let plain = !text.is_empty()
         && text
             .chars()
@@ -223,12 +246,12 @@ mod tests {
         );
         assert!(summary.contains("oldest oplog entry 1060.1"), "{summary}");
         assert!(summary.contains("estimated gap 60 s"), "{summary}");
-        assert!(
-            evidence.next[0]
-                == "handoff status --database shop --collection orders.eu --consumer-id 'it'\\''s' --outbox-collection outbox_eu",
-            "{:?}",
-            evidence.next
+        let flags = "--database shop --collection orders.eu --consumer-id 'it'\\''s' --outbox-collection outbox_eu";
+        assert_eq!(
+            evidence.next[0],
+            format!("handoff recover {flags} --reason '<why>'"),
         );
+        assert_eq!(evidence.next[1], format!("handoff status {flags}"));
         assert!(
             evidence
                 .next
@@ -237,7 +260,15 @@ mod tests {
         );
         let json = evidence.to_json();
         assert_eq!(json["estimated_gap_seconds"], 60);
-        assert_eq!(json["next_commands"].as_array().map(Vec::len), Some(6));
+        assert_eq!(json["next_commands"].as_array().map(Vec::len), Some(7));
+        assert!(
+            summary.contains("Next: handoff recover --database shop"),
+            "{summary}"
+        );
+        assert!(
+            summary.contains("; or, by hand: handoff status --database shop"),
+            "{summary}"
+        );
     }
 
     #[test]

@@ -12,7 +12,7 @@ mod evidence;
 pub mod file;
 pub mod kestra;
 
-pub use evidence::{Evidence, RECOVERY_STEPS, target_flags};
+pub use evidence::{Evidence, RECOVERY_STEPS, shell_word, target_flags};
 
 use serde_json::{Value, json};
 

@@ -21,9 +21,10 @@ macro_rules! exit_codes {
   3    conflict: the checkpoint moved under the run, or the state is in use (retry)
   4    mismatch: the checkpoint belongs to another source or replica set
   5    malformed checkpoint
-  6    history lost: the saved token fell off the oplog; recover in this order: status,
-       checkpoint reset --to now --dry-run, checkpoint reset --to now, run, reconcile --repair,
-       reconcile (the failed run's next_commands, ready to paste)
+  6    history lost: the saved token fell off the oplog; recover --reason TEXT moves the
+       checkpoint and repairs the outbox in one audited command, or by hand in this order:
+       status, checkpoint reset --to now --dry-run, checkpoint reset --to now, run,
+       reconcile --repair, reconcile (the failed run's next_commands, ready to paste)
   7    invalid token: the saved token cannot resume with its mode (recover as for 6)
   8    stream fatal: the server ended the stream for good (recover as for 6)
   9    policy: the policy failed, broke a rule or is not a usable component
@@ -56,6 +57,7 @@ mod man;
 mod policy;
 mod reconcile;
 mod record;
+mod recover;
 mod refused;
 mod replay;
 mod reported;
@@ -169,6 +171,9 @@ enum Command {
     Backfill(backfill::BackfillArgs),
     /// Compares the watched collection with what the outbox says each document is.
     Reconcile(reconcile::ReconcileArgs),
+    /// After lost history: moves the checkpoint to now and repairs the outbox through the policy,
+    /// in one audited command (a rerun completes a stopped one).
+    Recover(recover::RecoverArgs),
     /// Prints a shell completion script (e.g. `handoff completions bash > /etc/bash_completion.d/handoff`).
     #[command(after_help = concat!("Example:\n  source <(handoff completions bash)\n\n", exit_codes!()))]
     Completions {
@@ -355,6 +360,7 @@ pub fn main() -> ExitCode {
         Command::Checkpoint(command) => checkpoint::run(command).map(|()| Outcome::Done),
         Command::Backfill(args) => backfill::run(args).map(|()| Outcome::Done),
         Command::Reconcile(args) => reconcile::run(args).map(|()| Outcome::Done),
+        Command::Recover(args) => recover::run(args).map(|()| Outcome::Done),
         Command::Completions { shell } => {
             let mut command = <Cli as clap::CommandFactory>::command().bin_name("handoff");
             command.build();
