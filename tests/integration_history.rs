@@ -11,12 +11,15 @@ use futures_util::TryStreamExt;
 use mongo_sim::Config;
 use serde_json::Value;
 
-use crate::support::live::{CONSUMER, DB, Live};
 use crate::support;
+use crate::support::live::{CONSUMER, DB, Live};
 
 const RUNS: &str = "kestra_change_runs";
-/// The application's writes in the forecast's test.
-const WRITES_PER_SECOND: u32 = 40;
+/// The forecast's test: the watched collection's writes a second, and the other writes that
+/// make most of the oplog (so that the consumer's own writes, which fall when it is throttled,
+/// hardly change how fast the oplog turns over).
+const WRITES_PER_SECOND: u32 = 20;
+const OTHER_WRITES_PER_SECOND: u32 = 200;
 
 fn runs(live: &Live) -> Vec<Document> {
     live.wait(async {
@@ -44,7 +47,9 @@ fn each_run_keeps_one_record_and_a_consumer_keeps_at_most_runs_keep() {
     let live = Live::with_config(Config::default());
     let first = support::ok(&live.run(&[]));
     assert!(
-        first.get("history_loss_eta_seconds").is_some_and(Value::is_null),
+        first
+            .get("history_loss_eta_seconds")
+            .is_some_and(Value::is_null),
         "not estimable after one run: {first}"
     );
     let recorded = runs(&live);
@@ -56,9 +61,7 @@ fn each_run_keeps_one_record_and_a_consumer_keeps_at_most_runs_keep() {
     assert!(record.get_i64("oplogMarginSeconds").is_ok(), "{record:?}");
     assert!(record.get_i64("lagSeconds").is_ok(), "{record:?}");
     assert!(record.get_timestamp("checkpointTime").is_ok(), "{record:?}");
-    assert!(
-        *record.get_datetime("endedAt").unwrap() >= *record.get_datetime("startedAt").unwrap()
-    );
+    assert!(*record.get_datetime("endedAt").unwrap() >= *record.get_datetime("startedAt").unwrap());
 
     live.insert(0..3);
     assert_eq!(support::ok(&live.run(&[]))["events_handed_off"], 3);
@@ -106,7 +109,10 @@ fn a_server_without_bulk_write_keeps_the_record_in_a_second_command() {
     assert_eq!(recorded[1].get_str("status").unwrap(), "HANDED_OFF");
     let checkpoint = live.checkpoint().unwrap();
     assert_eq!(
-        checkpoint.get_datetime("leaseUntil").unwrap().timestamp_millis(),
+        checkpoint
+            .get_datetime("leaseUntil")
+            .unwrap()
+            .timestamp_millis(),
         0,
         "the lease was given back"
     );
@@ -122,7 +128,12 @@ fn a_failed_run_is_recorded_with_its_class_and_status_all_lists_it_first() {
     support::ok(&live.run(&["--consumer-id", "behind"]));
     live.insert(0..40);
     let failed = live.run(&["--consumer-id", "behind"]);
-    assert_eq!(failed.status.code(), Some(6), "{}", support::stderr(&failed));
+    assert_eq!(
+        failed.status.code(),
+        Some(6),
+        "{}",
+        support::stderr(&failed)
+    );
     support::ok(&live.run(&[]));
     let recorded = runs(&live);
     let behind: Vec<&Document> = recorded
@@ -130,7 +141,10 @@ fn a_failed_run_is_recorded_with_its_class_and_status_all_lists_it_first() {
         .filter(|r| r.get_str("consumer").ok() == Some("behind"))
         .collect();
     assert_eq!(behind.len(), 2, "{recorded:?}");
-    let last = behind.iter().max_by_key(|r| r.get_i64("run").unwrap()).unwrap();
+    let last = behind
+        .iter()
+        .max_by_key(|r| r.get_i64("run").unwrap())
+        .unwrap();
     assert_eq!(last.get_str("status").unwrap(), "FAILED");
     assert_eq!(last.get_str("errorClass").unwrap(), "history_lost");
     assert_eq!(last.get_i32("exitCode").unwrap(), 6);
@@ -153,11 +167,19 @@ fn a_failed_run_is_recorded_with_its_class_and_status_all_lists_it_first() {
     let text = String::from_utf8_lossy(&text.stdout).to_string();
     let lines: Vec<&str> = text.lines().collect();
     assert!(lines[0].starts_with("consumer"), "{text}");
-    assert!(lines[1].starts_with("behind") && lines[1].contains("LOST"), "{text}");
+    assert!(
+        lines[1].starts_with("behind") && lines[1].contains("LOST"),
+        "{text}"
+    );
     assert!(lines[2].starts_with(CONSUMER), "{text}");
 
     let watched = live.operator(&["status", "--all", "--min-forecast", "1h"]);
-    assert_eq!(watched.status.code(), Some(16), "{}", support::stderr(&watched));
+    assert_eq!(
+        watched.status.code(),
+        Some(16),
+        "{}",
+        support::stderr(&watched)
+    );
     assert!(
         support::stderr(&watched).contains("1 of 2 consumers need attention"),
         "{}",
@@ -165,8 +187,13 @@ fn a_failed_run_is_recorded_with_its_class_and_status_all_lists_it_first() {
     );
 }
 
-/// A writer inserting `per_second` documents a second into `orders` until stopped.
-fn writer(uri: String, per_second: u32, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<u64> {
+/// A writer inserting `per_second` documents a second into `collection` until stopped.
+fn writer(
+    uri: String,
+    collection: &'static str,
+    per_second: u32,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<u64> {
     std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -174,7 +201,7 @@ fn writer(uri: String, per_second: u32, stop: Arc<AtomicBool>) -> std::thread::J
             .expect("runtime");
         rt.block_on(async {
             let client = mongodb::Client::with_uri_str(&uri).await.expect("client");
-            let orders = client.database(DB).collection::<Document>("orders");
+            let orders = client.database(DB).collection::<Document>(collection);
             let started = Instant::now();
             let mut written: u64 = 0;
             while !stop.load(Ordering::Relaxed) {
@@ -227,38 +254,36 @@ fn paced_runs(
     }
 }
 
-/// At known rates (40 writes a second; a consumer handing off 24 a second once throttled, its
-/// runs' batch sized to the pace this machine runs them at) on a small oplog, the forecast
-/// `status` gives comes true: the run that finds history lost comes within the stated tolerance
-/// of it.
+/// At known rates (20 writes a second to the watched collection and 200 to another; a consumer
+/// handing off 12 a second once throttled, in runs 1.5 s apart) on a small oplog, the forecast `status` gives comes
+/// true: the run that finds history lost comes within the stated tolerance of it.
 #[test]
 fn a_forecast_of_a_consumer_falling_behind_comes_true_within_its_tolerance() {
     let live = Live::with_config(Config {
-        history_limit: 1500,
+        history_limit: 5000,
         ..Config::default()
     });
     support::ok(&live.run(&[]));
     let stop = Arc::new(AtomicBool::new(false));
-    let writing = writer(live.uri(), WRITES_PER_SECOND, stop.clone());
+    let writing = [
+        writer(live.uri(), "orders", WRITES_PER_SECOND, stop.clone()),
+        writer(live.uri(), "other", OTHER_WRITES_PER_SECOND, stop.clone()),
+    ];
     let period = Duration::from_secs(1);
     // Keeping up (up to 500 a run) until the oplog is full and discarding, and a few runs more.
     let first = oldest(&live);
     let mut after_full = 0;
-    let mut runs_started = Vec::new();
     paced_runs(&live, period, "500", |out| {
         assert!(out.status.success(), "{}", support::stderr(out));
-        runs_started.push(Instant::now());
         if oldest(&live) != first {
             after_full += 1;
         }
         after_full >= 3
     });
-    // Throttled: 60 % of what is written, whatever the pace of the runs here.
-    let pace = (runs_started[runs_started.len() - 1] - runs_started[0]).as_secs_f64()
-        / (runs_started.len() - 1) as f64;
-    let batch = ((0.6 * f64::from(WRITES_PER_SECOND) * pace).round() as u32)
-        .clamp(1, 500)
-        .to_string();
+    // Throttled: a run every 1.5 s, each handing off 60 % of what was written meanwhile (runs
+    // this far apart keep the oplog's one-second times from blurring the rates).
+    let period = Duration::from_millis(1500);
+    let batch = (WRITES_PER_SECOND * 9 / 10).to_string();
     let mut throttled = 0;
     paced_runs(&live, period, &batch, |out| {
         assert!(
@@ -276,7 +301,12 @@ fn a_forecast_of_a_consumer_falling_behind_comes_true_within_its_tolerance() {
         .as_f64()
         .unwrap_or_else(|| panic!("a loss is forecast: {status}"));
     let watched = live.operator(&["status", "--min-forecast", "1h"]);
-    assert_eq!(watched.status.code(), Some(16), "{}", support::stderr(&watched));
+    assert_eq!(
+        watched.status.code(),
+        Some(16),
+        "{}",
+        support::stderr(&watched)
+    );
     let relaxed = live.operator(&["status", "--min-forecast", "1s"]);
     assert!(relaxed.status.success(), "{}", support::stderr(&relaxed));
     // The same rates until a run finds the history lost (exit 6).
@@ -296,7 +326,9 @@ fn a_forecast_of_a_consumer_falling_behind_comes_true_within_its_tolerance() {
         }
     });
     stop.store(true, Ordering::Relaxed);
-    writing.join().expect("writer");
+    for writer in writing {
+        writer.join().expect("writer");
+    }
     // The loss came between the last successful run and the one that found it.
     let came = (previous - forecast_at).as_secs_f64()..=(last - forecast_at).as_secs_f64();
     let observed = (came.start() + came.end()) / 2.0;

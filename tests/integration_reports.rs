@@ -65,6 +65,27 @@ fn status_report_reads_in_a_browser() {
 }
 
 #[test]
+fn status_of_every_consumer_reads_in_a_browser() {
+    let live = consumer_after_runs();
+    support::ok(&live.run(&["--consumer-id", "second-consumer"]));
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let path = dir.path().join("all.html");
+    let out = live.operator(&["status", "--all", "--html", path.to_str().expect("a path")]);
+    assert_eq!(out.status.code(), Some(0), "{}", support::stderr(&out));
+    check_report(
+        &path,
+        &[
+            "handoff status: 2 consumers of",
+            CONSUMER,
+            "second-consumer",
+            "oplog margin",
+            "forecast",
+        ],
+        0,
+    );
+}
+
+#[test]
 fn reconcile_report_reads_in_a_browser() {
     let live = consumer_after_runs();
     let dir = tempfile::tempdir().expect("a temporary folder");

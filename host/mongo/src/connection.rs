@@ -272,17 +272,6 @@ impl Connection {
         }
     }
 
-    /// A session with a transaction started under the concerns every commit uses (snapshot
-    /// reads, majority writes, primary): for the operator's acting commands.
-    pub async fn transaction(&self) -> mongodb::error::Result<mongodb::ClientSession> {
-        let mut session = self.client.start_session().await?;
-        session
-            .start_transaction()
-            .with_options(super::transaction_options())
-            .await?;
-        Ok(session)
-    }
-
     /// `text` (a driver error, say) with the URI's credentials removed.
     pub fn redact(&self, text: &str) -> String {
         self.redactor.clean(text)

@@ -91,7 +91,7 @@ impl RunOutputs {
             error,
             failed.position.as_deref(),
             consumer_id,
-            failed.source.as_ref(),
+            failed.source.as_deref(),
             failed.collections.as_deref(),
         );
         let guidance = match &evidence {

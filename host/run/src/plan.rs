@@ -81,7 +81,7 @@ pub struct FailedRun {
     /// When the checkpoint would fall off the oplog, as for a finished run.
     pub forecast: Option<Box<Forecast>>,
     /// What the consumer watches, once the inputs were valid.
-    pub source: Option<handoff_domain::config::Watched>,
+    pub source: Option<Box<handoff_domain::config::Watched>>,
     /// The consumer's collections, once the inputs were valid.
     pub collections: Option<Box<handoff_domain::Collections>>,
 }
@@ -203,11 +203,11 @@ impl Plan {
                 duration,
                 position: position.map(Box::new),
                 forecast: forecast.map(Box::new),
-                source: Some(handoff_domain::config::Watched {
+                source: Some(Box::new(handoff_domain::config::Watched {
                     scope: self.stream.config.scope,
                     database: self.inputs.database.clone(),
                     collection: self.inputs.collection.clone(),
-                }),
+                })),
                 collections: Some(Box::new(self.inputs.collections())),
             }),
         }

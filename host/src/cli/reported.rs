@@ -71,7 +71,7 @@ pub fn run_reported(
                 &failed.failed.error,
                 failed.position.as_deref(),
                 &consumer_id,
-                failed.source.as_ref(),
+                failed.source.as_deref(),
                 failed.collections.as_deref(),
             );
             let error = failed.failed.error;

@@ -93,7 +93,7 @@ pub fn run(args: StatusArgs) -> Result<()> {
     if let Some(path) = &args.html {
         Page {
             title: format!("handoff status: {}", status.consumer),
-            charts: Vec::new(),
+            charts: status.charts(),
             sections: vec![Section {
                 heading: status.source.clone(),
                 rows: status

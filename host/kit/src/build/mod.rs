@@ -90,17 +90,29 @@ pub const TOOLCHAIN_VARIABLES: &[&str] = &[
 /// rustup's (its home, toolchain, mirrors; none holds a credential).
 pub const TOOLCHAIN_PREFIXES: &[&str] = &["LC_", "RUSTUP_"];
 
-/// The variables of `environment` a toolchain sees.
+/// The variables of `environment` a toolchain sees. A proxy whose address carries a user
+/// (`http://user:password@proxy:3128`) is left out, with a warning: a credential is never
+/// handed to a toolchain.
 pub fn toolchain_environment(
     environment: impl IntoIterator<Item = (OsString, OsString)>,
 ) -> Vec<(OsString, OsString)> {
     environment
         .into_iter()
-        .filter(|(name, _)| {
+        .filter(|(name, value)| {
             let Some(name) = name.to_str() else {
                 return false;
             };
             let upper = name.to_ascii_uppercase();
+            if upper.ends_with("_PROXY")
+                && upper != "NO_PROXY"
+                && value.to_string_lossy().contains('@')
+            {
+                tracing::warn!(
+                    variable = %upper,
+                    "a proxy address with a user in it is not passed to the toolchain"
+                );
+                return false;
+            }
             TOOLCHAIN_VARIABLES.contains(&upper.as_str())
                 || TOOLCHAIN_PREFIXES
                     .iter()
@@ -198,6 +210,8 @@ mod tests {
             ("TMPDIR", "/tmp"),
             ("npm_config_cache", "/cache/npm"),
             ("https_proxy", "http://proxy:3128"),
+            ("HTTP_PROXY", "http://user:secret@proxy:3128"),
+            ("ALL_PROXY", "socks5://token@proxy:1080"),
             ("LC_ALL", "C.UTF-8"),
             ("LANG", "C.UTF-8"),
             ("MONGODB_URI", "mongodb://user:secret@db/"),
