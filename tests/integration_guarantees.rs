@@ -399,10 +399,11 @@ fn connections_created(live: &Live) -> i64 {
 }
 
 /// The figures measure from the token the run committed last, without reading the checkpoint
-/// again, and the lease is given back after them; a release that fails (the server refuses it)
-/// fails nothing: the lease expires by itself and the run's outputs stand.
+/// again, and the lease is given back after them; a release the server refuses (here the
+/// `bulkWrite` with the run's record) fails nothing: the lease's end is sent again alone and the
+/// run's outputs stand.
 #[test]
-fn the_figures_measure_from_the_committed_token_and_a_failed_release_fails_nothing() {
+fn the_figures_measure_from_the_committed_token_and_a_refused_release_fails_nothing() {
     let live = Live::with_config(mongo_sim::Config::default());
     assert_eq!(support::ok(&live.run(&[]))["status"], "IDLE");
     live.insert(0..3);
@@ -443,11 +444,23 @@ fn the_figures_measure_from_the_committed_token_and_a_failed_release_fails_nothi
         "{outputs}"
     );
     assert!(outputs["lag_seconds"].is_i64(), "{outputs}");
-    // The release did not happen: the lease is still this run's until it expires.
+    // The lease's end, sent alone after the refusal, gave it back.
     let checkpoint = live.checkpoint().expect("the checkpoint");
-    assert!(
-        *checkpoint.get_datetime("leaseUntil").expect("leaseUntil") > bson::DateTime::now(),
+    assert_eq!(
+        checkpoint
+            .get_datetime("leaseUntil")
+            .expect("leaseUntil")
+            .timestamp_millis(),
+        0,
         "{checkpoint:?}"
+    );
+    assert!(
+        live.commands_from_handoff()
+            .iter()
+            .rev()
+            .take(4)
+            .any(|c| c == "update"),
+        "the lease's end sent alone"
     );
 }
 

@@ -79,6 +79,15 @@ fn each_run_keeps_one_record_and_a_consumer_keeps_at_most_runs_keep() {
 
     for _ in 0..4 {
         support::ok(&live.run(&["--runs-keep", "3"]));
+        let checkpoint = live.checkpoint().expect("the checkpoint");
+        assert_eq!(
+            checkpoint
+                .get_datetime("leaseUntil")
+                .unwrap()
+                .timestamp_millis(),
+            0,
+            "the lease is given back with the record"
+        );
     }
     let kept: Vec<i64> = runs(&live)
         .iter()
@@ -93,6 +102,35 @@ fn each_run_keeps_one_record_and_a_consumer_keeps_at_most_runs_keep() {
     assert_eq!(status["runs"]["recorded"], 3, "{status}");
     assert_eq!(status["runs"]["last"]["run"], 6, "{status}");
     assert!(status["forecast"]["text"].is_string(), "{status}");
+}
+
+/// A user refused the runs collection is refused the whole `bulkWrite` that gives the lease back
+/// with the record: the lease's end is then sent alone, and the record after it.
+#[test]
+fn a_release_refused_with_its_record_is_sent_apart_and_the_lease_given_back() {
+    let live = Live::with_config(Config::default());
+    support::ok(&live.run(&[]));
+    live.insert(0..2);
+    // The three commits (one per event, then the idle position's) pass; the release is
+    // refused.
+    live.fail_point(
+        doc! {"skip": 3, "times": 1}.into(),
+        doc! {"failCommands": ["bulkWrite"], "errorCode": 13},
+    );
+    assert_eq!(support::ok(&live.run(&[]))["events_handed_off"], 2);
+    assert_eq!(live.fail_point_off(), 1, "the release was refused");
+    let checkpoint = live.checkpoint().expect("the checkpoint");
+    assert_eq!(
+        checkpoint
+            .get_datetime("leaseUntil")
+            .unwrap()
+            .timestamp_millis(),
+        0,
+        "the lease was given back"
+    );
+    assert_eq!(runs(&live).len(), 2, "the record was kept after it");
+    // The next run starts at once.
+    support::ok(&live.run(&[]));
 }
 
 #[test]
@@ -234,17 +272,21 @@ fn oldest(live: &Live) -> bson::Timestamp {
     .expect("ts")
 }
 
-/// Runs the consumer every `period` with `max_events` until `until` says stop; returns the
-/// last run's output.
+/// Runs the consumer every `period` (or as soon as the last run ended, when it took longer) with
+/// `max_events(time since the last run began)` until `until` says stop; returns the last run's
+/// output.
 fn paced_runs(
     live: &Live,
     period: Duration,
-    max_events: &str,
+    max_events: impl Fn(Duration) -> String,
     mut until: impl FnMut(&std::process::Output) -> bool,
 ) -> std::process::Output {
+    let mut previous: Option<Instant> = None;
     loop {
         let started = Instant::now();
-        let out = live.run(&["--max-events", max_events]);
+        let since = previous.map_or(period, |p| started - p);
+        previous = Some(started);
+        let out = live.run(&["--max-events", &max_events(since)]);
         if until(&out) {
             return out;
         }
@@ -273,19 +315,29 @@ fn a_forecast_of_a_consumer_falling_behind_comes_true_within_its_tolerance() {
     // Keeping up (up to 500 a run) until the oplog is full and discarding, and a few runs more.
     let first = oldest(&live);
     let mut after_full = 0;
-    paced_runs(&live, period, "500", |out| {
-        assert!(out.status.success(), "{}", support::stderr(out));
-        if oldest(&live) != first {
-            after_full += 1;
-        }
-        after_full >= 3
-    });
-    // Throttled: a run every 1.5 s, each handing off 60 % of what was written meanwhile (runs
-    // this far apart keep the oplog's one-second times from blurring the rates).
+    paced_runs(
+        &live,
+        period,
+        |_| "500".into(),
+        |out| {
+            assert!(out.status.success(), "{}", support::stderr(out));
+            if oldest(&live) != first {
+                after_full += 1;
+            }
+            after_full >= 3
+        },
+    );
+    // Throttled: a run every 1.5 s (or as soon as the last ended, on a loaded machine), each
+    // handing off 60 % of what was written since the last began (runs this far apart keep the
+    // oplog's one-second times from blurring the rates).
     let period = Duration::from_millis(1500);
-    let batch = (WRITES_PER_SECOND * 9 / 10).to_string();
+    let batch = |since: Duration| {
+        ((0.6 * f64::from(WRITES_PER_SECOND) * since.as_secs_f64()).round() as u32)
+            .clamp(1, 500)
+            .to_string()
+    };
     let mut throttled = 0;
-    paced_runs(&live, period, &batch, |out| {
+    paced_runs(&live, period, batch, |out| {
         assert!(
             out.status.success(),
             "history lost before the forecast: {}",
@@ -312,7 +364,7 @@ fn a_forecast_of_a_consumer_falling_behind_comes_true_within_its_tolerance() {
     // The same rates until a run finds the history lost (exit 6).
     let mut previous = forecast_at;
     let mut last = forecast_at;
-    paced_runs(&live, period, &batch, |out| {
+    paced_runs(&live, period, batch, |out| {
         previous = last;
         last = Instant::now();
         assert!(

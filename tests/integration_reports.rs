@@ -9,9 +9,8 @@ use handoff::operate::report::{Forecast, Page, RunPoint, Section, history_charts
 use support::browser::check_report;
 use support::live::{CONSUMER, Live};
 
-/// The charts `status --html` and `reconcile --html` draw: none yet. Once they are given the
-/// consumer's run history this is 3 (lag, oplog margin and events per run), and the pages are
-/// checked for them.
+/// The charts `status --html` and `reconcile --html` draw of the consumer's run history: lag,
+/// oplog margin (with the forecast) and events per run.
 const CHARTS_IN_REPORTS: usize = 3;
 
 /// A consumer that ran a few times, with events handed off.

@@ -32,6 +32,7 @@ mod integration_operator_io;
 mod integration_outbox_records;
 mod integration_partitions;
 mod integration_policies;
+mod integration_policy_diff;
 mod integration_races;
 mod integration_reconcile;
 mod integration_recover;

@@ -305,11 +305,18 @@ pub fn validate(stored: &Document, source: &str, replica_set_id: &str) -> Result
         Some(Bson::Int32(n)) if *n >= 0 => Some(i64::from(*n)),
         Some(_) => return Err(malformed()),
     };
+    // Bookkeeping, not position: a counter someone set by hand (a double from a shell) or
+    // damaged is read as a number where it is one, else started again from 0 (the claim writes
+    // it back); it never stops a run.
     let runs = match stored.get(crate::history::RUNS_FIELD) {
-        None => 0,
-        Some(Bson::Int64(n)) if (0..MAX_REVISION).contains(n) => *n,
+        Some(Bson::Int64(n)) if (0..MAX_REVISION - 1).contains(n) => *n,
         Some(Bson::Int32(n)) if *n >= 0 => i64::from(*n),
-        Some(_) => return Err(malformed()),
+        Some(Bson::Double(n))
+            if n.fract() == 0.0 && (0.0..(MAX_REVISION - 1) as f64).contains(n) =>
+        {
+            *n as i64
+        }
+        _ => 0,
     };
     let holder = match (stored.get("owner"), stored.get("leaseUntil")) {
         (None, None) => None,

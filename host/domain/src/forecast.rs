@@ -17,6 +17,11 @@
 //! - else the margin before each run shrinks by `(o - c) * g` a cycle: the loss comes in about
 //!   `max(g - s, 0) + low / (o - c)` seconds (accurate to about one gap).
 //!
+//! A consumer whose last run is more than two gaps old has stopped running (a paused schedule,
+//! runs failing before they take the consumer): its checkpoint does not move until the next
+//! run, so the loss comes in `m / o`, said as such. A loss further than ten years away is no
+//! loss at these rates.
+//!
 //! Nothing is guessed: without a known margin, or with fewer than [`MIN_RUNS`] runs with figures
 //! over a span of time, the forecast is unknown and says why.
 
@@ -31,6 +36,10 @@ pub const MIN_RUNS: usize = 3;
 pub const FIT_RUNS: usize = 10;
 /// An oldest-entry rate under this is an oplog that keeps everything (not full yet).
 const DISCARDING: f64 = 0.01;
+/// Runs this many gaps overdue: the consumer has stopped running.
+const STALLED_GAPS: f64 = 2.0;
+/// A loss further away than this is none at these rates.
+const HORIZON_SECONDS: f64 = 10.0 * 365.0 * 86_400.0;
 
 /// What the rates say.
 #[derive(Debug, Clone, PartialEq)]
@@ -60,6 +69,15 @@ pub struct Basis {
     pub gap_seconds: f64,
     /// The margin now, in seconds.
     pub margin_seconds: i64,
+    /// Since the last run ended, in seconds.
+    pub since_last_run_seconds: f64,
+}
+
+impl Basis {
+    /// Whether the last run is so long ago that the consumer has stopped running.
+    pub fn stalled(&self) -> bool {
+        self.since_last_run_seconds > STALLED_GAPS * self.gap_seconds
+    }
 }
 
 impl Forecast {
@@ -96,6 +114,14 @@ impl Forecast {
             Forecast::Lost => {
                 "history is already lost: the checkpoint is older than the oplog".into()
             }
+            Forecast::FallsOff { eta_seconds, basis } if basis.stalled() => format!(
+                "no run for {} (runs every {} on average): at the oplog's rate ({:.2} s a \
+                 second) the checkpoint falls off in about {}",
+                human(basis.since_last_run_seconds),
+                human(basis.gap_seconds),
+                basis.oplog_rate,
+                human(*eta_seconds as f64)
+            ),
             Forecast::FallsOff { eta_seconds, basis } => format!(
                 "the checkpoint falls off the oplog in about {} if the rates hold ({})",
                 human(*eta_seconds as f64),
@@ -133,6 +159,8 @@ impl Forecast {
                 "checkpoint_rate": round(b.checkpoint_rate),
                 "gap_seconds": round(b.gap_seconds),
                 "margin_seconds": b.margin_seconds,
+                "since_last_run_seconds": round(b.since_last_run_seconds),
+                "stalled": b.stalled(),
             })),
         })
     }
@@ -216,6 +244,7 @@ pub fn forecast(history: &[RunRecord], now: &Position, now_seconds: f64) -> Fore
         checkpoint_rate: c,
         gap_seconds: gap,
         margin_seconds: margin,
+        since_last_run_seconds: since,
     };
     if o < DISCARDING {
         return Forecast::Holds { basis };
@@ -223,15 +252,19 @@ pub fn forecast(history: &[RunRecord], now: &Position, now_seconds: f64) -> Fore
     let margin_f = margin as f64;
     let until_next = (gap - since).max(0.0);
     let low = margin_f - o * until_next;
-    let eta = if low <= 0.0 {
+    let eta = if low <= 0.0 || basis.stalled() {
         margin_f / o
     } else if c >= o {
         return Forecast::Holds { basis };
     } else {
         until_next + low / (o - c)
     };
+    if eta > HORIZON_SECONDS {
+        return Forecast::Holds { basis };
+    }
     Forecast::FallsOff {
-        eta_seconds: eta.round() as i64,
+        // Not yet lost: at least a second (0 says it is).
+        eta_seconds: (eta.round() as i64).max(1),
         basis,
     }
 }
@@ -373,6 +406,29 @@ mod tests {
         let f = forecast(&history, &position, now);
         let margin = position.oplog_margin_seconds().unwrap();
         assert_eq!(f.eta_seconds(), Some(margin), "{f:?}");
+    }
+
+    #[test]
+    fn a_consumer_that_stopped_running_loses_history_at_the_oplogs_rate() {
+        // Kept up every minute, then no run for 3 h on a day of oplog.
+        let (history, position, now) = scenario(10, 60.0, 60.0, 86_400.0, 10_800.0);
+        let f = forecast(&history, &position, now);
+        let margin = position.oplog_margin_seconds().unwrap();
+        let eta = f.eta_seconds().expect("a loss is forecast");
+        assert!((eta - margin).abs() <= 1, "{eta} vs {margin}: {f:?}");
+        assert!(
+            f.sentence().starts_with("no run for 3.0 h"),
+            "{}",
+            f.sentence()
+        );
+        assert_eq!(f.to_json()["basis"]["stalled"], true);
+    }
+
+    #[test]
+    fn a_loss_not_yet_come_is_at_least_a_second_away() {
+        let (history, mut position, now) = scenario(10, 7200.0, 7200.0, 3600.0, 600.0);
+        position.checkpoint = position.window.map(|w| w.oldest);
+        assert_eq!(forecast(&history, &position, now).eta_seconds(), Some(1));
     }
 
     #[test]

@@ -70,6 +70,16 @@ pub struct Case {
     pub fixture: Fixture,
 }
 
+/// What running a case did.
+pub struct Execution {
+    /// Each run, in the form expectations are written in.
+    pub actual: Vec<Value>,
+    /// The checkpoint, outbox and quarantine after the last run.
+    pub dump: Dump,
+    /// The errors of the runs that failed, in order.
+    pub failures: Vec<HandoffError>,
+}
+
 /// The outcome of one case.
 pub struct Outcome {
     pub name: String,
@@ -169,7 +179,7 @@ impl Case {
         })
     }
 
-    fn params(&self) -> Result<Vec<(String, String)>> {
+    pub(crate) fn params(&self) -> Result<Vec<(String, String)>> {
         match self.spec.get("params") {
             None => Ok(Vec::new()),
             Some(Value::Object(map)) => Ok(map
@@ -185,8 +195,9 @@ impl Case {
         }
     }
 
-    /// Runs the case on a fresh in-memory store and compares with its expectations.
-    pub fn run(&self, runtime: &Runtime, policy: &Policy) -> Result<Outcome> {
+    /// Runs the case on a fresh in-memory store: each run described as expectations are
+    /// written, what the store holds after the last, and the errors of the runs that failed.
+    pub fn execute(&self, runtime: &Runtime, policy: &Policy) -> Result<Execution> {
         let source = self.fixture.deployment.as_ref().map(|d| d.source.clone());
         let (database, collection) = source.as_deref().and_then(|s| s.split_once('.')).map_or(
             ("change_demo".to_string(), "orders".to_string()),
@@ -222,6 +233,7 @@ impl Case {
             .map_err(|e| bad(&self.dir, e))?;
         let inputs = &plan.inputs;
         let mut actual = Vec::new();
+        let mut failures = Vec::new();
         let mut before = Dump::default();
         for _ in 0..self.runs()? {
             let result = plan
@@ -237,8 +249,19 @@ impl Case {
                 .dump(&inputs.consumer_id)
                 .map_err(|e| HandoffError::Unavailable(e.to_string()))?;
             actual.push(describe(&result, &before, &after));
+            failures.extend(result.err());
             before = after;
         }
+        Ok(Execution {
+            actual,
+            dump: before,
+            failures,
+        })
+    }
+
+    /// Runs the case on a fresh in-memory store and compares with its expectations.
+    pub fn run(&self, runtime: &Runtime, policy: &Policy) -> Result<Outcome> {
+        let actual = self.execute(runtime, policy)?.actual;
         let expected = self.spec.get("expect").cloned();
         let actual_value = Value::Array(actual.clone());
         let diff = match &expected {

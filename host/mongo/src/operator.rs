@@ -70,6 +70,12 @@ pub async fn run_history(
         .collection::<Document>(runs)
         .find(doc! { "consumer": consumer })
         .sort(doc! { "endedAt": -1 })
+        // Only what a record is read for: a large document planted there is not fetched whole.
+        .projection(doc! {
+            "consumer": 1, "source": 1, "run": 1, "startedAt": 1, "endedAt": 1, "status": 1,
+            "errorClass": 1, "exitCode": 1, "events": 1, "follow": 1, "checkpointTime": 1,
+            "clusterTime": 1, "oplogOldest": 1, "oplogNewest": 1, "figuresAt": 1,
+        })
         .limit(limit)
         .await
         .map_err(connection.failed("the run history"))?
@@ -161,6 +167,52 @@ pub async fn documents(
         .try_collect()
         .await
         .map_err(failed)
+}
+
+/// A consumer's outbox records of change events, as stored, in the order they were committed
+/// (the stream's): the `limit` most recent, or with `since` the first `limit` from that cluster
+/// time on. Records of snapshot runs (`snapshot`) and invalidation markers (`marker`) are left
+/// out. Reads only.
+pub async fn outbox_events(
+    connection: &Connection,
+    database: &str,
+    outbox: &str,
+    consumer: &str,
+    since: Option<Timestamp>,
+    limit: u32,
+) -> Result<Vec<Document>, OperationError> {
+    let failed = connection.failed("the outbox records");
+    let mut filter = doc! {
+        "consumer": consumer,
+        "snapshot": { "$exists": false },
+        "marker": { "$exists": false },
+    };
+    // A shaped record holds its cluster time at its top level, a raw one in its event.
+    if let Some(since) = since {
+        filter.insert(
+            "$or",
+            vec![
+                doc! { "event.clusterTime": { "$gte": since } },
+                doc! { "clusterTime": { "$gte": since } },
+            ],
+        );
+    }
+    let order = if since.is_some() { 1 } else { -1 };
+    let mut records: Vec<Document> = connection
+        .database(database)
+        .collection::<Document>(outbox)
+        .find(filter)
+        .sort(doc! { "$natural": order })
+        .limit(i64::from(limit))
+        .await
+        .map_err(failed)?
+        .try_collect()
+        .await
+        .map_err(failed)?;
+    if since.is_none() {
+        records.reverse();
+    }
+    Ok(records)
 }
 
 /// Whether the server gave up an operation at its time limit (`MaxTimeMSExpired`, 50).

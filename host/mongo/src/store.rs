@@ -220,8 +220,11 @@ impl CheckpointStore for MongoStore {
             }
             match &committed {
                 Ok(_) => self.know(Some(Some(commit.next.clone()))),
+                // Another writer moved the checkpoint: its token is no longer the one known.
+                Err(Failure::Refused(CommitError::Conflict) | Failure::Unknown(_)) => {
+                    self.know(None)
+                }
                 Err(Failure::Refused(_) | Failure::Failed(_)) => {}
-                Err(Failure::Unknown(_)) => self.know(None),
             }
             committed.map_err(|failure| match failure {
                 Failure::Refused(e) => e,
@@ -261,6 +264,8 @@ impl CheckpointStore for MongoStore {
         if changed.matched_count == 1 {
             Ok(())
         } else {
+            // Another run took it: the token read before may be moving.
+            self.know(None);
             Err(CommitError::Conflict)
         }
     }

@@ -379,17 +379,20 @@ pub async fn read_history(
     runs: &str,
     consumer: &str,
 ) -> Vec<RunRecord> {
-    match operator::run_history(
+    let read = operator::run_history(
         connection,
         database,
         runs,
         consumer,
         history::READ_BACK as i64,
-    )
-    .await
-    {
-        Ok(stored) => history::records(&stored),
-        Err(error) => {
+    );
+    match tokio::time::timeout(window::READ_WAIT, read).await {
+        Ok(Ok(stored)) => history::records(&stored),
+        Err(_) => {
+            tracing::warn!("reading the run history took too long; the forecast is not estimable");
+            Vec::new()
+        }
+        Ok(Err(error)) => {
             tracing::warn!(
                 error = %escape_untrusted(&error.text, 500),
                 "the run history cannot be read; the forecast is not estimable"
@@ -422,8 +425,8 @@ fn runs_json(history: &[RunRecord]) -> Value {
         json!({
             "run": r.run,
             "ended_at": r.ended_at.try_to_rfc3339_string().ok(),
-            "status": r.status,
-            "error_class": r.error_class,
+            "status": escape_untrusted(&r.status, 32),
+            "error_class": r.error_class.as_deref().map(|c| escape_untrusted(c, 64)),
             "events_handed_off": r.events_handed_off,
         })
     });

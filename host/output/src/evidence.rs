@@ -142,7 +142,17 @@ impl Evidence {
             .position
             .as_ref()
             .map_or_else(|| json!({}), Position::to_json);
-        value["next_commands"] = json!(self.next);
+        // Alternatives are kept apart: `next_commands` is one path, run in order; the same by
+        // hand (after which a second move would skip what was written since) is another.
+        match self.next.split_first() {
+            Some((recover, by_hand))
+                if recover.starts_with("handoff recover ") && !by_hand.is_empty() =>
+            {
+                value["next_commands"] = json!([recover]);
+                value["next_commands_by_hand"] = json!(by_hand);
+            }
+            _ => value["next_commands"] = json!(self.next),
+        }
         value
     }
 }
@@ -260,7 +270,11 @@ mod tests {
         );
         let json = evidence.to_json();
         assert_eq!(json["estimated_gap_seconds"], 60);
-        assert_eq!(json["next_commands"].as_array().map(Vec::len), Some(7));
+        assert_eq!(json["next_commands"].as_array().map(Vec::len), Some(1));
+        assert_eq!(
+            json["next_commands_by_hand"].as_array().map(Vec::len),
+            Some(6)
+        );
         assert!(
             summary.contains("Next: handoff recover --database shop"),
             "{summary}"

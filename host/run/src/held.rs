@@ -41,7 +41,11 @@ impl Held {
             ended_at: DateTime::now(),
             status: status.to_string(),
             error_class: error.map(|e: &HandoffError| e.kind().to_string()),
-            exit_code: error.map_or(0, HandoffError::exit_code),
+            // A run stopped by a signal ends its process with 12.
+            exit_code: match outcome {
+                Ok(summary) if summary.stopped => 12,
+                _ => error.map_or(0, HandoffError::exit_code),
+            },
             events_handed_off: committed.handed_off,
             events_skipped: committed.skipped,
             events_quarantined: committed.quarantined,

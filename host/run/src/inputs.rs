@@ -110,13 +110,21 @@ impl RawInputs {
             ));
         }
         let runs_collection = name("HANDOFF_RUNS_COLLECTION", &self.runs_collection)?;
-        if [
-            &collection,
-            &checkpoint_collection,
-            &outbox_collection,
-            &quarantine_collection,
-        ]
-        .contains(&&runs_collection)
+        // Nor another state collection's default name, nor the registry: records upserted
+        // there would land in an audit trail or make every wide stream read the registry again.
+        let reserved = handoff_domain::state::DEFAULT_NAMES
+            .iter()
+            .filter(|name| **name != handoff_domain::history::DEFAULT_RUNS)
+            .chain([&handoff_domain::state::REGISTRY])
+            .any(|name| *name == runs_collection);
+        if reserved
+            || [
+                &collection,
+                &checkpoint_collection,
+                &outbox_collection,
+                &quarantine_collection,
+            ]
+            .contains(&&runs_collection)
         {
             return Err(HandoffError::BadInput(
                 "The runs collection must be distinct from the source, checkpoint, outbox and quarantine collections"
@@ -211,6 +219,11 @@ mod tests {
                 .to_string()
                 .contains("quarantine collection must be distinct")
         );
+        for reserved in ["kestra_change_audit", "kestra_change_registry"] {
+            let mut r = raw();
+            r.runs_collection = reserved.into();
+            assert!(r.validate().is_err(), "{reserved}");
+        }
         let mut r = raw();
         r.runs_collection = r.outbox_collection.clone();
         assert!(

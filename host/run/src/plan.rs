@@ -172,19 +172,24 @@ impl Plan {
             }
             _ => backends.position(&self.inputs.consumer_id),
         };
+        let record = held.as_ref().map(|held| {
+            held.record(
+                executed.as_ref().map(|(summary, _)| summary),
+                position.as_ref(),
+            )
+        });
+        // The forecast counts this run too: the next gap starts now.
         let forecast = position.as_ref().map(|p| {
             let now = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0.0, |d| d.as_secs_f64());
-            forecast::forecast(backends.history(), p, now)
+            let mut history = backends.history().to_vec();
+            history.extend(record.clone());
+            forecast::forecast(&history, p, now)
         });
         // The lease is given back once the figures are read, with the run's record.
         if let Some(held) = held {
-            let record = held.record(
-                executed.as_ref().map(|(summary, _)| summary),
-                position.as_ref(),
-            );
-            held.release(Some(&record));
+            held.release(record.as_ref());
         }
         backends.close();
         // The run's duration includes closing its backends.

@@ -34,7 +34,7 @@ macro_rules! exit_codes {
   13   event too large: a change event or its record is over 16 MiB
   14   watchdog: the run outlived its deadline plus the grace period
   15   image missing: the stream requires a pre-/post-image MongoDB does not hold
-  16   attention: a check found something to act on (status --min-margin; reconcile differences)
+  16   attention: a check found something to act on (status --min-margin or --min-forecast; reconcile differences; policy diff IDs changed)
   130, 143  a second SIGINT / SIGTERM ended the process at once"
     };
 }

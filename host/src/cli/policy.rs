@@ -14,6 +14,8 @@ use handoff::runtime::cache::{ArtifactCache, Lookup};
 use handoff::runtime::policy::SHIPPED;
 use handoff::runtime::{PolicySource, Runtime};
 
+mod diff;
+
 /// The watchdog's grace period past each case run's deadline under `policy test`.
 pub const TEST_WATCHDOG_GRACE_SECONDS: u64 = 30;
 
@@ -44,12 +46,24 @@ pub enum PolicyCommand {
         watch: bool,
     },
     /// Inspects a policy file: component or not, contract version, imports, size, SHA-256.
-    /// Exits 9 when this host would refuse it.
-    #[command(after_help = concat!("Example:\n  handoff policy check target/wasm32-wasip2/release/shop_policy.wasm\n\n", exit_codes!()))]
+    /// Exits 9 when this host would refuse it. With --against, then diffs it with the policy
+    /// deployed now over the shipped sample stream (as `policy diff`).
+    #[command(after_help = concat!("Example:\n  handoff policy check target/wasm32-wasip2/release/shop_policy.wasm --against deployed.wasm\n\n", exit_codes!()))]
     Check {
         /// The `.wasm` file.
         file: PathBuf,
+        /// The policy deployed now: diff FILE with it after the check; exits 16 when an event
+        /// would change its ID.
+        #[arg(long, value_name = "CURRENT")]
+        against: Option<PathBuf>,
+        /// With --against: exit 0 even when events change their IDs.
+        #[arg(long, requires = "against")]
+        allow_id_change: bool,
     },
+    /// Runs two policies over the same events (a recorded stream, a folder of cases, or a
+    /// consumer's outbox) and tells per event what the new one decides otherwise: records added
+    /// or removed, IDs changed (a re-delivery risk: exits 16), shapes or decisions changed.
+    Diff(Box<diff::DiffArgs>),
     /// Runs a policy over test cases (each a recorded stream and expected results) on fresh
     /// stores; prints a diff for each mismatch and exits non-zero if any.
     #[command(after_help = concat!("Example:\n  handoff policy test --policy shop_policy.wasm cases/\n\n", exit_codes!()))]
@@ -124,7 +138,30 @@ pub fn run(command: PolicyCommand) -> Result<()> {
             out!("created {}", root.display())?;
             Ok(())
         }
-        PolicyCommand::Check { file } => check_file(&file),
+        PolicyCommand::Check {
+            file,
+            against: None,
+            ..
+        } => check_file(&file),
+        PolicyCommand::Check {
+            file,
+            against: Some(current),
+            allow_id_change,
+        } => {
+            let current = diff::policy_file(&current)?;
+            check_file(&file)?;
+            let source = PolicySource::from_file(&file)?;
+            let report = diff::compare(
+                &current,
+                &source,
+                &[handoff::kit::diff::sample_case()?],
+                &[],
+                "the shipped sample stream",
+            )?;
+            out!("diff against {}:", current.origin)?;
+            diff::print(&report, TestFormat::Human, allow_id_change)
+        }
+        PolicyCommand::Diff(args) => diff::run(*args),
         PolicyCommand::Build { dir, watch } => {
             let once = || build::build(&dir).and_then(|wasm| check_file(&wasm));
             if !watch {

@@ -176,7 +176,8 @@ fn all(args: &StatusArgs) -> Result<()> {
 fn check(args: &StatusArgs, status: &Status) -> Result<()> {
     if let Some(min) = args.min_forecast
         && let Some(eta) = status.forecast.eta_seconds()
-        && eta < min.as_secs() as i64
+        // 0: already lost, whatever the minimum.
+        && (eta == 0 || eta < min.as_secs() as i64)
     {
         return Err(HandoffError::Attention(format!(
             "the forecast is under --min-forecast {} s: {}",

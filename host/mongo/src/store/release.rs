@@ -42,10 +42,22 @@ impl MongoStore {
                         && self.bulk_write.load(Ordering::Relaxed)
                     {
                         match self.end_in_one(&filter, &update, runs, stored).await {
+                            Ok(()) => return Ok(()),
                             Err(e) if no_bulk_write(&e) => {
                                 self.bulk_write.store(false, Ordering::Relaxed);
                             }
-                            done => return done,
+                            // Refused as a whole (a user without the runs collection's
+                            // privileges is refused the command, not one of its writes): the
+                            // lease's end is sent alone, then the record, whose failure is
+                            // only a warning. Ending the lease again is harmless: its filter
+                            // names the owner.
+                            Err(e) => {
+                                let error = self.connection.redact(&e.to_string());
+                                tracing::debug!(
+                                    error = %escape_untrusted(&error, 500),
+                                    "the lease's end and the run's record were refused together; sent apart"
+                                );
+                            }
                         }
                     }
                     self.checkpoints

@@ -27,6 +27,12 @@ pub fn read_all(connection: &Connection, place: &Place<'_>) -> Result<Vec<Status
             operator::checkpoints(connection, place.database, place.checkpoints, MAX_CONSUMERS)
                 .await
                 .map_err(unavailable)?;
+        if stored.len() as i64 >= MAX_CONSUMERS {
+            tracing::warn!(
+                listed = MAX_CONSUMERS,
+                "more consumers than are listed: the first {MAX_CONSUMERS} are"
+            );
+        }
         let (window, gossiped) = window::oplog_window(connection).await;
         let cluster_now = match gossiped {
             Some(now) => Some(now),
@@ -66,18 +72,19 @@ pub fn read_all(connection: &Connection, place: &Place<'_>) -> Result<Vec<Status
 }
 
 /// How bad a consumer's state is, smaller first: a checkpoint after the present or off the
-/// oplog; then a forecast loss, soonest first; then the unknown; then the healthy, smallest
-/// margin first.
+/// oplog; then a forecast loss, soonest first; then those that cannot be forecast, the smallest
+/// margin first (an unknown margin last of them); then the healthy, smallest margin first.
 pub fn severity(status: &Status) -> (u8, f64) {
     let p = &status.position;
     if p.ahead_seconds().is_some() || p.fell_off() == Some(true) {
         return (0, 0.0);
     }
-    match (&status.forecast, p.oplog_margin_seconds()) {
-        (Forecast::Lost, _) => (0, 0.0),
-        (Forecast::FallsOff { eta_seconds, .. }, _) => (1, *eta_seconds as f64),
-        (_, None) => (2, 0.0),
-        (_, Some(margin)) => (3, margin as f64),
+    let margin = p.oplog_margin_seconds().map_or(f64::MAX, |m| m as f64);
+    match &status.forecast {
+        Forecast::Lost => (0, 0.0),
+        Forecast::FallsOff { eta_seconds, .. } => (1, *eta_seconds as f64),
+        Forecast::Unknown { .. } => (2, margin),
+        Forecast::Holds { .. } => (3, margin),
     }
 }
 
