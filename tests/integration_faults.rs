@@ -481,3 +481,71 @@ fn a_server_without_bulk_write_is_written_with_separate_commands_at_no_retry() {
         assert_all_handed_off_once(&live, &start, 3);
     }
 }
+
+/// An operator's writes go through the same transaction runner as a run's commits: a reset whose
+/// commit meets a transient error is retried and written once; a repair whose commit's outcome
+/// is unknown has its commit retried, and its records are written once.
+#[test]
+fn operator_writes_meet_the_runners_retries_and_are_written_once() {
+    let live = Live::with_config(Config::default());
+    live.start_consumer();
+    live.insert(0..3);
+    assert_eq!(support::ok(&live.run(&[]))["events_handed_off"], 3);
+    let before = live.checkpoint_token();
+    live.insert(3..5);
+
+    live.fail_point(
+        doc! {"times": 1}.into(),
+        doc! {"failCommands": ["commitTransaction"], "errorCode": 112, "errorLabels": ["TransientTransactionError"]},
+    );
+    let reset = live.operator(&[
+        "checkpoint",
+        "reset",
+        "--to",
+        "now",
+        "--reason",
+        "fault test",
+    ]);
+    assert!(reset.status.success(), "{}", support::stderr(&reset));
+    assert_eq!(
+        live.fail_point_off(),
+        1,
+        "the reset's first commit was refused"
+    );
+    assert_ne!(live.checkpoint_token(), before, "the checkpoint moved");
+    assert_eq!(
+        live.records("kestra_change_audit").len(),
+        1,
+        "one audit record"
+    );
+
+    // Documents 3 and 4 were skipped by the reset: the repair hands them off.
+    live.fail_point(
+        doc! {"times": 1}.into(),
+        doc! {"failCommands": ["commitTransaction"], "errorCode": 50, "errorLabels": ["UnknownTransactionCommitResult"]},
+    );
+    let repair = live.operator(&["reconcile", "--repair", "--reason", "fault test", "--json"]);
+    assert_eq!(
+        repair.status.code(),
+        Some(0),
+        "{}",
+        support::stderr(&repair)
+    );
+    assert_eq!(
+        live.fail_point_off(),
+        1,
+        "the repair's commit result was unknown once"
+    );
+    let outbox = live.outbox();
+    assert_eq!(outbox.len(), 5, "{outbox:?}");
+    let mut ids: Vec<String> = outbox
+        .iter()
+        .map(|r| r.get_str("_id").expect("an id").to_string())
+        .collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), 5, "each record once");
+    assert_eq!(live.records("kestra_change_audit").len(), 2);
+    let check = live.operator(&["reconcile", "--json"]);
+    assert_eq!(check.status.code(), Some(0), "{}", support::stderr(&check));
+}
