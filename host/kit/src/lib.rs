@@ -6,6 +6,7 @@ pub mod build;
 pub mod cases;
 pub mod check;
 pub mod diff;
+pub mod junit;
 pub mod lang;
 pub mod record;
 pub mod redact;

@@ -1,10 +1,7 @@
 //! What `policy test` reports: each case's verdict, for people (diffs on a terminal), as one JSON
 //! document, or as JUnit XML for CI systems.
 
-use std::io::Cursor;
-
-use quick_xml::Writer;
-use quick_xml::events::{BytesDecl, BytesEnd, BytesStart, BytesText, Event};
+use crate::junit::{Case as JunitCase, Counts, Failure, Junit};
 use serde_json::{Value, json};
 
 use handoff_domain::error::{HandoffError, Result};
@@ -113,60 +110,36 @@ impl TestSummary {
     }
 
     fn write_junit(&self) -> std::io::Result<String> {
-        let mut writer = Writer::new_with_indent(Cursor::new(Vec::new()), b' ', 2);
-        writer.write_event(Event::Decl(BytesDecl::new("1.0", Some("UTF-8"), None)))?;
         let total: f64 = self.cases.iter().map(|c| c.seconds).sum();
-        let (tests, failures, time) = (
-            self.cases.len().to_string(),
-            self.failed().to_string(),
-            format!("{total:.3}"),
-        );
+        let time = format!("{total:.3}");
         let suite_name = format!("handoff policy {}", self.policy);
-        let mut suites = BytesStart::new("testsuites");
-        suites.push_attribute(("tests", tests.as_str()));
-        suites.push_attribute(("failures", failures.as_str()));
-        suites.push_attribute(("time", time.as_str()));
-        writer.write_event(Event::Start(suites))?;
-        let mut suite = BytesStart::new("testsuite");
-        suite.push_attribute(("name", suite_name.as_str()));
-        suite.push_attribute(("tests", tests.as_str()));
-        suite.push_attribute(("failures", failures.as_str()));
-        suite.push_attribute(("errors", "0"));
-        suite.push_attribute(("time", time.as_str()));
-        writer.write_event(Event::Start(suite))?;
-        let mut properties = BytesStart::new("property");
-        properties.push_attribute(("name", "policy_sha256"));
-        properties.push_attribute(("value", self.policy_sha256.as_str()));
-        writer.write_event(Event::Start(BytesStart::new("properties")))?;
-        writer.write_event(Event::Empty(properties))?;
-        writer.write_event(Event::End(BytesEnd::new("properties")))?;
+        let mut junit = Junit::begin(
+            &suite_name,
+            &Counts {
+                tests: self.cases.len(),
+                failures: self.failed(),
+                time: Some(&time),
+            },
+            &[("policy_sha256", &self.policy_sha256)],
+        )?;
         for case in &self.cases {
             let seconds = format!("{:.3}", case.seconds);
-            let mut element = BytesStart::new("testcase");
-            element.push_attribute(("name", case.name.as_str()));
-            element.push_attribute(("classname", suite_name.as_str()));
-            element.push_attribute(("time", seconds.as_str()));
-            if case.verdict.passed() {
-                writer.write_event(Event::Empty(element))?;
-                continue;
-            }
-            writer.write_event(Event::Start(element))?;
             let message = case.verdict.message();
-            let mut failure = BytesStart::new("failure");
-            failure.push_attribute(("message", message.as_str()));
-            failure.push_attribute(("type", case.verdict.name()));
-            writer.write_event(Event::Start(failure))?;
-            let diff = case.verdict.diff().unwrap_or_default();
-            writer.write_event(Event::Text(BytesText::new(diff)))?;
-            writer.write_event(Event::End(BytesEnd::new("failure")))?;
-            writer.write_event(Event::End(BytesEnd::new("testcase")))?;
+            let failure = (!case.verdict.passed()).then(|| Failure {
+                message: &message,
+                kind: case.verdict.name(),
+                text: case.verdict.diff().unwrap_or_default(),
+            });
+            junit.case(
+                &JunitCase {
+                    name: &case.name,
+                    class: &suite_name,
+                    time: Some(&seconds),
+                },
+                failure.as_ref(),
+            )?;
         }
-        writer.write_event(Event::End(BytesEnd::new("testsuite")))?;
-        writer.write_event(Event::End(BytesEnd::new("testsuites")))?;
-        let mut text = String::from_utf8(writer.into_inner().into_inner())
-            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
-        text.push('\n');
-        Ok(text)
+        junit.finish()
     }
 }
 
@@ -220,6 +193,7 @@ mod tests {
             "{xml}"
         );
         // Read it back with the same crate: names and the diff survive escaping exactly.
+        use quick_xml::events::Event;
         let mut reader = quick_xml::Reader::from_str(&xml);
         let (mut names, mut text, mut failures) = (Vec::new(), String::new(), 0);
         loop {

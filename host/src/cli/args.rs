@@ -10,7 +10,7 @@ use handoff::session::OutboxOptions;
 
 mod policy;
 mod stream;
-pub use policy::{DecidingArgs, KeepEventArgs, PolicyArgs};
+pub use policy::{DecidingArgs, KeepEventArgs, PolicyArgs, parse_params};
 pub use stream::StreamArgs;
 
 /// Where a consumer's state lives, from flags or the baseline's environment variables.
@@ -186,6 +186,22 @@ pub struct SnapshotRunArgs {
     pub deciding: DecidingArgs,
 }
 
+/// How `reconcile` and `recover` compare the collection with the outbox.
+#[derive(Args, Clone, Debug)]
+pub struct CompareArgs {
+    /// Keys listed per kind of difference (counts are always complete).
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(0..=100_000))]
+    pub limit: u32,
+    /// Source documents (and outbox records) read per round trip.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub chunk_size: u32,
+    /// The most keys changed after the position compared from (the checkpoint) that are
+    /// accepted; more is an error (run the consumer first; `recover` again then completes its
+    /// repair).
+    #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u32).range(1..=10_000_000))]
+    pub max_in_flight: u32,
+}
+
 /// The consumer an operator command looks at: the deployment, the watched collection and the
 /// consumer's collections, from the same flags and environment variables as `run`.
 #[derive(Args, Clone, Debug)]
@@ -267,16 +283,7 @@ impl TargetArgs {
         if scope == Scope::Collection {
             return Ok(());
         }
-        let inputs = self.inputs()?;
-        let flags = handoff::output::target_flags(
-            &inputs.consumer_id,
-            Some(&Watched {
-                scope,
-                database: inputs.database.clone(),
-                collection: inputs.collection.clone(),
-            }),
-            Some(&inputs.collections()),
-        );
+        let flags = self.flags(&self.inputs()?, scope);
         Err(HandoffError::BadInput(format!(
             "{what} compares or copies the documents of one collection, and this consumer streams \
              a whole {} (--scope {}): no one collection's documents describe its outbox. Look at \
@@ -286,6 +293,20 @@ impl TargetArgs {
             scope.as_str(),
             scope.as_str(),
         )))
+    }
+
+    /// How an operator command names this consumer (`--database D --collection C
+    /// --consumer-id X`, with `--scope` and the collections that are not the defaults).
+    pub fn flags(&self, inputs: &Inputs, scope: Scope) -> String {
+        handoff::output::target_flags(
+            &inputs.consumer_id,
+            Some(&Watched {
+                scope,
+                database: inputs.database.clone(),
+                collection: inputs.collection.clone(),
+            }),
+            Some(&inputs.collections()),
+        )
     }
 
     /// The names checked as `run` checks them (nothing is read before they pass).

@@ -2,7 +2,7 @@
 
 use clap::Args;
 
-use super::args::{SnapshotRunArgs, reason_text};
+use super::args::{CompareArgs, SnapshotRunArgs, reason_text};
 use handoff::backend::mongo::Connection;
 use handoff::error::{HandoffError, Result};
 use handoff::operate::progress::Sink;
@@ -34,16 +34,8 @@ as correction records (run reconcile again to verify). Exit 3 means too many key
 pub struct ReconcileArgs {
     #[command(flatten)]
     pub run: SnapshotRunArgs,
-    /// Keys listed per kind of difference (counts are always complete).
-    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(0..=100_000))]
-    pub limit: u32,
-    /// Source documents (and outbox records) read per round trip.
-    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
-    pub chunk_size: u32,
-    /// The most keys changed after the checkpoint that reconcile accepts; more is an error (run
-    /// the consumer first).
-    #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u32).range(1..=10_000_000))]
-    pub max_in_flight: u32,
+    #[command(flatten)]
+    pub compare: CompareArgs,
     /// Only keys whose latest outbox record is at or after T (a cluster time `SECONDS[.INCREMENT]`
     /// or an RFC 3339 date): those are looked up in the source (missing when the outbox says
     /// absent, stale, orphan). The rest of the source is not read, so documents never handed off
@@ -99,9 +91,9 @@ impl ReconcileArgs {
             outbox: inputs.outbox_collection,
             quarantine: inputs.quarantine_collection,
             audit,
-            limit: self.limit as usize,
-            chunk_size: self.chunk_size,
-            max_in_flight: self.max_in_flight as usize,
+            limit: self.compare.limit as usize,
+            chunk_size: self.compare.chunk_size,
+            max_in_flight: self.compare.max_in_flight as usize,
             since,
             repair,
             command,

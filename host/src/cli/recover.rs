@@ -3,14 +3,14 @@
 
 use clap::Args;
 
-use super::args::{SnapshotRunArgs, reason_text};
+use super::args::{CompareArgs, SnapshotRunArgs, reason_text};
 use handoff::backend::mongo::Connection;
-use handoff::domain::config::{Scope, Watched};
+use handoff::domain::config::Scope;
 use handoff::error::{HandoffError, Result};
 use handoff::operate::progress::Sink;
 use handoff::operate::reconcile;
 use handoff::operate::recover::{self, Options};
-use handoff::output::{shell_word, target_flags};
+use handoff::output::shell_word;
 
 #[derive(Args)]
 #[command(after_help = concat!(
@@ -49,16 +49,8 @@ pub struct RecoverArgs {
     /// Show what would be done; write nothing.
     #[arg(long)]
     pub dry_run: bool,
-    /// Keys listed per kind of difference repaired (counts are always complete).
-    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(0..=100_000))]
-    pub limit: u32,
-    /// Source documents (and outbox records) read per round trip.
-    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
-    pub chunk_size: u32,
-    /// The most keys changed after the new position that the repair accepts; more is an error
-    /// (run the consumer, then `handoff recover` again completes the repair).
-    #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u32).range(1..=10_000_000))]
-    pub max_in_flight: u32,
+    #[command(flatten)]
+    pub compare: CompareArgs,
 }
 
 impl RecoverArgs {
@@ -67,15 +59,7 @@ impl RecoverArgs {
         let target = &self.run.target;
         let inputs = target.inputs()?;
         let scope = target.scope()?;
-        let flags = target_flags(
-            &inputs.consumer_id,
-            Some(&Watched {
-                scope,
-                database: inputs.database.clone(),
-                collection: inputs.collection.clone(),
-            }),
-            Some(&inputs.collections()),
-        );
+        let flags = target.flags(&inputs, scope);
         if scope != Scope::Collection {
             return Err(HandoffError::BadInput(format!(
                 "recover repairs the documents of one collection as reconcile does, and this \
@@ -128,9 +112,9 @@ impl RecoverArgs {
                 outbox: inputs.outbox_collection.clone(),
                 quarantine: inputs.quarantine_collection.clone(),
                 audit,
-                limit: self.limit as usize,
-                chunk_size: self.chunk_size,
-                max_in_flight: self.max_in_flight as usize,
+                limit: self.compare.limit as usize,
+                chunk_size: self.compare.chunk_size,
+                max_in_flight: self.compare.max_in_flight as usize,
                 since: None,
                 repair: (!self.dry_run).then(|| reason.clone()),
                 command: format!("recover --consumer-id {}: the repair", inputs.consumer_id),

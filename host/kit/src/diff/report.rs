@@ -2,10 +2,7 @@
 //! document, or JUnit XML with a testcase per event. Every text a policy or an event gave (IDs,
 //! field names, case names) is escaped and bounded; no record is printed whole.
 
-use std::io::Cursor;
-
-use quick_xml::Writer;
-use quick_xml::events::{BytesDecl, BytesEnd, BytesStart, BytesText, Event};
+use crate::junit::{Case as JunitCase, Counts, Failure, Junit};
 use serde_json::{Value, json};
 
 use handoff_domain::error::{HandoffError, Result};
@@ -198,59 +195,39 @@ impl Report {
     }
 
     fn write_junit(&self) -> std::io::Result<String> {
-        let mut writer = Writer::new_with_indent(Cursor::new(Vec::new()), b' ', 2);
-        writer.write_event(Event::Decl(BytesDecl::new("1.0", Some("UTF-8"), None)))?;
-        let tests = self.events.len().to_string();
-        let failures = self.differing().count().to_string();
         let name = format!(
             "handoff policy diff {} -> {}",
             text(&self.old.0),
             text(&self.new.0)
         );
-        let mut suites = BytesStart::new("testsuites");
-        suites.push_attribute(("tests", tests.as_str()));
-        suites.push_attribute(("failures", failures.as_str()));
-        writer.write_event(Event::Start(suites))?;
-        let mut suite = BytesStart::new("testsuite");
-        suite.push_attribute(("name", name.as_str()));
-        suite.push_attribute(("tests", tests.as_str()));
-        suite.push_attribute(("failures", failures.as_str()));
-        suite.push_attribute(("errors", "0"));
-        writer.write_event(Event::Start(suite))?;
-        writer.write_event(Event::Start(BytesStart::new("properties")))?;
-        for (key, value) in [("old_sha256", &self.old.1), ("new_sha256", &self.new.1)] {
-            let mut property = BytesStart::new("property");
-            property.push_attribute(("name", key));
-            property.push_attribute(("value", value.as_str()));
-            writer.write_event(Event::Empty(property))?;
-        }
-        writer.write_event(Event::End(BytesEnd::new("properties")))?;
+        let mut junit = Junit::begin(
+            &name,
+            &Counts {
+                tests: self.events.len(),
+                failures: self.differing().count(),
+                time: None,
+            },
+            &[("old_sha256", &self.old.1), ("new_sha256", &self.new.1)],
+        )?;
         for event in &self.events {
             let case_name = format!("event {} ({})", event.number, text(&event.operation));
             let class = text(&event.case);
-            let mut element = BytesStart::new("testcase");
-            element.push_attribute(("name", case_name.as_str()));
-            element.push_attribute(("classname", class.as_str()));
-            if event.kinds.is_empty() {
-                writer.write_event(Event::Empty(element))?;
-                continue;
-            }
-            writer.write_event(Event::Start(element))?;
             let summary = event.summary();
             let kind = event.failure_type();
-            let mut failure = BytesStart::new("failure");
-            failure.push_attribute(("message", summary.as_str()));
-            failure.push_attribute(("type", kind.as_str()));
-            writer.write_event(Event::Start(failure))?;
-            writer.write_event(Event::Text(BytesText::new(&summary)))?;
-            writer.write_event(Event::End(BytesEnd::new("failure")))?;
-            writer.write_event(Event::End(BytesEnd::new("testcase")))?;
+            let failure = (!event.kinds.is_empty()).then(|| Failure {
+                message: &summary,
+                kind: &kind,
+                text: &summary,
+            });
+            junit.case(
+                &JunitCase {
+                    name: &case_name,
+                    class: &class,
+                    time: None,
+                },
+                failure.as_ref(),
+            )?;
         }
-        writer.write_event(Event::End(BytesEnd::new("testsuite")))?;
-        writer.write_event(Event::End(BytesEnd::new("testsuites")))?;
-        let mut out = String::from_utf8(writer.into_inner().into_inner())
-            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))?;
-        out.push('\n');
-        Ok(out)
+        junit.finish()
     }
 }

@@ -61,17 +61,7 @@ impl PolicyArgs {
     }
 
     pub fn params(&self) -> Result<Vec<(String, String)>> {
-        self.params
-            .iter()
-            .map(|p| {
-                p.split_once('=')
-                    .filter(|(k, _)| !k.is_empty())
-                    .map(|(k, v)| (k.to_string(), v.to_string()))
-                    .ok_or_else(|| {
-                        HandoffError::BadInput(format!("--policy-param {p:?} must be KEY=VALUE"))
-                    })
-            })
-            .collect()
+        parse_params(&self.params)
     }
 
     pub fn source(&self) -> Result<PolicySource> {
@@ -179,4 +169,19 @@ impl Deciding {
             collection: collection.to_string(),
         }
     }
+}
+
+/// `--policy-param KEY=VALUE`s, each split at its first `=` (a key is never empty).
+pub fn parse_params(given: &[String]) -> Result<Vec<(String, String)>> {
+    given
+        .iter()
+        .map(|p| {
+            p.split_once('=')
+                .filter(|(k, _)| !k.is_empty())
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .ok_or_else(|| {
+                    HandoffError::BadInput(format!("--policy-param {p:?} must be KEY=VALUE"))
+                })
+        })
+        .collect()
 }

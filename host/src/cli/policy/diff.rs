@@ -84,21 +84,6 @@ pub struct OutboxArgs {
     pub since: Option<String>,
 }
 
-/// `--policy-param KEY=VALUE`s.
-fn params(given: &[String]) -> Result<Vec<(String, String)>> {
-    given
-        .iter()
-        .map(|p| {
-            p.split_once('=')
-                .filter(|(k, _)| !k.is_empty())
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .ok_or_else(|| {
-                    HandoffError::BadInput(format!("--policy-param {p:?} must be KEY=VALUE"))
-                })
-        })
-        .collect()
-}
-
 /// A policy file read and checked as a component (not compiled yet): a file that is not one is
 /// bad input.
 pub fn policy_file(path: &Path) -> Result<PolicySource> {
@@ -251,7 +236,7 @@ pub fn print(report: &Report, format: TestFormat, allow_id_change: bool) -> Resu
 
 pub fn run(args: DiffArgs) -> Result<()> {
     // Everything is read and checked before anything runs.
-    let params = params(&args.params)?;
+    let params = crate::cli::args::parse_params(&args.params)?;
     let old = policy_file(&args.old)?;
     let new = policy_file(&args.new)?;
     let (cases, label) = match &args.source {
