@@ -411,11 +411,21 @@ fn a_repair_that_outruns_the_oplog_stays_recorded_and_the_next_recovery_complete
         "outran the oplog",
     );
     let recorded = live.checkpoint().expect("checkpoint");
-    assert!(recorded.get_document("recovering").is_ok(), "{recorded}");
+    let first = recorded
+        .get_document("recovering")
+        .expect("the recovery")
+        .clone();
     assert_eq!(snapshot_keys_once(&live), 80);
-    // Moved again: what the repair wrote stands, nothing is left to write.
+    // Moved again: what the repair wrote stands, nothing is left to write; the recovery is the
+    // same one, and the window it lost first is the one told.
     let done = support::json_stdout(&recover(&live, &["--reason", "INC-11", "--json"]));
     assert_eq!(done["resumed"], false, "{done}");
+    let lost_from = first.get_timestamp("lost_from").expect("lost_from");
+    assert_eq!(
+        done["lost"]["from"]["t"].as_u64(),
+        Some(u64::from(lost_from.time)),
+        "{done}"
+    );
     assert_eq!(counts(&done["repair"]), (0, 0, 0), "{done}");
     assert!(
         live.checkpoint()

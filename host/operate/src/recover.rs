@@ -96,9 +96,20 @@ pub fn recover(
     let (stored, loaded) = connection.block_on(checkpoint_of(connection, options))?;
     checkpoint::check_policy(&loaded, &snapshots.binding(), "recover")?;
     let start = match (cause(connection, options, &loaded)?, Marker::of(&stored)) {
-        (Some(cause), _) => {
+        (Some(cause), earlier) => {
             let plan = reset::plan(connection, &target, To::Now, Ahead::Refuse)?;
-            let marker = marker_of(&plan, cause, &options.reason);
+            let mut marker = marker_of(&plan, cause, &options.reason);
+            // Moved again (the repair outran the oplog): the recovery is the same one, and the
+            // window it lost first is still the one to tell.
+            if let Some(earlier) = earlier {
+                marker.id = earlier.id;
+                marker.since = earlier.since;
+                marker.lost_from = earlier.lost_from.or(marker.lost_from);
+                marker.gap_seconds = match (marker.lost_from, marker.lost_to) {
+                    (Some(from), Some(to)) => Some(i64::from(to.time) - i64::from(from.time)),
+                    _ => marker.gap_seconds,
+                };
+            }
             Start::Move(Box::new(plan), marker)
         }
         (None, Some(marker)) => Start::Resume(marker),
