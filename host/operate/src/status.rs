@@ -339,7 +339,16 @@ pub fn charts(
         })
         .collect();
     let line = now.oplog_margin_seconds().map(|margin| Line {
-        at: bson::DateTime::from_millis((now.wall_now as i64).saturating_mul(1000)),
+        // The figures' second, drawn no earlier than the last run's end (to the millisecond).
+        at: bson::DateTime::from_millis(
+            (now.wall_now as i64).saturating_mul(1000).max(
+                points
+                    .iter()
+                    .map(|p| p.ended_at.timestamp_millis())
+                    .max()
+                    .unwrap_or(0),
+            ),
+        ),
         margin_seconds: margin,
         eta_seconds: forecast.eta_seconds(),
     });
