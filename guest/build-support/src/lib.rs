@@ -53,6 +53,11 @@ pub fn build(workspace: &Path, target_dir: &Path, args: &[&str]) -> PathBuf {
         .env_remove("RUSTFLAGS")
         .env_remove("CARGO_ENCODED_RUSTFLAGS")
         .env_remove("CARGO_BUILD_RUSTFLAGS")
+        // The same bytes whoever asks: under `cargo clippy` the build script's environment
+        // names clippy's driver as the compiler's wrapper, which would build the components
+        // (and embed them) otherwise than `cargo build` does.
+        .env_remove("RUSTC_WORKSPACE_WRAPPER")
+        .env_remove("RUSTC_WRAPPER")
         .status()
         .expect("running cargo for the policy components");
     assert!(
