@@ -101,7 +101,26 @@ fn each_run_keeps_one_record_and_a_consumer_keeps_at_most_runs_keep() {
     let status = status_json(&live, &[]);
     assert_eq!(status["runs"]["recorded"], 3, "{status}");
     assert_eq!(status["runs"]["last"]["run"], 6, "{status}");
-    assert!(status["forecast"]["text"].is_string(), "{status}");
+    assert_eq!(status["forecast"]["basis"]["runs"], 3, "{status}");
+
+    // An operator's move of the checkpoint starts the rates again: the runs before it are not
+    // the consumer's pace.
+    let reset = live.operator(&["checkpoint", "reset", "--to", "now", "--reason", "forecast"]);
+    assert!(reset.status.success(), "{}", support::stderr(&reset));
+    support::ok(&live.run(&[]));
+    let last = runs(&live)
+        .into_iter()
+        .max_by_key(|r| r.get_i64("run").unwrap())
+        .expect("a record");
+    assert_eq!(last.get_i64("moves").unwrap(), 1, "{last:?}");
+    let status = status_json(&live, &[]);
+    assert_eq!(status["forecast"]["verdict"], "unknown", "{status}");
+    assert!(
+        status["forecast"]["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("fewer than 3 runs")),
+        "{status}"
+    );
 }
 
 /// A user refused the runs collection is refused the whole `bulkWrite` that gives the lease back

@@ -51,6 +51,8 @@ pub struct Checkpoint {
     pub policy: Option<PolicyBinding>,
     /// How many runs claimed the checkpoint ([`crate::history::RUNS_FIELD`]); 0 before any.
     pub runs: i64,
+    /// How many times an operator moved it ([`crate::history::MOVES_FIELD`]).
+    pub moves: i64,
 }
 
 /// The policy a consumer's runs decide with: its component's SHA-256 and a digest of its
@@ -138,6 +140,7 @@ impl Checkpoint {
             config: None,
             policy: None,
             runs: 0,
+            moves: 0,
         }
     }
 }
@@ -187,6 +190,8 @@ pub struct Claim {
     pub change: Option<Document>,
     /// The run's number for its consumer, which the claim records (`runs`).
     pub run: i64,
+    /// The operator's moves of the checkpoint so far (`moves`), for the run's record.
+    pub moves: i64,
 }
 
 /// What a run asks of the checkpoint it loaded.
@@ -268,6 +273,7 @@ pub fn claim(loaded: &Checkpoint, binding: &Binding<'_>) -> Result<Claim> {
         },
         change,
         run,
+        moves: loaded.moves,
     })
 }
 
@@ -318,6 +324,11 @@ pub fn validate(stored: &Document, source: &str, replica_set_id: &str) -> Result
         }
         _ => 0,
     };
+    let moves = match stored.get(crate::history::MOVES_FIELD) {
+        Some(Bson::Int64(n)) if *n >= 0 => *n,
+        Some(Bson::Int32(n)) if *n >= 0 => i64::from(*n),
+        _ => 0,
+    };
     let holder = match (stored.get("owner"), stored.get("leaseUntil")) {
         (None, None) => None,
         (Some(Bson::String(owner)), Some(Bson::DateTime(until))) => Some(Holder {
@@ -350,6 +361,7 @@ pub fn validate(stored: &Document, source: &str, replica_set_id: &str) -> Result
         config,
         policy,
         runs,
+        moves,
     })
 }
 

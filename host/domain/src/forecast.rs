@@ -204,8 +204,11 @@ pub fn forecast(history: &[RunRecord], now: &Position, now_seconds: f64) -> Fore
     if margin < 0 || now.fell_off() == Some(true) {
         return Forecast::Lost;
     }
+    // The rates since the operator last moved the checkpoint: a jump to now is not a pace.
+    let era = history.iter().map(|r| r.moves).max().unwrap_or(0);
     let mut fitted: Vec<(f64, f64, f64)> = history
         .iter()
+        .filter(|r| r.moves == era)
         .filter_map(|r| {
             Some((
                 r.ended_at.timestamp_millis() as f64 / 1000.0,
@@ -302,6 +305,7 @@ mod tests {
                     consumer: "c".into(),
                     source: "d.c".into(),
                     run: i as i64 + 1,
+                    moves: 0,
                     started_at: DateTime::from_millis((at * 1000.0) as i64 - 100),
                     ended_at: DateTime::from_millis((at * 1000.0) as i64),
                     status: "HANDED_OFF".into(),
@@ -406,6 +410,26 @@ mod tests {
         let f = forecast(&history, &position, now);
         let margin = position.oplog_margin_seconds().unwrap();
         assert_eq!(f.eta_seconds(), Some(margin), "{f:?}");
+    }
+
+    #[test]
+    fn the_runs_before_an_operators_move_are_not_fitted() {
+        let (mut history, position, now) = scenario(12, 10.0, 5.0, 3600.0, 4.0);
+        for r in history.iter_mut().skip(10) {
+            r.moves = 1;
+        }
+        let f = forecast(&history, &position, now);
+        assert!(
+            matches!(f, Forecast::Unknown { .. }),
+            "2 runs since the move: {f:?}"
+        );
+        for r in history.iter_mut().skip(8) {
+            r.moves = 1;
+        }
+        match forecast(&history, &position, now) {
+            Forecast::FallsOff { basis, .. } => assert_eq!(basis.runs, 4, "{basis:?}"),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

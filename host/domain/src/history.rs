@@ -22,6 +22,9 @@ pub const DEFAULT_KEEP: u32 = 1000;
 pub const READ_BACK: usize = 200;
 /// The checkpoint's counter of runs (incremented by each run's claim).
 pub const RUNS_FIELD: &str = "runs";
+/// The checkpoint's counter of the operator's moves of it (`checkpoint reset`, `recover`): a
+/// run's record keeps it, so the runs before a move are not taken for the consumer's pace.
+pub const MOVES_FIELD: &str = "moves";
 
 /// One run, as its history keeps it.
 #[derive(Debug, Clone, PartialEq)]
@@ -30,6 +33,8 @@ pub struct RunRecord {
     pub source: String,
     /// The run's number for its consumer (1 for the first).
     pub run: i64,
+    /// The operator's moves of the checkpoint before the run ([`MOVES_FIELD`]).
+    pub moves: i64,
     pub started_at: DateTime,
     pub ended_at: DateTime,
     /// `IDLE`, `HANDED_OFF`, `INVALIDATED` or `FAILED`.
@@ -96,6 +101,7 @@ impl RunRecord {
             "consumer": &self.consumer,
             "source": &self.source,
             "run": self.run,
+            "moves": self.moves,
             "startedAt": self.started_at,
             "endedAt": self.ended_at,
             "durationMs": self.ended_at.timestamp_millis() - self.started_at.timestamp_millis(),
@@ -146,6 +152,11 @@ impl RunRecord {
                 Bson::Int32(n) => i64::from(*n),
                 _ => return None,
             },
+            moves: match stored.get(MOVES_FIELD) {
+                Some(Bson::Int64(n)) => *n,
+                Some(Bson::Int32(n)) => i64::from(*n),
+                _ => 0,
+            },
             started_at: *stored.get_datetime("startedAt").ok()?,
             ended_at: *stored.get_datetime("endedAt").ok()?,
             status: stored.get_str("status").ok()?.to_string(),
@@ -189,6 +200,7 @@ mod tests {
             consumer: "orders".into(),
             source: "shop.orders".into(),
             run,
+            moves: 0,
             started_at: DateTime::from_millis(1_000),
             ended_at: DateTime::from_millis(2_500),
             status: "HANDED_OFF".into(),

@@ -72,7 +72,7 @@ pub async fn run_history(
         .sort(doc! { "endedAt": -1 })
         // Only what a record is read for: a large document planted there is not fetched whole.
         .projection(doc! {
-            "consumer": 1, "source": 1, "run": 1, "startedAt": 1, "endedAt": 1, "status": 1,
+            "consumer": 1, "source": 1, "run": 1, "moves": 1, "startedAt": 1, "endedAt": 1, "status": 1,
             "errorClass": 1, "exitCode": 1, "events": 1, "follow": 1, "checkpointTime": 1,
             "clusterTime": 1, "oplogOldest": 1, "oplogNewest": 1, "figuresAt": 1,
         })

@@ -454,7 +454,8 @@ pub(crate) fn apply_as(
         checkpoints: target.checkpoints,
         audit: target.audit,
         filter,
-        update: doc! { "$set": set, "$inc": { "revision": 1_i64 } },
+        // Counted: the runs before the move are not the consumer's pace (the forecast).
+        update: doc! { "$set": set, "$inc": { "revision": 1_i64, handoff_domain::history::MOVES_FIELD: 1_i64 } },
         record: &record,
     };
     apply_move(connection, &change, "reset")?;

@@ -19,6 +19,8 @@ pub struct Held {
     pub owner: String,
     /// The run's number for its consumer.
     pub run: i64,
+    /// The operator's moves of the checkpoint before the run.
+    pub moves: i64,
     pub started_at: DateTime,
 }
 
@@ -37,6 +39,7 @@ impl Held {
             consumer: self.consumer.clone(),
             source: self.source.clone(),
             run: self.run,
+            moves: self.moves,
             started_at: self.started_at,
             ended_at: DateTime::now(),
             status: status.to_string(),

@@ -329,6 +329,7 @@ impl Plan {
             source: watched,
             owner: lease.owner.clone(),
             run: claim.run,
+            moves: claim.moves,
             started_at,
         });
         let summary = runtime.run(policy, session, &self.settings(), &self.limits)?;

@@ -304,6 +304,7 @@ fn a_claim_needs_the_revision_it_read_and_keeps_the_last_changes() {
         set: doc! { "owner": "me", "leaseUntil": DateTime::from_millis(5) },
         change: Some(doc! { "n": n }),
         run: 1,
+        moves: 0,
     };
     assert!(matches!(
         apply_claim(&stored, &claim(Some(1), 0)),
