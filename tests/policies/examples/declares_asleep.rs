@@ -2,32 +2,14 @@
 //! no epoch deadline reaches): the host must refuse it at once, before any run.
 #![cfg_attr(not(target_arch = "wasm32"), allow(dead_code))]
 
-#[cfg(target_arch = "wasm32")]
-mod policy {
-    wit_bindgen::generate!({ path: "../../wit", world: "declared-policy" });
+#[macro_use]
+#[path = "shared/declaring.rs"]
+mod declaring;
 
-    use exports::handoff::policy::declared::{self, Parameter};
-    use exports::handoff::policy::policy::Guest;
-    use handoff::policy::types;
-
-    struct Policy;
-
-    impl Guest for Policy {
-        fn run(_settings: types::Settings) -> Result<types::Report, String> {
-            Err("never run".into())
-        }
-    }
-
-    impl declared::Guest for Policy {
-        fn parameter_at(_index: u32) -> Parameter {
-            unreachable!("never asked")
-        }
-
-        fn parameter_count() -> u32 {
-            std::thread::sleep(std::time::Duration::from_secs(3600));
-            0
-        }
-    }
-
-    export!(Policy);
+declaring_policy! {
+    count: {
+        std::thread::sleep(std::time::Duration::from_secs(3600));
+        0
+    },
+    at(_index): { unreachable!("never asked") }
 }

@@ -28,7 +28,9 @@ impl MongoStore {
     ) -> std::result::Result<(), CommitError> {
         let (filter, update) = MongoStore::lease_end(consumer, owner, at);
         let kept = match (&self.runs, record) {
-            (Some((runs, keep)), Some(record)) => Some((runs, record.document(*keep))),
+            (Some((runs, keep)), Some(record)) => {
+                Some((runs, record.id(*keep), record.document(*keep)))
+            }
             _ => None,
         };
         // A run stopped by its deadline still gives its lease back, if it can within a second
@@ -38,10 +40,10 @@ impl MongoStore {
             .connection
             .bounded_past_deadline(
                 async {
-                    if let Some((runs, stored)) = &kept
+                    if let Some((runs, id, stored)) = &kept
                         && self.bulk_write.load(Ordering::Relaxed)
                     {
-                        match self.end_in_one(&filter, &update, runs, stored).await {
+                        match self.end_in_one(&filter, &update, runs, id, stored).await {
                             Ok(()) => return Ok(()),
                             Err(e) if no_bulk_write(&e) => {
                                 self.bulk_write.store(false, Ordering::Relaxed);
@@ -63,10 +65,9 @@ impl MongoStore {
                     self.checkpoints
                         .update_one(filter.clone(), update.clone())
                         .await?;
-                    if let Some((runs, stored)) = &kept {
-                        let id = stored.get_document("_id").cloned().unwrap_or_default();
+                    if let Some((runs, id, stored)) = &kept {
                         if let Err(e) = runs
-                            .replace_one(doc! { "_id": id }, stored)
+                            .replace_one(doc! { "_id": id.clone() }, stored)
                             .upsert(true)
                             .await
                         {
@@ -88,9 +89,9 @@ impl MongoStore {
         filter: &Document,
         update: &Document,
         runs: &mongodb::Collection<Document>,
+        id: &Document,
         stored: &Document,
     ) -> std::result::Result<(), DriverError> {
-        let id = stored.get_document("_id").cloned().unwrap_or_default();
         let models: Vec<WriteModel> = vec![
             UpdateOneModel::builder()
                 .namespace(self.checkpoints.namespace())
@@ -100,7 +101,7 @@ impl MongoStore {
                 .into(),
             ReplaceOneModel::builder()
                 .namespace(runs.namespace())
-                .filter(doc! { "_id": id })
+                .filter(doc! { "_id": id.clone() })
                 .replacement(stored.clone())
                 .upsert(true)
                 .build()
