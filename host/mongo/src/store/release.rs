@@ -65,14 +65,13 @@ impl MongoStore {
                     self.checkpoints
                         .update_one(filter.clone(), update.clone())
                         .await?;
-                    if let Some((runs, id, stored)) = &kept {
-                        if let Err(e) = runs
+                    if let Some((runs, id, stored)) = &kept
+                        && let Err(e) = runs
                             .replace_one(doc! { "_id": id.clone() }, stored)
                             .upsert(true)
                             .await
-                        {
-                            self.record_lost(&e);
-                        }
+                    {
+                        self.record_lost(&e);
                     }
                     Ok(())
                 },
