@@ -34,6 +34,17 @@ fn runs(live: &Live) -> Vec<Document> {
     })
 }
 
+/// The consumer's lease ends at the epoch: the run gave it back.
+fn assert_lease_given_back(live: &Live) {
+    let checkpoint = live.checkpoint().expect("the checkpoint");
+    let until = checkpoint.get_datetime("leaseUntil").ok();
+    assert_eq!(
+        until.map(|d| d.timestamp_millis()),
+        Some(0),
+        "the lease was given back: {checkpoint:?}"
+    );
+}
+
 fn status_json(live: &Live, extra: &[&str]) -> Value {
     let mut args = vec!["status", "--json"];
     args.extend_from_slice(extra);
@@ -79,15 +90,7 @@ fn each_run_keeps_one_record_and_a_consumer_keeps_at_most_runs_keep() {
 
     for _ in 0..4 {
         support::ok(&live.run(&["--runs-keep", "3"]));
-        let checkpoint = live.checkpoint().expect("the checkpoint");
-        assert_eq!(
-            checkpoint
-                .get_datetime("leaseUntil")
-                .unwrap()
-                .timestamp_millis(),
-            0,
-            "the lease is given back with the record"
-        );
+        assert_lease_given_back(&live);
     }
     let kept: Vec<i64> = runs(&live)
         .iter()
@@ -138,15 +141,7 @@ fn a_release_refused_with_its_record_is_sent_apart_and_the_lease_given_back() {
     );
     assert_eq!(support::ok(&live.run(&[]))["events_handed_off"], 2);
     assert_eq!(live.fail_point_off(), 1, "the release was refused");
-    let checkpoint = live.checkpoint().expect("the checkpoint");
-    assert_eq!(
-        checkpoint
-            .get_datetime("leaseUntil")
-            .unwrap()
-            .timestamp_millis(),
-        0,
-        "the lease was given back"
-    );
+    assert_lease_given_back(&live);
     assert_eq!(runs(&live).len(), 2, "the record was kept after it");
     // The next run starts at once.
     support::ok(&live.run(&[]));
@@ -164,15 +159,7 @@ fn a_server_without_bulk_write_keeps_the_record_in_a_second_command() {
     let recorded = runs(&live);
     assert_eq!(recorded.len(), 2, "{recorded:?}");
     assert_eq!(recorded[1].get_str("status").unwrap(), "HANDED_OFF");
-    let checkpoint = live.checkpoint().unwrap();
-    assert_eq!(
-        checkpoint
-            .get_datetime("leaseUntil")
-            .unwrap()
-            .timestamp_millis(),
-        0,
-        "the lease was given back"
-    );
+    assert_lease_given_back(&live);
 }
 
 #[test]
