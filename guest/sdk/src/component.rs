@@ -191,6 +191,14 @@ impl crate::Host for WitHost {
         self.stream.as_ref().and_then(|s| s.field(token, path))
     }
 
+    fn source_transaction(&mut self, token: &str) -> Option<crate::SourceTransaction> {
+        host::source_transaction_of(token).map(|t| crate::SourceTransaction {
+            id: t.id,
+            index: t.index,
+            size: t.size,
+        })
+    }
+
     fn commit(
         &mut self,
         expected: Option<&str>,

@@ -36,8 +36,8 @@
 use std::collections::{HashMap, VecDeque};
 
 use crate::{
-    Checkpoint, CommitError, Decision, Deployment, Event, Host, Level, Mode, RunKind, Start,
-    StreamError,
+    Checkpoint, CommitError, Decision, Deployment, Event, Host, Level, Mode, RunKind,
+    SourceTransaction, Start, StreamError,
 };
 
 /// One commit the run made.
@@ -88,6 +88,7 @@ pub struct FakeHost {
     /// What [`Host::run_kind`] returns.
     pub kind: RunKind,
     fields: HashMap<(String, String), String>,
+    transactions: HashMap<String, SourceTransaction>,
     delivered: Option<String>,
     pending: VecDeque<Event>,
     current: Checkpoint,
@@ -125,6 +126,7 @@ impl FakeHost {
             logs: Vec::new(),
             kind: RunKind::Changes,
             fields: HashMap::new(),
+            transactions: HashMap::new(),
             delivered: None,
             pending: VecDeque::new(),
             current: checkpoint,
@@ -165,6 +167,25 @@ impl FakeHost {
     /// Delivers this event next.
     pub fn deliver(mut self, event: Event) -> FakeHost {
         self.answers.push_back(Ok(Some(event)));
+        self
+    }
+
+    /// Delivers the events `(token, operation type)` next as one source transaction `id`,
+    /// whose events [`Host::source_transaction`] places (`size` `None` when `over`, as for a
+    /// transaction of more than 500 events).
+    pub fn transaction(mut self, id: &str, events: &[(&str, &str)], over: bool) -> FakeHost {
+        let size = u32::try_from(events.len()).ok().filter(|_| !over);
+        for (index, (token, operation_type)) in events.iter().enumerate() {
+            self.transactions.insert(
+                token.to_string(),
+                SourceTransaction {
+                    id: id.to_string(),
+                    index: index as u32,
+                    size,
+                },
+            );
+            self = self.event(token, operation_type);
+        }
         self
     }
 
@@ -295,6 +316,10 @@ impl Host for FakeHost {
         self.fields
             .get(&(token.to_string(), path.to_string()))
             .cloned()
+    }
+
+    fn source_transaction(&mut self, token: &str) -> Option<SourceTransaction> {
+        self.transactions.get(token).cloned()
     }
 
     fn commit(

@@ -15,6 +15,9 @@
 //!   documents to the same [`Policy::decide`], as events whose operation type is `snapshot`
 //!   ([`Event::is_snapshot`]; `fullDocument` is the document, `null` for one the source no longer
 //!   holds), through the same run loop ([`RunKind`] tells the runs apart);
+//! - source transactions: the events one MongoDB transaction wrote are committed together, in
+//!   one transaction, and a run reads past `max_events` rather than end inside one
+//!   ([`Delivered::source_transaction`] tells where an event stands in its transaction);
 //! - optionally [`Policy::batch_size`] (events per transaction, default 1), construction from the
 //!   run's [`Settings`] ([`FromSettings`], for parameters) and [`Policy::finish`] (end of run).
 //!
@@ -94,6 +97,12 @@ pub trait Host {
     fn watermark(&mut self) -> Option<String>;
     /// A field of a delivered event by dotted path, as relaxed Extended JSON text.
     fn field(&mut self, token: &str, path: &str) -> Option<String>;
+    /// Where a delivered event stands in the source transaction that wrote it (contract 1.5);
+    /// `None` when no transaction wrote it.
+    fn source_transaction(&mut self, token: &str) -> Option<SourceTransaction> {
+        let _ = token;
+        None
+    }
     /// Commits the next delivered event (contract 1.0): an outbox record under `outbox_id`, or
     /// none for an invalidation.
     fn commit(
@@ -146,6 +155,12 @@ impl<'a> Delivered<'a> {
     /// JSON text; `None` when absent.
     pub fn field(&mut self, path: &str) -> Option<String> {
         self.host.field(&self.event.token, path)
+    }
+
+    /// Where the event stands in the MongoDB transaction that wrote it; `None` when none did.
+    /// The host commits all of a transaction's events in one transaction.
+    pub fn source_transaction(&mut self) -> Option<SourceTransaction> {
+        self.host.source_transaction(&self.event.token)
     }
 
     /// A structured log line through the host's logger.
@@ -226,7 +241,8 @@ pub trait Policy: FromSettings {
 
     /// How many events one transaction commits, 1 to [`MAX_BATCH`] (default 1). A batch is
     /// also committed when the stream is caught up, at an invalidation and at the end of the
-    /// run, so events are never held back.
+    /// run, so events are never held back; it is cut only where a source transaction ends, so
+    /// a batch grows past this size to take the rest of one.
     fn batch_size(&self) -> usize {
         1
     }
@@ -286,7 +302,10 @@ pub fn run_policy<P: Policy>(
 
     host.open(stream_start(&checkpoint))?;
     let mut deadline = host.now_ms().saturating_add(settings.max_wait_ms);
-    while events < settings.max_events && host.now_ms() < deadline {
+    // The last delivered event is inside a source transaction: the run reads past
+    // `max_events` to finish it, and a batch is committed only where one ends.
+    let mut inside = false;
+    while (events < settings.max_events || inside) && host.now_ms() < deadline {
         let Some(event) = host.next()? else {
             // Caught up for now: do not hold delivered events back.
             batch.flush(host, &mut token)?;
@@ -302,6 +321,9 @@ pub fn run_policy<P: Policy>(
             invalidated = true;
             break;
         }
+        inside = host
+            .source_transaction(&event.token)
+            .is_some_and(|txn| !txn.is_last());
         let id = event_id(&event.token);
         let decision = policy.decide(&mut Delivered::new(&event, host), id);
         if let Some(id) = decision.handed_off() {
@@ -310,7 +332,7 @@ pub fn run_policy<P: Policy>(
         }
         batch.decisions.push(decision);
         batch.last = Some((event.token, Mode::ResumeAfter));
-        if batch.decisions.len() >= size {
+        if (batch.decisions.len() >= size && !inside) || batch.decisions.len() >= MAX_BATCH {
             batch.flush(host, &mut token)?;
         }
         deadline = host.now_ms().saturating_add(settings.max_wait_ms);

@@ -360,3 +360,92 @@ fn the_fake_host_refuses_what_the_host_refuses() {
     host.commit(Some("A"), "B", Mode::StartAfter, None).unwrap();
     assert_eq!(host.skipped(), vec!["invalidate"]);
 }
+
+/// What each commit covered: its last token and how many events.
+fn covered(host: &FakeHost) -> Vec<(&str, usize)> {
+    host.commits
+        .iter()
+        .map(|c| (c.next.as_str(), c.decisions.len()))
+        .collect()
+}
+
+#[test]
+fn a_run_reads_past_max_events_to_finish_a_source_transaction_and_commits_it_whole() {
+    let mut host = FakeHost::new()
+        .transaction(
+            "t1",
+            &[("A", "insert"), ("B", "update"), ("C", "insert")],
+            false,
+        )
+        .event("D", "insert")
+        .watermark("W");
+    let report = run::<Baseline>(&mut host, &Settings::new(2, 3000)).unwrap();
+    // max_events 2 ends inside t1: the run takes its third event, then stops.
+    assert_eq!(report.events_handed_off, 3);
+    assert_eq!(covered(&host), vec![("C", 3)]);
+    assert_eq!(host.token(), Some("C"));
+    assert!(
+        host.advances.is_empty(),
+        "a run that hit max_events saves no watermark"
+    );
+}
+
+#[test]
+fn a_batch_is_cut_only_where_a_source_transaction_ends() {
+    let mut host = FakeHost::new()
+        .event("X", "insert")
+        .transaction(
+            "t1",
+            &[("A", "insert"), ("B", "insert"), ("C", "insert")],
+            false,
+        )
+        .event("Y", "insert")
+        .event("Z", "insert")
+        .event("V", "insert")
+        .watermark("W");
+    let settings = Settings::new(50, 3000).param_set("size", "2");
+    run::<Batches>(&mut host, &settings).unwrap();
+    assert_eq!(covered(&host), vec![("C", 4), ("Z", 2), ("V", 1)]);
+}
+
+#[test]
+fn a_transaction_over_the_bound_is_committed_in_batches_as_they_fill() {
+    let mut host = FakeHost::new()
+        .transaction(
+            "big",
+            &[("A", "insert"), ("B", "insert"), ("C", "insert")],
+            true,
+        )
+        .watermark("W");
+    let settings = Settings::new(2, 3000).param_set("size", "2");
+    run::<Batches>(&mut host, &settings).unwrap();
+    // No size: the run stops at max_events and cuts where the batch is full.
+    assert_eq!(covered(&host), vec![("B", 2)]);
+}
+
+#[test]
+fn decide_sees_where_an_event_stands_in_its_source_transaction() {
+    #[derive(Default)]
+    struct Places(Vec<Option<(String, u32, Option<u32>)>>);
+    impl Policy for Places {
+        fn decide(&mut self, event: &mut Delivered<'_>, id: String) -> Decision {
+            let place = event.source_transaction().map(|t| (t.id, t.index, t.size));
+            self.0.push(place);
+            Decision::HandOff(id)
+        }
+    }
+    let mut host = FakeHost::new()
+        .event("X", "insert")
+        .transaction("t1", &[("A", "insert"), ("B", "delete")], false)
+        .watermark("W");
+    let mut policy = Places::default();
+    run_policy(&mut policy, &mut host, &Settings::new(50, 3000)).unwrap();
+    assert_eq!(
+        policy.0,
+        vec![
+            None,
+            Some(("t1".into(), 0, Some(2))),
+            Some(("t1".into(), 1, Some(2)))
+        ]
+    );
+}

@@ -46,6 +46,29 @@ pub enum Start {
     StartAfter(String),
 }
 
+/// Where a delivered event stands in the MongoDB transaction that wrote it (contract 1.5): the
+/// host delivers a source transaction's events one after the other and commits all of them in
+/// one transaction, or none.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SourceTransaction {
+    /// The transaction's identity (hex SHA-256 of its `lsid` and `txnNumber`), the same on each
+    /// of its events and in every run.
+    pub id: String,
+    /// The event's place in it, from 0.
+    pub index: u32,
+    /// How many of its events the stream delivers; `None` for one of more than 500 events,
+    /// which is handed off in several transactions.
+    pub size: Option<u32>,
+}
+
+impl SourceTransaction {
+    /// Whether the event is the last of its transaction (or of one over the bound, which the
+    /// host never waits to finish).
+    pub fn is_last(&self) -> bool {
+        self.size.is_none_or(|size| self.index + 1 >= size)
+    }
+}
+
 /// One change event as the stream delivered it; further fields are read through the host.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Event {

@@ -247,6 +247,18 @@ impl wit_host::Host for RunState {
         self.back_to_guest(result)
     }
 
+    fn source_transaction_of(&mut self, event: String) -> Option<types::SourceTransaction> {
+        let place = self
+            .session
+            .source_transaction_of(&event)
+            .map(|t| types::SourceTransaction {
+                id: t.id,
+                index: t.index,
+                size: t.size,
+            });
+        self.back_to_guest(place)
+    }
+
     fn monotonic_ms(&mut self) -> u64 {
         let now = self.session.now_ms();
         self.back_to_guest(now)

@@ -48,14 +48,14 @@ impl Decision {
 
 /// One delivered event as a commit will write it.
 #[derive(Default)]
-struct Planned {
+pub(crate) struct Planned {
     /// The token the checkpoint moves to (a split event's last fragment's).
     token: Document,
     text: String,
     /// Its outbox records: one, or one per fragment of a split event, encoded as written.
     outbox: Vec<RawDocumentBuf>,
     quarantine: Vec<RawDocumentBuf>,
-    handed_off: Option<String>,
+    pub(crate) handed_off: Option<String>,
     skipped: bool,
     quarantined: bool,
     invalidate: bool,
@@ -63,6 +63,11 @@ struct Planned {
     marker: bool,
     /// The size of its record.
     bytes: usize,
+    /// A transaction may end after it: no source transaction wrote it, or it is the last of
+    /// its source transaction (or of one over the bound).
+    boundary: bool,
+    /// It is the last event of a source transaction within the bound.
+    ends_transaction: bool,
 }
 
 /// 1 to `max` bytes from `[A-Za-z0-9._:-]`: what an ID and a shaped record's `eventType` may
@@ -75,9 +80,18 @@ pub(super) fn id_like(text: &str, max: usize) -> bool {
 }
 
 impl Session {
+    /// The token the policy holds as its checkpoint: the last held event's while a commit is
+    /// held, otherwise the checkpoint's.
+    fn policy_token(&self) -> Option<&str> {
+        match self.held.last() {
+            Some(held) => Some(held.text.as_str()),
+            None => self.token_text.as_deref(),
+        }
+    }
+
     fn check_expected(&mut self, expected: Option<&str>) -> Result<(), Refusal> {
-        let holds = expected == self.token_text.as_deref()
-            || (self.start_saved_for_policy && expected.is_none());
+        let holds = expected == self.policy_token()
+            || (self.start_saved_for_policy && self.held.is_empty() && expected.is_none());
         if !holds {
             return Err(self.reject("`expected` is not the checkpoint token this run holds"));
         }
@@ -96,7 +110,7 @@ impl Session {
         self.gate()?;
         let invalidate = self
             .pending
-            .front()
+            .get(self.held.len())
             .is_some_and(|d| d.invalidate && d.text == next);
         let decision = match outbox_id {
             Some(id) => Decision::HandOff(id.to_string()),
@@ -145,8 +159,48 @@ impl Session {
             )));
         }
         self.check_coverage(next, decisions.len())?;
-        let mut plan = self.plan(&decisions, mode)?;
-        // Consecutive transactions of at most `max_transaction_bytes` of records each.
+        let offset = self.held.len();
+        let mut ids = std::mem::take(&mut self.held_ids);
+        let planned = match self.plan(&decisions, mode, offset, &mut ids) {
+            Ok(planned) => planned,
+            Err(refusal) => {
+                self.held_ids = ids;
+                return Err(refusal);
+            }
+        };
+        if offset == 0 {
+            self.held_from_start = self.committed.events == 0;
+        }
+        let mut plan = std::mem::take(&mut self.held);
+        plan.extend(planned);
+        if !plan.last().is_some_and(|step| step.boundary) {
+            // The commit ends inside a source transaction: held until the commit that ends it,
+            // so that all of the transaction is written at once or none of it.
+            tracing::debug!(
+                held = plan.len(),
+                "commit held until its source transaction ends"
+            );
+            self.held = plan;
+            self.held_ids = ids;
+            return Ok(());
+        }
+        self.write_planned(&mut plan, mode)?;
+        tracing::debug!(
+            events = self.committed.events,
+            batch = decisions.len(),
+            "event committed"
+        );
+        Ok(())
+    }
+
+    /// Writes planned events in consecutive transactions of at most `max_transaction_bytes` of
+    /// records each, cut where a source transaction ends when one can be; the last moves the
+    /// checkpoint with `mode`.
+    pub(crate) fn write_planned(
+        &mut self,
+        plan: &mut [Planned],
+        mode: Mode,
+    ) -> Result<(), Refusal> {
         let limit = self.bounds.max_transaction_bytes;
         let mut chunk_end = 0;
         while chunk_end < plan.len() {
@@ -158,15 +212,25 @@ impl Session {
                 bytes += plan[chunk_end].bytes;
                 chunk_end += 1;
             }
+            if chunk_end < plan.len() && !plan[chunk_end - 1].boundary {
+                match plan[chunk_start..chunk_end - 1]
+                    .iter()
+                    .rposition(|step| step.boundary)
+                {
+                    Some(at) => chunk_end = chunk_start + at + 1,
+                    None => {
+                        tracing::warn!(
+                            bytes_limit = limit,
+                            "a source transaction's records exceed one transaction's bytes:                              handed off in order in several transactions"
+                        );
+                        self.committed.source_transactions_split += 1;
+                    }
+                }
+            }
             let last = chunk_end == plan.len();
             let chunk_mode = if last { mode } else { Mode::ResumeAfter };
             self.write(&mut plan[chunk_start..chunk_end], chunk_mode)?;
         }
-        tracing::debug!(
-            events = self.committed.events,
-            batch = decisions.len(),
-            "event committed"
-        );
         Ok(())
     }
 
@@ -178,15 +242,16 @@ impl Session {
         if count > MAX_BATCH {
             return Err(self.reject(format!("a commit covers at most {MAX_BATCH} events")));
         }
-        if count > self.pending.len() {
-            let waiting = self.pending.len();
+        let held = self.held.len();
+        let waiting = self.pending.len() - held;
+        if count > waiting {
             return Err(self.reject(if waiting == 0 {
                 "no delivered event is waiting for a commit".to_string()
             } else {
                 format!("the commit covers {count} events but only {waiting} were delivered")
             }));
         }
-        if self.pending[count - 1].text != next {
+        if self.pending[held + count - 1].text != next {
             let what = if self.pending.iter().any(|d| d.text == next) {
                 "events must be committed in delivery order; this would skip a delivered event"
             } else {
@@ -282,6 +347,9 @@ impl Session {
             }
             if step.marker {
                 c.invalidate_markers += 1;
+            }
+            if step.ends_transaction {
+                c.source_transactions += 1;
             }
             if step.invalidate {
                 c.invalidated = true;

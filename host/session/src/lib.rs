@@ -16,7 +16,9 @@
 //! - `commit`: the policy's decisions checked, planned and written with the checkpoint;
 //! - `record`: outbox records shaped by the policy, checked and built;
 //! - `report`: what was committed, and the policy's report checked against it;
-//! - `refusal`: what a refused call tells the policy.
+//! - `refusal`: what a refused call tells the policy;
+//! - `transaction`: source transactions read whole before they are delivered, and held until
+//!   the commit that ends them.
 
 mod commit;
 mod record;
@@ -25,8 +27,9 @@ mod report;
 mod stream;
 #[cfg(test)]
 mod tests;
+mod transaction;
 
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -40,6 +43,7 @@ pub use record::{
 pub use refusal::{Refusal, RefusalKind};
 pub use report::{Committed, Failed, PolicyReport, ResumeAttempts, RunSummary, Status};
 pub use stream::EventView;
+pub use transaction::{MAX_SOURCE_TRANSACTION, SourceTransaction};
 
 use handoff_domain::StopSignal;
 use handoff_domain::checkpoint::PolicyBinding;
@@ -95,6 +99,8 @@ struct Delivered {
     invalidate: bool,
     /// The event's BSON size (all its fragments').
     bytes: usize,
+    /// Its place in the source transaction that wrote it, if one did.
+    txn: Option<transaction::Place>,
 }
 
 impl Delivered {
@@ -124,6 +130,18 @@ pub struct Session {
     pending: VecDeque<Delivered>,
     pending_bytes: usize,
     recent: VecDeque<Delivered>,
+    /// Events read from the stream but not yet delivered: the rest of a source transaction
+    /// whose first event was, and the event read after it.
+    ahead: VecDeque<transaction::Read>,
+    /// A source transaction too large to read ahead, while its events are being delivered.
+    oversized: Option<transaction::Oversized>,
+    /// Decided events held back because their commit ended inside a source transaction: the
+    /// first `held.len()` pending events, written with the commit that ends it.
+    held: Vec<commit::Planned>,
+    /// The record IDs the held events write (no ID twice in one transaction).
+    held_ids: HashSet<(bool, String)>,
+    /// The held events began with the first event of the run.
+    held_from_start: bool,
     committed: Committed,
     failure: Option<HandoffError>,
     deadline: Instant,
@@ -180,6 +198,11 @@ impl Session {
             pending: VecDeque::new(),
             pending_bytes: 0,
             recent: VecDeque::new(),
+            ahead: VecDeque::new(),
+            oversized: None,
+            held: Vec::new(),
+            held_ids: HashSet::new(),
+            held_from_start: false,
             committed: Committed::default(),
             failure: None,
             deadline,

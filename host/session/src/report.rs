@@ -54,6 +54,14 @@ pub struct Committed {
     /// Invalidation markers written to the outbox (`--invalidate-marker`); not counted in
     /// `handed_off`.
     pub invalidate_markers: u32,
+    /// Source transactions (within the bound) whose events were committed together.
+    pub source_transactions: u32,
+    /// Source transactions handed off in several transactions: over the bound, over one
+    /// transaction's bytes, or larger than what a run reads.
+    pub source_transactions_split: u32,
+    /// Delivered events left for the next run because the run ended inside their source
+    /// transaction.
+    pub transaction_events_held_back: u32,
 }
 
 /// Attempts to resume the change stream from a saved token, by outcome class.
@@ -140,6 +148,7 @@ impl Session {
         &mut self,
         outcome: Result<PolicyReport, String>,
     ) -> Result<RunSummary, HandoffError> {
+        let held = self.end_held(outcome.is_ok());
         if let Some(failure) = self.failure.take() {
             return Err(failure);
         }
@@ -149,46 +158,97 @@ impl Session {
         let report =
             outcome.map_err(|message| HandoffError::Policy(escape_untrusted(&message, 1024)))?;
         let c = &self.committed;
-        let expected_status = self.stopped_summary().status;
+        // The policy counts the events it committed; those held back were among them.
+        let handed_off = c.handed_off + held.handed_off;
+        let expected_status = status_of(c.invalidated, handed_off);
         // An invalidated run reports the invalidate event's ID; a policy built before the host
         // reported it may still report its last outbox ID.
-        let id_matches = report.last_event_id == c.last_event_id
+        let last_id = held.last_id.as_deref().unwrap_or(&c.last_event_id);
+        let id_matches = report.last_event_id == last_id
             || (c.invalidated && report.last_event_id == c.last_outbox_id);
-        if report.status != expected_status
-            || report.events_handed_off != c.handed_off
-            || !id_matches
+        if report.status != expected_status || report.events_handed_off != handed_off || !id_matches
         {
             return Err(HandoffError::Policy(format!(
                 "the policy's report ({} event(s), status {}) disagrees with what was committed ({} event(s), status {}); \
                  the committed events stand",
                 report.events_handed_off,
                 report.status.as_str(),
-                c.handed_off,
+                handed_off,
                 expected_status.as_str()
             )));
         }
         Ok(RunSummary {
-            status: report.status,
+            status: status_of(c.invalidated, c.handed_off),
             committed: c.clone(),
             consumer_id: self.consumer.consumer.clone(),
             stopped: false,
         })
     }
 
+    /// Ends what a run holds when it ends inside a source transaction: left for the next run,
+    /// which delivers the transaction again from its first event, unless the transaction began
+    /// with this run's first event and the run ended well — larger than what a run of this
+    /// policy reads, it is then written as the policy committed it.
+    fn end_held(&mut self, policy_ok: bool) -> Held {
+        let held = std::mem::take(&mut self.held);
+        self.held_ids.clear();
+        if held.is_empty() {
+            return Held::default();
+        }
+        let ended_well =
+            policy_ok && self.failure.is_none() && !self.stopped && !self.stop.requested();
+        if ended_well && self.held_from_start {
+            let mut held = held;
+            tracing::warn!(
+                events = held.len(),
+                "the run ended inside a source transaction that began with its first event: \
+                 larger than what a run reads, it is handed off in several transactions"
+            );
+            self.committed.source_transactions_split += 1;
+            // A failure here is the run's, recorded by the write.
+            let _ = self.write_planned(&mut held, handoff_domain::Mode::ResumeAfter);
+            return Held::default();
+        }
+        let count = u32::try_from(held.len()).unwrap_or(u32::MAX);
+        tracing::warn!(
+            events = count,
+            "the run ended inside a source transaction: none of its events were written; the \
+             next run hands it off whole"
+        );
+        self.committed.transaction_events_held_back += count;
+        Held {
+            handed_off: u32::try_from(held.iter().filter(|s| s.handed_off.is_some()).count())
+                .unwrap_or(u32::MAX),
+            last_id: held.iter().rev().find_map(|s| s.handed_off.clone()),
+        }
+    }
+
     /// The summary of a stopped run: its status follows from what was committed.
     fn stopped_summary(&self) -> RunSummary {
         let c = &self.committed;
         RunSummary {
-            status: if c.invalidated {
-                Status::Invalidated
-            } else if c.handed_off > 0 {
-                Status::HandedOff
-            } else {
-                Status::Idle
-            },
+            status: status_of(c.invalidated, c.handed_off),
             committed: c.clone(),
             consumer_id: self.consumer.consumer.clone(),
             stopped: true,
         }
+    }
+}
+
+/// What a run held back when it ended inside a source transaction, as the policy counted it.
+#[derive(Default)]
+struct Held {
+    handed_off: u32,
+    last_id: Option<String>,
+}
+
+/// The status of a run that committed `handed_off` events.
+fn status_of(invalidated: bool, handed_off: u32) -> Status {
+    if invalidated {
+        Status::Invalidated
+    } else if handed_off > 0 {
+        Status::HandedOff
+    } else {
+        Status::Idle
     }
 }

@@ -4,6 +4,7 @@
 use bson::{Bson, Document, RawBsonRef, RawDocument, RawDocumentBuf};
 
 use super::refusal::Refusal;
+use super::transaction::{Read, transaction_key};
 use super::{Delivered, Session};
 use handoff_domain::error::{
     EVENT_TOO_LARGE_GUIDANCE, FRAGMENT_TOO_LARGE_GUIDANCE, HandoffError, IMAGE_MISSING_GUIDANCE,
@@ -144,11 +145,32 @@ impl Session {
                 bounds.max_pending, bounds.max_pending_bytes
             )));
         }
+        // A run reads past `max_events` only to finish a source transaction.
         if let Some(max) = self.max_events
             && self.delivered >= max
+            && !self.inside_transaction()
         {
             return Err(self.reject(format!("the run already read max_events = {max} events")));
         }
+        let Some(read) = self.next_read()? else {
+            return Ok(None);
+        };
+        let bytes = read.delivered.bytes;
+        tracing::debug!(
+            operation_type = %escape_untrusted(&read.view.operation_type, 64),
+            bytes,
+            fragments = read.delivered.rest.len() + 1,
+            "event delivered"
+        );
+        self.delivered += 1;
+        self.pending_bytes += bytes;
+        self.pending.push_back(read.delivered);
+        Ok(Some(read.view))
+    }
+
+    /// The next event from the source, with its fragments and its view, or `None` when none
+    /// arrived within the await bound. Events of handoff's own state are left out here.
+    pub(crate) fn read_one(&mut self) -> Result<Option<Read>, Refusal> {
         let (event, text, operation_type, namespace, rest, rest_bytes) = loop {
             self.keep_lease();
             let event = match self.source.next_raw() {
@@ -225,23 +247,21 @@ impl Session {
             namespace,
             cluster_time,
         };
-        let bytes = event_bytes + rest_bytes;
-        tracing::debug!(
-            operation_type = %escape_untrusted(&operation_type, 64),
-            bytes,
-            fragments = rest.len() + 1,
-            "event delivered"
+        let key = transaction_key(
+            std::iter::once(event.as_ref()).chain(rest.iter().map(|fragment| fragment.as_ref())),
         );
-        self.delivered += 1;
-        self.pending_bytes += bytes;
-        self.pending.push_back(Delivered {
-            text,
-            event,
-            rest,
-            invalidate: operation_type == "invalidate",
-            bytes,
-        });
-        Ok(Some(view))
+        Ok(Some(Read {
+            delivered: Delivered {
+                text,
+                event,
+                rest,
+                invalidate: operation_type == "invalidate",
+                bytes: event_bytes + rest_bytes,
+                txn: None,
+            },
+            view,
+            key,
+        }))
     }
 
     /// For the first fragment of a split event (`splitEvent: {fragment: 1, of: n}`), the other
@@ -303,8 +323,14 @@ impl Session {
         Ok((rest, bytes))
     }
 
-    /// The stream's current resume position, as canonical text.
+    /// The stream's current resume position, as canonical text. While events read ahead wait
+    /// to be delivered, it is the last delivered event's token: the stream's position is past
+    /// events the policy has not seen.
     pub fn watermark(&self) -> Option<String> {
+        if !self.ahead.is_empty() {
+            let last = self.pending.back().or(self.recent.back())?;
+            return last.checkpoint_token().as_ref().map(canonical_text);
+        }
         self.source.watermark().as_ref().map(canonical_text)
     }
 

@@ -614,3 +614,189 @@ fn a_wide_stream_never_delivers_state_events_and_needs_every_events_namespace() 
         s.failure()
     );
 }
+
+/// A recording of inserts, grouped: `Some(n)` events of one source transaction (its
+/// `txnNumber` the group's index), `None` one event no transaction wrote.
+fn transactions_fixture(groups: &[Option<usize>]) -> Arc<Fixture> {
+    let mut text = String::new();
+    let mut seq = 0u32;
+    for (number, group) in groups.iter().enumerate() {
+        for _ in 0..group.unwrap_or(1) {
+            seq += 1;
+            let mut event = doc! {
+                "_id": token(seq),
+                "operationType": "insert",
+                "ns": {"db": "d", "coll": "c"},
+                "fullDocument": {"_id": seq},
+            };
+            if group.is_some() {
+                event.insert("lsid", doc! {"id": {"s": 7}, "uid": "u"});
+                event.insert("txnNumber", number as i64);
+            }
+            let json = bson::Bson::Document(event).into_relaxed_extjson();
+            text.push_str(&json.to_string());
+            text.push('\n');
+        }
+    }
+    Arc::new(Fixture::parse(&text).expect("fixture"))
+}
+
+fn hand_off(tokens: &[String]) -> Vec<Decision> {
+    tokens
+        .iter()
+        .map(|t| Decision::HandOff(hex::encode(Sha256::digest(t.as_bytes()))))
+        .collect()
+}
+
+#[test]
+fn a_source_transaction_is_read_whole_and_each_event_knows_its_place() {
+    let store = Arc::new(MemoryStore::new());
+    let fixture = transactions_fixture(&[None, Some(3), Some(2), None]);
+    let mut s = session(fixture, store, None, Mode::ResumeAfter);
+    s.open_stream(Start::Now).unwrap();
+    let tokens = deliver(&mut s, 2);
+    assert_eq!(s.source_transaction_of(&tokens[0]), None);
+    let first = s.source_transaction_of(&tokens[1]).expect("placed");
+    assert_eq!((first.index, first.size), (0, Some(3)));
+    // The rest of it is read: the stream's position is past it, the watermark is not.
+    assert_eq!(s.watermark().as_deref(), Some(tokens[1].as_str()));
+    let more = deliver(&mut s, 5);
+    let third = s.source_transaction_of(&more[1]).expect("placed");
+    assert_eq!((third.id.as_str(), third.index), (first.id.as_str(), 2));
+    let next = s.source_transaction_of(&more[2]).expect("placed");
+    assert_eq!((next.index, next.size), (0, Some(2)));
+    assert_ne!(next.id, first.id, "another txnNumber, another transaction");
+    assert_eq!(s.source_transaction_of(&more[3]).map(|t| t.index), Some(1));
+    assert_eq!(s.source_transaction_of(&more[4]), None);
+}
+
+#[test]
+fn a_commit_ending_inside_a_source_transaction_is_held_until_the_one_that_ends_it() {
+    let store = Arc::new(Counting::default());
+    let fixture = transactions_fixture(&[Some(3), None]);
+    let mut s = session(fixture, store.clone(), None, Mode::ResumeAfter);
+    s.open_stream(Start::Now).unwrap();
+    let tokens = deliver(&mut s, 3);
+    let ids = hand_off(&tokens);
+    s.commit_batch(None, &tokens[0], Mode::ResumeAfter, ids[..1].to_vec())
+        .unwrap();
+    s.commit_batch(
+        Some(&tokens[0]),
+        &tokens[1],
+        Mode::ResumeAfter,
+        ids[1..2].to_vec(),
+    )
+    .unwrap();
+    assert!(store.transactions.lock().unwrap().is_empty(), "held");
+    assert_eq!(s.checkpoint().0, None, "the checkpoint has not moved");
+    // The policy's `expected` is the token it committed last, held or not.
+    let refused = s
+        .commit_batch(None, &tokens[2], Mode::ResumeAfter, ids[2..].to_vec())
+        .unwrap_err();
+    assert!(refused.message.contains("expected"), "{refused:?}");
+}
+
+#[test]
+fn the_held_events_are_written_in_one_transaction_with_the_rest() {
+    let store = Arc::new(Counting::default());
+    let fixture = transactions_fixture(&[Some(3), None]);
+    let mut s = session(fixture, store.clone(), None, Mode::ResumeAfter);
+    s.open_stream(Start::Now).unwrap();
+    let tokens = deliver(&mut s, 3);
+    let ids = hand_off(&tokens);
+    for k in 0..3 {
+        let expected = (k > 0).then(|| tokens[k - 1].as_str());
+        s.commit_batch(expected, &tokens[k], Mode::ResumeAfter, ids[k..=k].to_vec())
+            .unwrap();
+    }
+    assert_eq!(store.transactions.lock().unwrap().len(), 1);
+    assert_eq!(store.transactions.lock().unwrap()[0].0, 3);
+    assert_eq!(s.checkpoint().0.as_deref(), Some(tokens[2].as_str()));
+    assert_eq!(s.committed().handed_off, 3);
+    assert_eq!(s.committed().source_transactions, 1);
+}
+
+#[test]
+fn max_events_is_exceeded_to_finish_a_source_transaction_and_only_for_that() {
+    let store = Arc::new(MemoryStore::new());
+    let fixture = transactions_fixture(&[None, Some(3), None]);
+    let mut s = session(fixture, store, None, Mode::ResumeAfter).with_max_events(2);
+    s.open_stream(Start::Now).unwrap();
+    deliver(&mut s, 4);
+    let error = s.next_event().unwrap_err();
+    assert!(error.message.contains("max_events = 2"), "{error:?}");
+}
+
+fn report(handed_off: u32, last: &str) -> PolicyReport {
+    PolicyReport {
+        status: if handed_off > 0 {
+            Status::HandedOff
+        } else {
+            Status::Idle
+        },
+        events_handed_off: handed_off,
+        last_event_id: last.to_string(),
+    }
+}
+
+#[test]
+fn a_run_that_ends_inside_a_source_transaction_writes_none_of_it() {
+    let store = Arc::new(Counting::default());
+    let fixture = transactions_fixture(&[None, Some(3)]);
+    let mut s = session(fixture, store.clone(), None, Mode::ResumeAfter);
+    s.open_stream(Start::Now).unwrap();
+    let tokens = deliver(&mut s, 3);
+    let ids = hand_off(&tokens);
+    s.commit_batch(None, &tokens[0], Mode::ResumeAfter, ids[..1].to_vec())
+        .unwrap();
+    s.commit_batch(
+        Some(&tokens[0]),
+        &tokens[2],
+        Mode::ResumeAfter,
+        ids[1..3].to_vec(),
+    )
+    .unwrap();
+    // The policy counts what it committed, the held events too; the host writes none of them.
+    let last = hex::encode(Sha256::digest(tokens[2].as_bytes()));
+    let summary = s.finish(Ok(report(3, &last))).unwrap();
+    assert_eq!(summary.committed.handed_off, 1);
+    assert_eq!(summary.committed.transaction_events_held_back, 2);
+    assert_eq!(summary.status, Status::HandedOff);
+    assert_eq!(store.dump("c").unwrap().outbox.len(), 1);
+    assert_eq!(s.checkpoint().0.as_deref(), Some(tokens[0].as_str()));
+}
+
+#[test]
+fn a_transaction_larger_than_a_run_is_written_when_it_began_the_run() {
+    let store = Arc::new(Counting::default());
+    let fixture = transactions_fixture(&[Some(4)]);
+    let mut s = session(fixture, store.clone(), None, Mode::ResumeAfter);
+    s.open_stream(Start::Now).unwrap();
+    // A policy built before contract 1.5 stops at its max_events, inside the transaction.
+    let tokens = deliver(&mut s, 2);
+    let ids = hand_off(&tokens);
+    s.commit_batch(None, &tokens[1], Mode::ResumeAfter, ids.clone())
+        .unwrap();
+    let last = hex::encode(Sha256::digest(tokens[1].as_bytes()));
+    let summary = s.finish(Ok(report(2, &last))).unwrap();
+    assert_eq!(summary.committed.handed_off, 2);
+    assert_eq!(summary.committed.source_transactions_split, 1);
+    assert_eq!(store.dump("c").unwrap().outbox.len(), 2);
+}
+
+#[test]
+fn a_stopped_run_writes_none_of_the_transaction_it_was_inside() {
+    let store = Arc::new(Counting::default());
+    let fixture = transactions_fixture(&[Some(3)]);
+    let mut s = session(fixture, store.clone(), None, Mode::ResumeAfter);
+    s.open_stream(Start::Now).unwrap();
+    let tokens = deliver(&mut s, 2);
+    s.commit_batch(None, &tokens[1], Mode::ResumeAfter, hand_off(&tokens))
+        .unwrap();
+    s.stop().request();
+    assert!(s.next_event().is_err());
+    let summary = s.finish(Err("stopping".into())).unwrap();
+    assert!(summary.stopped);
+    assert_eq!(summary.committed.handed_off, 0);
+    assert!(store.dump("c").unwrap().outbox.is_empty());
+}

@@ -8,24 +8,27 @@ use bson::{RawBsonRef, RawDocumentBuf};
 use sha2::{Digest, Sha256};
 
 use super::{Decision, MAX_ID_LEN, MAX_REASON_CHARS, Planned, id_like};
-use crate::Session;
 use crate::refusal::Refusal;
+use crate::{Session, transaction};
 use handoff_domain::Mode;
 use handoff_domain::error::{EVENT_TOO_LARGE_GUIDANCE, HandoffError};
 use handoff_domain::text::escape_untrusted;
 
 impl Session {
     /// The records of each decision, checked: nothing is written unless every one is valid.
+    /// The decisions are those of the pending events from `offset` on (those before it are
+    /// held); `ids` holds the record IDs already in the transaction, and gains these.
     pub(super) fn plan(
         &mut self,
         decisions: &[Decision],
         mode: Mode,
+        offset: usize,
+        ids: &mut HashSet<(bool, String)>,
     ) -> Result<Vec<Planned>, Refusal> {
         let count = decisions.len();
         let mut plan = Vec::with_capacity(count);
-        let mut ids = HashSet::new();
         for (index, decision) in decisions.iter().enumerate() {
-            let delivered = &self.pending[index];
+            let delivered = &self.pending[offset + index];
             let invalidate = delivered.invalidate;
             if invalidate {
                 if index != count - 1 || mode != Mode::StartAfter {
@@ -44,6 +47,11 @@ impl Session {
                 token: checkpoint_token,
                 text: delivered.text.clone(),
                 invalidate,
+                boundary: transaction::boundary(delivered.txn.as_ref()),
+                ends_transaction: delivered
+                    .txn
+                    .as_ref()
+                    .is_some_and(|p| p.size.is_some() && p.boundary()),
                 ..Planned::default()
             };
             if invalidate && self.outbox_options.invalidate_marker {
