@@ -42,6 +42,7 @@ mod integration_sandbox;
 mod integration_split_events;
 mod integration_stop;
 mod integration_stream_options;
+mod integration_transactions;
 mod integration_wide_scopes;
 mod integration_write_paths;
 

@@ -15,9 +15,19 @@
 //!   with `$`, a payload over 4 MiB) is quarantined with the reason, so it never blocks the
 //!   stream.
 //!
+//! - With `per-transaction=true`, the events one MongoDB transaction wrote become one record
+//!   (contract 1.5): `<Entity>Transaction`, ID `txn-<transaction ID>`, `aggregateId` the
+//!   transaction's ID, and a payload `{transaction, events: [{eventType, aggregateId,
+//!   aggregateVersion, payload}, …]}` in the transaction's order, written with its last event
+//!   (the others are skipped, committed in the same transaction). An event the host could not
+//!   store is still quarantined on its own; an event whose payload no longer fits in the
+//!   record's 4 MiB keeps its type and IDs with `payloadOmitted: true`. A transaction of more
+//!   than 500 events, which the host hands off in several transactions, gets a record per event.
+//!
 //! Parameters: `entity` (default: the collection name in PascalCase without a trailing `s`:
-//! `orders` → `Order`), `version-field` (default `version`), `schema-version` (default `1`).
-//! Event IDs, resume modes and the idle watermark are the default policy's.
+//! `orders` → `Order`), `version-field` (default `version`), `schema-version` (default `1`),
+//! `per-transaction` (`true` or `false`, the default). Event IDs, resume modes and the idle
+//! watermark are the default policy's.
 
 use handoff_policy_sdk::{Decision, Delivered, FromSettings, Policy, Record, Settings};
 use serde_json::{Map, Value};
@@ -35,6 +45,23 @@ pub struct Shape {
     pub entity: Option<String>,
     pub version_field: String,
     pub schema_version: u32,
+    /// One record per source transaction.
+    pub per_transaction: bool,
+    /// The events of the source transaction being read, shaped, when `per_transaction`.
+    pub building: Option<Building>,
+}
+
+/// A source transaction's record while its events are read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Building {
+    /// The transaction's ID.
+    pub id: String,
+    pub entity: String,
+    /// Each event as the record lists it.
+    pub events: Vec<Value>,
+    /// The payload text so far.
+    pub bytes: usize,
+    pub values: usize,
 }
 
 impl FromSettings for Shape {
@@ -59,10 +86,22 @@ impl FromSettings for Shape {
                 .parse::<u32>()
                 .map_err(|_| format!("schema-version must be a whole number, not {v:?}"))?,
         };
+        let per_transaction = match settings.param("per-transaction") {
+            None | Some("false") => false,
+            Some("true") => true,
+            Some(v) => {
+                return Err(format!(
+                    "per-transaction must be true or false, not {:?}",
+                    v.chars().take(100).collect::<String>()
+                ));
+            }
+        };
         Ok(Shape {
             entity,
             version_field: version_field.to_string(),
             schema_version,
+            per_transaction,
+            building: None,
         })
     }
 }
@@ -274,16 +313,133 @@ impl Policy for Shape {
             "the document field holding its version (default version)",
         ),
         ("schema-version", "the events' schemaVersion (default 1)"),
+        (
+            "per-transaction",
+            "true: one record per source transaction (default false)",
+        ),
     ];
 
     fn decide(&mut self, event: &mut Delivered<'_>, id: String) -> Decision {
         let operation = event.operation_type.clone();
+        let transaction = if self.per_transaction {
+            event.source_transaction().filter(|t| t.size.is_some())
+        } else {
+            None
+        };
         let mut read = |path: &str| event.field(path);
-        match shape(self, &id, &operation, &mut read) {
-            Ok(Some(record)) => Decision::Record(Box::new(record)),
-            Ok(None) => Decision::Skip(format!("{operation} is not a domain event")),
-            Err(reason) => Decision::Quarantine { id, reason },
+        let shaped = shape(self, &id, &operation, &mut read);
+        let Some(transaction) = transaction else {
+            return match shaped {
+                Ok(Some(record)) => Decision::Record(Box::new(record)),
+                Ok(None) => Decision::Skip(format!("{operation} is not a domain event")),
+                Err(reason) => Decision::Quarantine { id, reason },
+            };
+        };
+        if transaction.index == 0
+            || self
+                .building
+                .as_ref()
+                .is_none_or(|b| b.id != transaction.id)
+        {
+            let entity = match &self.entity {
+                Some(entity) => entity.clone(),
+                None => entity_of(
+                    &read("ns.coll")
+                        .and_then(|c| serde_json::from_str::<String>(&c).ok())
+                        .unwrap_or_default(),
+                ),
+            };
+            self.building = Some(Building {
+                id: transaction.id.clone(),
+                entity,
+                events: Vec::new(),
+                bytes: 0,
+                values: 0,
+            });
         }
+        let building = self.building.as_mut().expect("set above");
+        let own = match shaped {
+            Ok(Some(record)) => {
+                building.add(&record);
+                None
+            }
+            Ok(None) => Some(Decision::Skip(format!("{operation} is not a domain event"))),
+            Err(reason) => Some(Decision::Quarantine { id, reason }),
+        };
+        if !transaction.is_last() {
+            return own.unwrap_or_else(|| {
+                Decision::Skip("in its source transaction's record, with the last event".into())
+            });
+        }
+        let mut building = self.building.take().expect("set above");
+        if let (Some(Decision::Quarantine { id, reason }), false) =
+            (&own, building.events.is_empty())
+        {
+            // The record goes with this event (and keeps it, unless the run is told not to):
+            // it says why the event is not a domain event.
+            let mut entry = Map::new();
+            entry.insert("eventId".into(), Value::String(id.clone()));
+            entry.insert("quarantined".into(), Value::String(reason.clone()));
+            building.events.push(Value::Object(entry));
+        }
+        match (own, building.record(self.schema_version)) {
+            // The last event's own decision stands when the record has nothing to carry.
+            (Some(own), None) => own,
+            (_, Some(record)) => Decision::Record(Box::new(record)),
+            (None, None) => Decision::Skip("a source transaction of no domain events".into()),
+        }
+    }
+}
+
+impl Building {
+    /// Adds an event's record to the transaction's, its payload left out once the payloads
+    /// would pass the bounds of one record.
+    fn add(&mut self, record: &Record) {
+        let payload: Value = serde_json::from_str(&record.payload).unwrap_or(Value::Null);
+        let parse = |text: &Option<String>| {
+            text.as_deref()
+                .and_then(|t| serde_json::from_str::<Value>(t).ok())
+                .unwrap_or(Value::Null)
+        };
+        let mut entry = Map::new();
+        entry.insert("eventType".into(), Value::String(record.event_type.clone()));
+        entry.insert(
+            "aggregateId".into(),
+            parse(&Some(record.aggregate_id.clone())),
+        );
+        entry.insert("aggregateVersion".into(), parse(&record.aggregate_version));
+        let (bytes, count) = (record.payload.len() + 200, values(&payload));
+        if self.bytes + bytes <= MAX_PAYLOAD - 1024 && self.values + count < MAX_VALUES / 2 {
+            self.bytes += bytes;
+            self.values += count + 4;
+            entry.insert("payload".into(), payload);
+        } else {
+            self.bytes += 200;
+            self.values += 4;
+            entry.insert("payloadOmitted".into(), Value::Bool(true));
+        }
+        self.events.push(Value::Object(entry));
+    }
+
+    /// The transaction's record; `None` when none of its events was a domain event.
+    fn record(self, schema_version: u32) -> Option<Record> {
+        if self.events.is_empty() {
+            return None;
+        }
+        let mut payload = Map::new();
+        payload.insert("transaction".into(), Value::String(self.id.clone()));
+        payload.insert("events".into(), Value::Array(self.events));
+        Some(Record {
+            id: format!("txn-{}", self.id),
+            event_type: format!("{}Transaction", self.entity)
+                .chars()
+                .take(100)
+                .collect(),
+            schema_version,
+            aggregate_id: Value::String(self.id).to_string(),
+            aggregate_version: None,
+            payload: Value::Object(payload).to_string(),
+        })
     }
 }
 
@@ -466,5 +622,67 @@ mod tests {
                 .is_none()
         );
         assert!(shape(&defaults(), "x", "insert", &mut none).is_err());
+    }
+
+    #[test]
+    fn per_transaction_one_record_carries_a_source_transactions_events() {
+        use handoff_policy_sdk::fake::FakeHost;
+        use handoff_policy_sdk::{event_id, run};
+        let mut host = FakeHost::new().event("X", "insert").transaction(
+            "t1",
+            &[("A", "insert"), ("B", "update"), ("C", "insert")],
+            false,
+        );
+        for (token, key, document) in [
+            ("X", "\"o-0\"", r#"{"_id": "o-0", "total": 1}"#),
+            (
+                "A",
+                "\"o-1\"",
+                r#"{"_id": "o-1", "total": 2, "version": 1}"#,
+            ),
+            ("B", "\"o-0\"", r#"{"_id": "o-0", "total": 3}"#),
+            // Not storable: quarantined on its own, named in the record.
+            ("C", "{\"a\": 1}", r#"{"_id": {"a": 1}}"#),
+        ] {
+            host = host
+                .field(token, "ns.coll", "\"orders\"")
+                .field(token, "documentKey._id", key)
+                .field(token, "fullDocument", document);
+        }
+        host = host.field("A", "fullDocument.version", "1").watermark("W");
+        let settings = Settings::new(50, 3000).param_set("per-transaction", "true");
+        run::<Shape>(&mut host, &settings).unwrap();
+        // X alone; then the transaction in one commit, its record with its last event.
+        let covered: Vec<_> = host.commits.iter().map(|c| c.decisions.len()).collect();
+        assert_eq!(covered, vec![1, 3]);
+        let decisions = &host.commits[1].decisions;
+        assert!(matches!(&decisions[0], Decision::Skip(_)), "{decisions:?}");
+        assert!(matches!(&decisions[1], Decision::Skip(_)), "{decisions:?}");
+        let Decision::Record(record) = &decisions[2] else {
+            panic!("{decisions:?}")
+        };
+        assert_eq!(record.id, "txn-t1");
+        assert_eq!(record.event_type, "OrderTransaction");
+        assert_eq!(record.aggregate_id, "\"t1\"");
+        let payload: Value = serde_json::from_str(&record.payload).unwrap();
+        assert_eq!(payload["transaction"], "t1");
+        let events = payload["events"].as_array().unwrap();
+        assert_eq!(events.len(), 3, "{payload}");
+        assert_eq!(events[0]["eventType"], "OrderCreated");
+        assert_eq!(events[0]["aggregateId"], "o-1");
+        assert_eq!(events[0]["aggregateVersion"], 1);
+        assert_eq!(events[0]["payload"]["total"], 2);
+        assert_eq!(events[1]["eventType"], "OrderUpdated");
+        assert_eq!(events[2]["eventId"], event_id("C"));
+        assert!(
+            events[2]["quarantined"]
+                .as_str()
+                .unwrap()
+                .contains("document")
+        );
+        // Without the parameter, a record per event.
+        assert!(
+            Shape::from_settings(&Settings::default().param_set("per-transaction", "yes")).is_err()
+        );
     }
 }
