@@ -177,14 +177,11 @@ impl RunOutputs {
             counter("events_quarantined", committed.quarantined),
             counter("duplicates_suppressed", committed.duplicates_suppressed),
             counter("transaction_retries", committed.transaction_retries),
-            counter("source_transactions", committed.source_transactions),
-            counter(
-                "source_transactions_split",
-                committed.source_transactions_split,
-            ),
+            counter("source_transactions", committed.transactions.whole),
+            counter("source_transactions_split", committed.transactions.split),
             counter(
                 "transaction_events_held_back",
-                committed.transaction_events_held_back,
+                committed.transactions.held_back,
             ),
         ];
         metrics.extend(

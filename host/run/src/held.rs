@@ -33,7 +33,7 @@ impl Held {
     ) -> RunRecord {
         let (status, error, committed) = match outcome {
             Ok(summary) => (summary.status.as_str(), None, &summary.committed),
-            Err(failed) => ("FAILED", Some(&failed.error), &failed.committed),
+            Err(failed) => ("FAILED", Some(&failed.error), &*failed.committed),
         };
         RunRecord {
             consumer: self.consumer.clone(),

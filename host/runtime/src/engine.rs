@@ -233,7 +233,7 @@ impl Runtime {
         };
         finished.map_err(|error| Failed {
             error,
-            committed: state.session.committed().clone(),
+            committed: Box::new(state.session.committed().clone()),
         })
     }
 }

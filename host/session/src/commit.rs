@@ -223,7 +223,7 @@ impl Session {
                             bytes_limit = limit,
                             "a source transaction's records exceed one transaction's bytes:                              handed off in order in several transactions"
                         );
-                        self.committed.source_transactions_split += 1;
+                        self.committed.transactions.split += 1;
                     }
                 }
             }
@@ -349,7 +349,7 @@ impl Session {
                 c.invalidate_markers += 1;
             }
             if step.ends_transaction {
-                c.source_transactions += 1;
+                c.transactions.whole += 1;
             }
             if step.invalidate {
                 c.invalidated = true;

@@ -41,7 +41,9 @@ pub use record::{
     Shaped,
 };
 pub use refusal::{Refusal, RefusalKind};
-pub use report::{Committed, Failed, PolicyReport, ResumeAttempts, RunSummary, Status};
+pub use report::{
+    Committed, Failed, PolicyReport, ResumeAttempts, RunSummary, SourceTransactions, Status,
+};
 pub use stream::EventView;
 pub use transaction::{MAX_SOURCE_TRANSACTION, SourceTransaction};
 

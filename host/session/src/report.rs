@@ -54,14 +54,21 @@ pub struct Committed {
     /// Invalidation markers written to the outbox (`--invalidate-marker`); not counted in
     /// `handed_off`.
     pub invalidate_markers: u32,
+    /// What became of source transactions (boxed: a failed run's result stays small).
+    pub transactions: Box<SourceTransactions>,
+}
+
+/// What a run did with the source transactions it read.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SourceTransactions {
     /// Source transactions (within the bound) whose events were committed together.
-    pub source_transactions: u32,
+    pub whole: u32,
     /// Source transactions handed off in several transactions: over the bound, over one
     /// transaction's bytes, or larger than what a run reads.
-    pub source_transactions_split: u32,
+    pub split: u32,
     /// Delivered events left for the next run because the run ended inside their source
     /// transaction.
-    pub transaction_events_held_back: u32,
+    pub held_back: u32,
 }
 
 /// Attempts to resume the change stream from a saved token, by outcome class.
@@ -117,7 +124,8 @@ pub struct RunSummary {
 #[error("{error}")]
 pub struct Failed {
     pub error: HandoffError,
-    pub committed: Committed,
+    /// What was committed (boxed: a failure stays small).
+    pub committed: Box<Committed>,
 }
 
 impl Failed {
@@ -125,7 +133,7 @@ impl Failed {
     pub fn before_commits(error: HandoffError) -> Failed {
         Failed {
             error,
-            committed: Committed::default(),
+            committed: Box::default(),
         }
     }
 }
@@ -204,7 +212,7 @@ impl Session {
                 "the run ended inside a source transaction that began with its first event: \
                  larger than what a run reads, it is handed off in several transactions"
             );
-            self.committed.source_transactions_split += 1;
+            self.committed.transactions.split += 1;
             // A failure here is the run's, recorded by the write.
             let _ = self.write_planned(&mut held, handoff_domain::Mode::ResumeAfter);
             return Held::default();
@@ -215,7 +223,7 @@ impl Session {
             "the run ended inside a source transaction: none of its events were written; the \
              next run hands it off whole"
         );
-        self.committed.transaction_events_held_back += count;
+        self.committed.transactions.held_back += count;
         Held {
             handed_off: u32::try_from(held.iter().filter(|s| s.handed_off.is_some()).count())
                 .unwrap_or(u32::MAX),

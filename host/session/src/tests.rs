@@ -713,7 +713,7 @@ fn the_held_events_are_written_in_one_transaction_with_the_rest() {
     assert_eq!(store.transactions.lock().unwrap()[0].0, 3);
     assert_eq!(s.checkpoint().0.as_deref(), Some(tokens[2].as_str()));
     assert_eq!(s.committed().handed_off, 3);
-    assert_eq!(s.committed().source_transactions, 1);
+    assert_eq!(s.committed().transactions.whole, 1);
 }
 
 #[test]
@@ -760,7 +760,7 @@ fn a_run_that_ends_inside_a_source_transaction_writes_none_of_it() {
     let last = hex::encode(Sha256::digest(tokens[2].as_bytes()));
     let summary = s.finish(Ok(report(3, &last))).unwrap();
     assert_eq!(summary.committed.handed_off, 1);
-    assert_eq!(summary.committed.transaction_events_held_back, 2);
+    assert_eq!(summary.committed.transactions.held_back, 2);
     assert_eq!(summary.status, Status::HandedOff);
     assert_eq!(store.dump("c").unwrap().outbox.len(), 1);
     assert_eq!(s.checkpoint().0.as_deref(), Some(tokens[0].as_str()));
@@ -780,7 +780,7 @@ fn a_transaction_larger_than_a_run_is_written_when_it_began_the_run() {
     let last = hex::encode(Sha256::digest(tokens[1].as_bytes()));
     let summary = s.finish(Ok(report(2, &last))).unwrap();
     assert_eq!(summary.committed.handed_off, 2);
-    assert_eq!(summary.committed.source_transactions_split, 1);
+    assert_eq!(summary.committed.transactions.split, 1);
     assert_eq!(store.dump("c").unwrap().outbox.len(), 2);
 }
 

@@ -147,7 +147,7 @@ impl Session {
                 "a source transaction of more than {MAX_SOURCE_TRANSACTION} events (or of more \
                  than half the pending bytes) is handed off in order in several transactions"
             );
-            self.committed.source_transactions_split += 1;
+            self.committed.transactions.split += 1;
             self.oversized = Some(Oversized {
                 id: key.clone(),
                 next: count,
