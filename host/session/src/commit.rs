@@ -369,10 +369,12 @@ impl Session {
                 "the watermark can only be saved once every delivered event is committed",
             ));
         }
-        let Some(watermark) = self.source.watermark() else {
+        // While events read ahead wait, the watermark is the last delivered event's token,
+        // which every delivered event being committed, the checkpoint already holds.
+        let Some(current) = self.watermark() else {
             return Err(self.reject("the stream has reported no watermark"));
         };
-        if canonical_text(&watermark) != next {
+        if current != next {
             return Err(self.reject("the token is not the stream's current watermark"));
         }
         if self.committed.invalidated {
@@ -381,6 +383,9 @@ impl Session {
         if self.token_text.as_deref() == Some(next) {
             return Ok(());
         }
+        let Some(watermark) = self.source.watermark() else {
+            return Err(self.reject("the stream has reported no watermark"));
+        };
         self.move_checkpoint(
             watermark,
             "Checkpoint changed while saving the idle watermark",

@@ -800,3 +800,20 @@ fn a_stopped_run_writes_none_of_the_transaction_it_was_inside() {
     assert_eq!(summary.committed.handed_off, 0);
     assert!(store.dump("c").unwrap().outbox.is_empty());
 }
+
+#[test]
+fn the_watermark_never_passes_an_event_read_ahead() {
+    let store = Arc::new(Counting::default());
+    let fixture = transactions_fixture(&[Some(2), None]);
+    let mut s = session(fixture, store.clone(), None, Mode::ResumeAfter);
+    s.open_stream(Start::Now).unwrap();
+    let tokens = deliver(&mut s, 2);
+    s.commit_batch(None, &tokens[1], Mode::ResumeAfter, hand_off(&tokens))
+        .unwrap();
+    // The event after the transaction was read to find its end, not delivered.
+    assert_eq!(s.watermark().as_deref(), Some(tokens[1].as_str()));
+    s.advance_watermark(Some(&tokens[1]), &tokens[1]).unwrap();
+    assert_eq!(s.checkpoint().0.as_deref(), Some(tokens[1].as_str()));
+    let after = deliver(&mut s, 1);
+    assert_eq!(s.source_transaction_of(&after[0]), None);
+}
