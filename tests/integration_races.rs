@@ -95,6 +95,7 @@ fn two_runs_on_one_store_one_cas_loses_and_no_event_is_duplicated() {
                         stop: Default::default(),
                         outbox: Default::default(),
                         stream: Default::default(),
+                        follow: None,
                     };
                     let deadline = begin(&plan.limits);
                     let source = Box::new(ReplaySource::new(fixture));

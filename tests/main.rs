@@ -18,6 +18,7 @@ mod integration_engine_argo;
 mod integration_engine_github;
 mod integration_faults;
 mod integration_flows;
+mod integration_follow;
 mod integration_forgery;
 mod integration_fresh_consumer;
 mod integration_fuzz_decisions;

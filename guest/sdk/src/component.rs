@@ -191,6 +191,10 @@ impl crate::Host for WitHost {
         self.stream.as_ref().and_then(|s| s.field(token, path))
     }
 
+    fn follows(&mut self) -> bool {
+        host::follows()
+    }
+
     fn source_transaction(&mut self, token: &str) -> Option<crate::SourceTransaction> {
         host::source_transaction_of(token).map(|t| crate::SourceTransaction {
             id: t.id,

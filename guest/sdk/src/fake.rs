@@ -87,6 +87,9 @@ pub struct FakeHost {
     pub logs: Vec<Log>,
     /// What [`Host::run_kind`] returns.
     pub kind: RunKind,
+    /// What [`Host::follows`] returns: end such a run's script with a failure (as the host's
+    /// refusal once it stops the run), or it polls forever.
+    pub follow: bool,
     fields: HashMap<(String, String), String>,
     transactions: HashMap<String, SourceTransaction>,
     delivered: Option<String>,
@@ -125,6 +128,7 @@ impl FakeHost {
             advances: Vec::new(),
             logs: Vec::new(),
             kind: RunKind::Changes,
+            follow: false,
             fields: HashMap::new(),
             transactions: HashMap::new(),
             delivered: None,
@@ -316,6 +320,10 @@ impl Host for FakeHost {
         self.fields
             .get(&(token.to_string(), path.to_string()))
             .cloned()
+    }
+
+    fn follows(&mut self) -> bool {
+        self.follow
     }
 
     fn source_transaction(&mut self, token: &str) -> Option<SourceTransaction> {

@@ -97,6 +97,11 @@ pub trait Host {
     fn watermark(&mut self) -> Option<String>;
     /// A field of a delivered event by dotted path, as relaxed Extended JSON text.
     fn field(&mut self, token: &str, path: &str) -> Option<String>;
+    /// Whether the run follows the stream until the host stops it (contract 1.5, `run
+    /// --follow`): neither `max_events` nor the idle timer ends it.
+    fn follows(&mut self) -> bool {
+        false
+    }
     /// Where a delivered event stands in the source transaction that wrote it (contract 1.5);
     /// `None` when no transaction wrote it.
     fn source_transaction(&mut self, token: &str) -> Option<SourceTransaction> {
@@ -261,6 +266,10 @@ pub fn run<P: Policy>(host: &mut dyn Host, settings: &Settings) -> Result<Report
     run_policy(&mut policy, host, settings)
 }
 
+/// How often a run that follows the stream saves its idle watermark, in milliseconds: a run
+/// killed while idle reads at most this much of the stream again (events it never hands off).
+pub const FOLLOW_WATERMARK_MS: u64 = 5_000;
+
 /// Delivered events not yet committed, with their decisions.
 #[derive(Default)]
 struct Batch {
@@ -300,15 +309,27 @@ pub fn run_policy<P: Policy>(
     let mut invalidated = false;
     let mut batch = Batch::default();
 
+    let follow = host.follows();
     host.open(stream_start(&checkpoint))?;
     let mut deadline = host.now_ms().saturating_add(settings.max_wait_ms);
     // The last delivered event is inside a source transaction: the run reads past
     // `max_events` to finish it, and a batch is committed only where one ends.
     let mut inside = false;
-    while (events < settings.max_events || inside) && host.now_ms() < deadline {
+    // A run that follows the stream saves its idle watermark as it goes, at most this often.
+    let mut watermark_saved_at = host.now_ms();
+    while follow || ((events < settings.max_events || inside) && host.now_ms() < deadline) {
         let Some(event) = host.next()? else {
             // Caught up for now: do not hold delivered events back.
             batch.flush(host, &mut token)?;
+            if follow && host.now_ms().saturating_sub(watermark_saved_at) >= FOLLOW_WATERMARK_MS {
+                if let Some(mark) = host.watermark()
+                    && token.as_deref() != Some(mark.as_str())
+                {
+                    host.advance_watermark(token.as_deref(), &mark)?;
+                    token = Some(mark);
+                }
+                watermark_saved_at = host.now_ms();
+            }
             continue;
         };
         events += 1;

@@ -449,3 +449,31 @@ fn decide_sees_where_an_event_stands_in_its_source_transaction() {
         ]
     );
 }
+
+#[test]
+fn a_run_that_follows_the_stream_ends_only_when_the_host_stops_it() {
+    let mut host = FakeHost::new()
+        .event("A", "insert")
+        .event("B", "insert")
+        .watermark("W");
+    host.follow = true;
+    for _ in 0..6 {
+        host = host.idle();
+    }
+    host = host
+        .event("C", "insert")
+        .fail(StreamError::Rejected("the run is stopping".into()));
+    // max_events 1 and an idle timer of 1 s: neither ends a run that follows.
+    let error = run::<Baseline>(&mut host, &Settings::new(1, 1000)).unwrap_err();
+    assert!(error.contains("stopping"), "{error}");
+    assert_eq!(
+        host.handed_off(),
+        vec![event_id("A"), event_id("B"), event_id("C")]
+    );
+    // Idle for more than FOLLOW_WATERMARK_MS: the watermark was saved once, between B and C.
+    assert_eq!(
+        host.advances,
+        vec![(Some("B".to_string()), "W".to_string())]
+    );
+    assert_eq!(host.commits[2].expected.as_deref(), Some("W"));
+}

@@ -143,6 +143,17 @@ impl CheckpointStore for MemoryStore {
         Ok(())
     }
 
+    fn renew(&self, consumer: &str, owner: &str, until: DateTime) -> Result<(), CommitError> {
+        let mut state = self.lock()?;
+        let renewed = state
+            .checkpoints
+            .get(consumer)
+            .and_then(|stored| apply_release(stored, owner, until))
+            .ok_or(CommitError::Conflict)?;
+        state.checkpoints.insert(consumer.to_string(), renewed);
+        Ok(())
+    }
+
     fn dump(&self, consumer: &str) -> Result<Dump, CommitError> {
         let state = self.lock()?;
         Ok(Dump {

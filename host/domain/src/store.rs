@@ -115,7 +115,9 @@ pub trait CheckpointStore: Send + Sync {
         let _ = record;
         self.release(consumer, owner, at)
     }
-    /// Extends `owner`'s lease to `until` (a run that reads without committing keeps it).
+    /// Extends `owner`'s lease to `until` (a run that reads without committing keeps it);
+    /// [`CommitError::Conflict`] when another owner holds it now, where the store can tell (by
+    /// default it cannot: the renewal is a release to a later end).
     fn renew(&self, consumer: &str, owner: &str, until: DateTime) -> Result<(), CommitError> {
         self.release(consumer, owner, until)
     }

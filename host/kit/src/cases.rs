@@ -226,6 +226,7 @@ impl Case {
             stop: StopSignal::default(),
             outbox: self.outbox()?,
             stream: StreamOptions::default(),
+            follow: None,
         };
         // A parameter the policy does not read makes the case itself wrong.
         runtime

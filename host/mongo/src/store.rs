@@ -297,11 +297,16 @@ impl CheckpointStore for MongoStore {
     ) -> std::result::Result<(), CommitError> {
         let (filter, update) = MongoStore::lease_end(consumer, owner, until);
         let renew = self.checkpoints.update_one(filter, update);
-        self.connection
+        let renewed = self
+            .connection
             .bounded_past_deadline(async { renew.await }, RELEASE_GRACE)
             .map_err(|_| CommitError::Unavailable("extending the lease took too long".into()))?
-            .map(|_| ())
-            .map_err(|e| self.unavailable(&e))
+            .map_err(|e| self.unavailable(&e))?;
+        // Another owner holds the lease now (it ran out and was taken over).
+        if renewed.matched_count == 0 {
+            return Err(CommitError::Conflict);
+        }
+        Ok(())
     }
 
     fn transaction_retries(&self) -> u32 {

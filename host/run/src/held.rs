@@ -22,6 +22,8 @@ pub struct Held {
     /// The operator's moves of the checkpoint before the run.
     pub moves: i64,
     pub started_at: DateTime,
+    /// The run follows the stream: a stop ends it cleanly.
+    pub follow: bool,
 }
 
 impl Held {
@@ -44,15 +46,16 @@ impl Held {
             ended_at: DateTime::now(),
             status: status.to_string(),
             error_class: error.map(|e: &HandoffError| e.kind().to_string()),
-            // A run stopped by a signal ends its process with 12.
+            // A run stopped by a signal ends its process with 12, unless it follows the
+            // stream, which ends that way.
             exit_code: match outcome {
-                Ok(summary) if summary.stopped => 12,
+                Ok(summary) if summary.stopped && !self.follow => 12,
                 _ => error.map_or(0, HandoffError::exit_code),
             },
             events_handed_off: committed.handed_off,
             events_skipped: committed.skipped,
             events_quarantined: committed.quarantined,
-            follow: false,
+            follow: self.follow,
             checkpoint_time: None,
             cluster_time: None,
             oplog_oldest: None,

@@ -31,7 +31,28 @@ pub struct Plan {
     pub outbox: OutboxOptions,
     /// The stream's shape and how the run binds its checkpoint.
     pub stream: StreamOptions,
+    /// The run follows the stream until it is stopped (`--follow`), and for at most this long
+    /// when given (`--max-duration`).
+    pub follow: Option<Follow>,
 }
+
+/// How a run that follows the stream ends: a signal, its lease lost, an invalidation, or
+/// `max_duration` (a clean end, as a signal's).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Follow {
+    pub max_duration: Option<Duration>,
+}
+
+/// The first contract whose policies can follow the stream (`follows`).
+pub const FOLLOW_CONTRACT: handoff_runtime::policy::Version = handoff_runtime::policy::Version {
+    major: 1,
+    minor: 5,
+    patch: 0,
+};
+
+/// How long a run that follows the stream without `--max-duration` may last: it ends by a
+/// signal, this only keeps every deadline finite.
+pub const FOLLOW_FOREVER: Duration = Duration::from_secs(100 * 365 * 86_400);
 
 /// The stream's shape and how a run binds the checkpoint to it.
 #[derive(Clone, Debug, PartialEq)]
@@ -116,6 +137,36 @@ pub fn begin(limits: &Limits) -> Instant {
     deadline
 }
 
+impl Follow {
+    /// The deadline of a run that follows the stream: its `max_duration` and the usual run
+    /// timeout after it (for its last commit), or practically none. `--max-duration` itself
+    /// stops the run cleanly through `stop`.
+    fn begin(&self, limits: &Limits, stop: &StopSignal) -> Instant {
+        let now = Instant::now();
+        let deadline = match self.max_duration {
+            Some(duration) => {
+                let stop = stop.clone();
+                let spawned = std::thread::Builder::new()
+                    .name("max-duration".into())
+                    .spawn(move || {
+                        std::thread::sleep(duration);
+                        tracing::info!(
+                            "--max-duration reached; the run ends after its last commit"
+                        );
+                        stop.request();
+                    });
+                if let Err(error) = spawned {
+                    tracing::warn!(%error, "the --max-duration timer could not start");
+                }
+                now + duration + limits.run_timeout
+            }
+            None => now + FOLLOW_FOREVER,
+        };
+        super::watchdog::extend(deadline);
+        deadline
+    }
+}
+
 impl Plan {
     /// The settings the policy receives.
     pub fn settings(&self) -> Settings {
@@ -151,7 +202,19 @@ impl Plan {
             policy_sha256 = Some(policy.sha256.clone());
             // Before the backends open: a refused parameter leaves no state behind.
             runtime.check_params(&policy, &self.params)?;
-            let deadline = begin(&self.limits);
+            if self.follow.is_some() && policy.contract < FOLLOW_CONTRACT {
+                return Err(HandoffError::BadInput(format!(
+                    "--follow needs a policy built against contract {FOLLOW_CONTRACT} or later; \
+                     this one was built against {}: rebuild it on a current SDK, or run without \
+                     --follow",
+                    policy.contract
+                ))
+                .into());
+            }
+            let deadline = match &self.follow {
+                Some(follow) => follow.begin(&self.limits, &self.stop),
+                None => begin(&self.limits),
+            };
             let (source, store) = backends.open(deadline)?;
             let summary =
                 self.execute_holding(&runtime, &policy, source, store, deadline, &mut held)?;
@@ -319,6 +382,7 @@ impl Plan {
         )
         .with_stop(self.stop.clone())
         .with_max_events(self.inputs.max_events)
+        .with_follow(self.follow.is_some())
         .with_outbox_options(self.outbox)
         .with_split_events(config.split_large_events)
         .with_lease(lease.clone())
@@ -331,6 +395,7 @@ impl Plan {
             run: claim.run,
             moves: claim.moves,
             started_at,
+            follow: self.follow.is_some(),
         });
         let summary = runtime.run(policy, session, &self.settings(), &self.limits)?;
         tracing::info!(

@@ -259,6 +259,11 @@ impl wit_host::Host for RunState {
         self.back_to_guest(place)
     }
 
+    fn follows(&mut self) -> bool {
+        let follow = self.session.follows();
+        self.back_to_guest(follow)
+    }
+
     fn monotonic_ms(&mut self) -> u64 {
         let now = self.session.now_ms();
         self.back_to_guest(now)

@@ -166,6 +166,8 @@ pub struct Session {
     kind: RunKind,
     /// The policy that decides, recorded in the checkpoint by every commit of its decisions.
     policy: Option<PolicyBinding>,
+    /// The run follows the stream until it is stopped (`run --follow`).
+    follow: bool,
 }
 
 /// What a run reads: the change stream, or documents an operator command read (a snapshot run,
@@ -220,7 +222,19 @@ impl Session {
             split_events: false,
             kind: RunKind::Changes,
             policy: None,
+            follow: false,
         }
+    }
+
+    /// A run that follows the stream until it is stopped: no `max_events`, and a lease it can
+    /// no longer prove it holds ends it.
+    pub fn with_follow(mut self, follow: bool) -> Self {
+        self.follow = follow;
+        self
+    }
+
+    pub fn follows(&self) -> bool {
+        self.follow
     }
 
     /// Records `policy` in the checkpoint with every commit of its decisions.
@@ -255,26 +269,48 @@ impl Session {
 
     /// Extends the lease once a third of it has passed since it was last renewed (a commit
     /// renews it too): a run that reads for a while without committing keeps its consumer. A
-    /// renewal that fails is left to the next commit, whose compare-and-set needs the lease.
-    fn keep_lease(&mut self) {
+    /// renewal that fails is left to the next commit, whose compare-and-set needs the lease —
+    /// except in a run that follows the stream, which may not commit for a long time: it ends
+    /// the moment it cannot prove it still holds the lease (another run took it, or it ran out
+    /// before a renewal went through).
+    fn keep_lease(&mut self) -> Result<(), Refusal> {
         let Some(lease) = &self.lease else {
-            return;
+            return Ok(());
         };
-        if self.lease_renewed.elapsed() < lease.duration / 3 {
-            return;
+        let since = self.lease_renewed.elapsed();
+        if since < lease.duration / 3 {
+            return Ok(());
         }
+        let (duration, owner) = (lease.duration, lease.owner.clone());
         let until = lease.until(bson::DateTime::now());
-        match self
-            .store
-            .renew(&self.consumer.consumer, &lease.owner, until)
-        {
-            Ok(()) => tracing::debug!("lease renewed"),
-            Err(error) => tracing::debug!(
-                error = %handoff_domain::text::escape_untrusted(&error.to_string(), 500),
-                "the lease could not be renewed"
-            ),
+        match self.store.renew(&self.consumer.consumer, &owner, until) {
+            Ok(()) => {
+                tracing::debug!("lease renewed");
+                self.lease_renewed = Instant::now();
+            }
+            Err(handoff_domain::CommitError::Conflict) if self.follow => {
+                return Err(self.fail(HandoffError::Conflict(
+                    "This run lost its lease on the consumer (another run took it over); it                      stops after its last commit"
+                        .into(),
+                )));
+            }
+            Err(error) => {
+                tracing::debug!(
+                    error = %handoff_domain::text::escape_untrusted(&error.to_string(), 500),
+                    "the lease could not be renewed"
+                );
+                if self.follow && since >= duration {
+                    return Err(self.fail(HandoffError::Conflict(
+                        "This run could not renew its lease before it ran out, so it cannot                          prove it still holds the consumer; it stops after its last commit"
+                            .into(),
+                    )));
+                }
+                if !self.follow {
+                    self.lease_renewed = Instant::now();
+                }
+            }
         }
-        self.lease_renewed = Instant::now();
+        Ok(())
     }
 
     /// Replaces the default byte and count bounds.

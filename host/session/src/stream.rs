@@ -147,6 +147,7 @@ impl Session {
         }
         // A run reads past `max_events` only to finish a source transaction.
         if let Some(max) = self.max_events
+            && !self.follow
             && self.delivered >= max
             && !self.inside_transaction()
         {
@@ -172,7 +173,7 @@ impl Session {
     /// arrived within the await bound. Events of handoff's own state are left out here.
     pub(crate) fn read_one(&mut self) -> Result<Option<Read>, Refusal> {
         let (event, text, operation_type, namespace, rest, rest_bytes) = loop {
-            self.keep_lease();
+            self.keep_lease()?;
             let event = match self.source.next_raw() {
                 Ok(Some(event)) => event,
                 Ok(None) => return Ok(None),

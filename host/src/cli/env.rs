@@ -40,6 +40,8 @@ pub const ACCEPT_CONFIG_CHANGE: &str = "HANDOFF_ACCEPT_CONFIG_CHANGE";
 pub const LEASE_SECONDS: &str = "HANDOFF_LEASE_SECONDS";
 pub const PARTITION: &str = "HANDOFF_PARTITION";
 pub const SPLIT_LARGE_EVENTS: &str = "HANDOFF_SPLIT_LARGE_EVENTS";
+pub const FOLLOW: &str = "HANDOFF_FOLLOW";
+pub const MAX_DURATION: &str = "HANDOFF_MAX_DURATION";
 
 /// Every variable above.
 #[allow(dead_code)] // read by the test suites (a clean environment) and the binary's tests
@@ -74,6 +76,8 @@ pub const ALL: &[&str] = &[
     LEASE_SECONDS,
     PARTITION,
     SPLIT_LARGE_EVENTS,
+    FOLLOW,
+    MAX_DURATION,
 ];
 
 /// Names earlier releases read, and the variable each is now. A former name is read when the

@@ -59,6 +59,7 @@ pub fn run(mut args: ReplayArgs) -> Result<super::Outcome> {
             stop: super::stop_signal()?,
             outbox: args.inputs.outbox(),
             stream: StreamOptions::default(),
+            follow: None,
         };
         plan.run(|| args.policy.load(), &mut backends)
     })

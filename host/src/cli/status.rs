@@ -47,7 +47,7 @@ pub struct StatusArgs {
     pub html: Option<PathBuf>,
 }
 
-fn parse_duration(text: &str) -> std::result::Result<Duration, String> {
+pub(crate) fn parse_duration(text: &str) -> std::result::Result<Duration, String> {
     if let Ok(seconds) = text.trim().parse::<u64>() {
         return Ok(Duration::from_secs(seconds));
     }

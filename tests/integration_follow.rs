@@ -1,0 +1,281 @@
+//! Follow mode: `handoff run --follow` keeps its stream open and hands writes off as they come,
+//! with the guarantees of a bounded run: it ends cleanly on SIGTERM or `--max-duration` (exit
+//! 0), stops the moment it cannot prove it holds its lease (exit 3), and a fresh run after a
+//! SIGKILL resumes with nothing lost and nothing twice.
+
+use crate::support;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use bson::doc;
+use mongo_sim::Config;
+use support::Rng;
+use support::live::*;
+
+/// `handoff run --follow` with `extra`, its debug log piped.
+fn follow(live: &Live, extra: &[&str]) -> Child {
+    live.command()
+        .arg("--follow")
+        .args(extra)
+        .env("MAX_EVENTS", "1")
+        .env("MAX_WAIT_SECONDS", "1")
+        .env("HANDOFF_LOG", "handoff=debug")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn handoff")
+}
+
+fn sigterm(child: &Child) {
+    let status = std::process::Command::new("kill")
+        .arg("-TERM")
+        .arg(child.id().to_string())
+        .status()
+        .expect("kill");
+    assert!(status.success());
+}
+
+/// Reads the child's log until a line holds `needle`.
+fn wait_for(reader: &mut impl BufRead, needle: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut line = String::new();
+    while Instant::now() < deadline {
+        line.clear();
+        if reader.read_line(&mut line).expect("read the log") == 0 {
+            break;
+        }
+        if line.contains(needle) {
+            return;
+        }
+    }
+    panic!("{needle:?} never logged");
+}
+
+/// Waits until the outbox holds `n` records, panicking after `limit`.
+fn outbox_reaches(live: &Live, n: usize, limit: Duration) -> Duration {
+    let started = Instant::now();
+    while live.outbox_len() < n {
+        assert!(
+            started.elapsed() < limit,
+            "the outbox has {} of {n} records after {limit:?}",
+            live.outbox_len()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    started.elapsed()
+}
+
+#[test]
+fn a_follow_run_hands_writes_off_as_they_come_and_ends_cleanly_on_sigterm() {
+    let live = Live::start();
+    let mut child = follow(&live, &[]);
+    let mut log = BufReader::new(child.stderr.take().expect("stderr"));
+    wait_for(&mut log, "run starting");
+    // Drain the log so the run never blocks on a full pipe.
+    let reader = std::thread::spawn(move || {
+        let mut rest = String::new();
+        for line in log.lines().map_while(Result::ok) {
+            rest.push_str(&line);
+            rest.push('\n');
+        }
+        rest
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    // More writes than --max-events 1, with longer gaps than --max-wait-seconds 1: neither
+    // ends the run, and each write is in the outbox while the same process runs.
+    let mut slowest = Duration::ZERO;
+    for i in 0..5 {
+        live.insert(i..i + 1);
+        let took = outbox_reaches(&live, i as usize + 1, Duration::from_secs(5));
+        slowest = slowest.max(took);
+        assert!(
+            child.try_wait().expect("try_wait").is_none(),
+            "the run ended"
+        );
+        std::thread::sleep(Duration::from_millis(if i == 2 { 1500 } else { 200 }));
+    }
+    sigterm(&child);
+    let output = child.wait_with_output().expect("wait");
+    let log = reader.join().expect("log");
+    assert_eq!(output.status.code(), Some(0), "{log}");
+    let outputs = support::outputs(&output);
+    assert_eq!(outputs["events_handed_off"], 5, "{outputs}");
+    assert_eq!(outputs["stopped"], true, "{outputs}");
+    assert_checkpoint_at_end(
+        &live,
+        &live.outbox()[4]
+            .get_document("event")
+            .unwrap()
+            .get_document("_id")
+            .unwrap()
+            .clone(),
+    );
+    // The run history says the run followed the stream and ended cleanly.
+    let records = live.records("kestra_change_runs");
+    assert_eq!(records.len(), 1);
+    assert_eq!(
+        records[0].get_bool("follow").ok(),
+        Some(true),
+        "{:?}",
+        records[0]
+    );
+    assert_eq!(
+        records[0].get_i32("exitCode").ok(),
+        Some(0),
+        "{:?}",
+        records[0]
+    );
+    eprintln!("slowest write to outbox while following: {slowest:?}");
+}
+
+#[test]
+fn max_duration_ends_a_follow_run_cleanly_and_needs_follow() {
+    let live = Live::start();
+    live.start_consumer();
+    live.insert(0..3);
+    let started = Instant::now();
+    let output = follow(&live, &["--max-duration", "2s"])
+        .wait_with_output()
+        .expect("run");
+    let took = started.elapsed();
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        support::stderr(&output)
+    );
+    assert!(took >= Duration::from_secs(2), "ended after {took:?}");
+    assert_eq!(support::outputs(&output)["events_handed_off"], 3);
+
+    let refused = live.run(&["--max-duration", "2s"]);
+    assert_eq!(refused.status.code(), Some(2));
+    assert!(support::stderr(&refused).contains("add --follow"));
+    let refused = live.run(&["--follow", "--max-duration", "soon"]);
+    assert_eq!(refused.status.code(), Some(2));
+    assert_eq!(live.outbox_len(), 3, "a refused run writes nothing");
+}
+
+#[test]
+fn a_policy_built_before_contract_1_5_cannot_follow() {
+    let live = Live::start();
+    let output = live.run(&["--follow", "--policy", handoff_test_policies::LEGACY_V1_0]);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(support::stderr(&output).contains("contract 1.5.0 or later"));
+    assert_eq!(support::outputs(&output)["status"], "FAILED");
+    assert!(live.checkpoint().is_none(), "nothing written");
+}
+
+#[test]
+fn a_follow_run_stops_the_moment_it_loses_its_lease() {
+    let live = Live::start();
+    live.start_consumer();
+    live.insert(0..1);
+    let mut child = follow(&live, &["--lease-seconds", "5"]);
+    outbox_reaches(&live, 1, Duration::from_secs(10));
+    // Another run takes the consumer over (as after the lease ran out).
+    let until = bson::DateTime::from_millis(bson::DateTime::now().timestamp_millis() + 600_000);
+    live.wait(live.coll(CHECKPOINTS).update_one(
+        doc! {"_id": CONSUMER},
+        doc! {"$set": {"owner": "another-run", "leaseUntil": until}},
+    ))
+    .expect("take the lease");
+    let taken = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            break status;
+        }
+        assert!(
+            taken.elapsed() < Duration::from_secs(10),
+            "the run kept going without its lease"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let output = child.wait_with_output().expect("output");
+    assert_eq!(status.code(), Some(3), "{}", support::stderr(&output));
+    assert!(support::stderr(&output).contains("lost its lease"));
+    live.insert(1..2);
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        live.outbox_len(),
+        1,
+        "nothing written after the lease was lost"
+    );
+}
+
+#[test]
+fn ten_sigkills_of_follow_runs_under_a_steady_writer_lose_nothing_and_double_nothing() {
+    let seed = support::seed("HANDOFF_FOLLOW_SEED");
+    eprintln!("HANDOFF_FOLLOW_SEED={seed}");
+    let mut rng = Rng::new(seed);
+    let live = Live::with_config(Config {
+        transaction_lifetime: Duration::from_secs(1),
+        ..Config::default()
+    });
+    live.start_consumer();
+    const WRITES: i32 = 400;
+    let (uri, db) = (live.uri(), live.db.clone());
+    let writer = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async move {
+            let client = mongodb::Client::with_uri_str(&uri).await.expect("client");
+            let orders = client.database(&db).collection::<bson::Document>("orders");
+            for i in 0..WRITES {
+                orders.insert_one(doc! {"_id": i}).await.expect("insert");
+                tokio::time::sleep(Duration::from_millis(8)).await;
+            }
+        })
+    });
+    let mut kills = 0;
+    while kills < 10 {
+        let mut child = follow(&live, &[]);
+        std::thread::sleep(Duration::from_millis(200 + rng.below(600)));
+        if child.try_wait().expect("try_wait").is_some() {
+            let output = child.wait_with_output().expect("output");
+            // A killed run's open transaction holds the checkpoint until the server reaps it.
+            assert_eq!(
+                output.status.code(),
+                Some(10),
+                "{}",
+                support::stderr(&output)
+            );
+            std::thread::sleep(Duration::from_millis(300));
+            continue;
+        }
+        child.kill().expect("SIGKILL");
+        child.wait().expect("wait");
+        kills += 1;
+        live.expire_lease();
+    }
+    writer.join().expect("writer");
+    // A last follow run catches up, then ends on SIGTERM.
+    let child = follow(&live, &[]);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while live.outbox_len() < WRITES as usize && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    sigterm(&child);
+    let output = child.wait_with_output().expect("output");
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        support::stderr(&output)
+    );
+    let ids: Vec<i32> = live
+        .outbox()
+        .iter()
+        .map(|r| {
+            r.get_document("event")
+                .and_then(|e| e.get_document("documentKey"))
+                .and_then(|k| k.get_i32("_id"))
+                .expect("documentKey._id")
+        })
+        .collect();
+    assert_eq!(ids, (0..WRITES).collect::<Vec<_>>(), "seed {seed}");
+    eprintln!("{WRITES} writes, {kills} SIGKILLs of follow runs: every write once, in order");
+}
