@@ -408,13 +408,15 @@ impl Building {
             parse(&Some(record.aggregate_id.clone())),
         );
         entry.insert("aggregateVersion".into(), parse(&record.aggregate_version));
-        let (bytes, count) = (record.payload.len() + 200, values(&payload));
+        // What the entry adds to the record's payload text, counted as it will be written.
+        let head = Value::Object(entry.clone()).to_string().len() + 40;
+        let (bytes, count) = (head + record.payload.len(), values(&payload) + 4);
         if self.bytes + bytes <= MAX_PAYLOAD - 1024 && self.values + count < MAX_VALUES / 2 {
             self.bytes += bytes;
-            self.values += count + 4;
+            self.values += count;
             entry.insert("payload".into(), payload);
         } else {
-            self.bytes += 200;
+            self.bytes += head;
             self.values += 4;
             entry.insert("payloadOmitted".into(), Value::Bool(true));
         }

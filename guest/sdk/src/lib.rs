@@ -317,7 +317,8 @@ pub fn run_policy<P: Policy>(
     let mut inside = false;
     // A run that follows the stream saves its idle watermark as it goes, at most this often.
     let mut watermark_saved_at = host.now_ms();
-    while follow || ((events < settings.max_events || inside) && host.now_ms() < deadline) {
+    // Inside a source transaction its rest is already read: neither bound ends the run there.
+    while follow || inside || (events < settings.max_events && host.now_ms() < deadline) {
         let Some(event) = host.next()? else {
             // Caught up for now: do not hold delivered events back.
             batch.flush(host, &mut token)?;

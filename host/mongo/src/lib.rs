@@ -68,6 +68,10 @@ pub use uri::UNPARSABLE_URI;
 
 /// The change stream's await bound (`maxAwaitTimeMS`), as the baseline sets it.
 pub const MAX_AWAIT: Duration = Duration::from_secs(1);
+/// The await bound of a run that follows the stream: a policy that groups events commits what
+/// has arrived at most this long after the stream went quiet (an idle stream then costs one
+/// `getMore` per bound).
+pub const FOLLOW_AWAIT: Duration = Duration::from_millis(20);
 /// Server selection timeout, as the baseline sets it.
 pub const SERVER_SELECTION_TIMEOUT: Duration = Duration::from_secs(3);
 /// Attempts of one commit on `UnknownTransactionCommitResult`.

@@ -36,6 +36,8 @@ pub struct MongoSource {
     /// they are decoded once, directly.
     stream: Option<ChangeStream<RawDocumentBuf>>,
     clock: Instant,
+    /// How long the server holds a `getMore` for new events (`maxAwaitTimeMS`).
+    await_bound: std::time::Duration,
 }
 
 impl MongoSource {
@@ -64,7 +66,14 @@ impl MongoSource {
             state,
             stream: None,
             clock: Instant::now(),
+            await_bound: MAX_AWAIT,
         }
+    }
+
+    /// Holds each `getMore` at most `bound` for new events (the baseline's is [`MAX_AWAIT`]).
+    pub fn with_await(mut self, bound: std::time::Duration) -> MongoSource {
+        self.await_bound = bound;
+        self
     }
 
     /// For a wide stream, the registries of the databases it watches, read before it opens so
@@ -310,7 +319,7 @@ impl ChangeSource for MongoSource {
                 .read_concern(ReadConcern::majority())
                 .selection_criteria(super::primary()),
         };
-        let mut watch = watch.pipeline(stages).max_await_time(MAX_AWAIT);
+        let mut watch = watch.pipeline(stages).max_await_time(self.await_bound);
         watch = match self.config.full_document {
             FullDocument::Default => watch,
             FullDocument::UpdateLookup => watch.full_document(FullDocumentType::UpdateLookup),
@@ -363,7 +372,7 @@ impl ChangeSource for MongoSource {
             if !stream.is_alive() {
                 // The server closed the stream (after an invalidate): nothing more will come, but
                 // the await bound still holds so a policy's idle timer keeps its meaning.
-                std::thread::sleep(MAX_AWAIT);
+                std::thread::sleep(self.await_bound);
             }
             return Ok(None);
         };

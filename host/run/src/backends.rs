@@ -49,9 +49,18 @@ pub struct Mongo {
     store: Option<Arc<MongoStore>>,
     /// The consumer's recorded runs.
     history: Vec<RunRecord>,
+    /// The run follows the stream: a short await bound, so that what has arrived is committed
+    /// soon after the stream goes quiet.
+    follow: bool,
 }
 
 impl Mongo {
+    /// For a run that follows the stream (`--follow`).
+    pub fn following(mut self, follow: bool) -> Mongo {
+        self.follow = follow;
+        self
+    }
+
     pub fn new(uri: &str, inputs: &Inputs, config: &StreamConfig) -> Mongo {
         Mongo {
             uri: uri.to_string(),
@@ -60,18 +69,24 @@ impl Mongo {
             connection: None,
             store: None,
             history: Vec::new(),
+            follow: false,
         }
     }
 
     fn source(&self, connection: Arc<Connection>) -> MongoSource {
         let inputs = &self.inputs;
-        MongoSource::new(
+        let source = MongoSource::new(
             connection,
             &inputs.database,
             &inputs.collection,
             &inputs.collections(),
             &self.config,
-        )
+        );
+        if self.follow {
+            source.with_await(handoff_mongo::FOLLOW_AWAIT)
+        } else {
+            source
+        }
     }
 }
 

@@ -68,6 +68,10 @@ pub(crate) struct Planned {
     boundary: bool,
     /// It is the last event of a source transaction within the bound.
     ends_transaction: bool,
+    /// Its source transaction's ID, when one wrote it.
+    txn_id: Option<String>,
+    /// It is the first event of a source transaction over the bound.
+    opens_oversized: bool,
 }
 
 /// 1 to `max` bytes from `[A-Za-z0-9._:-]`: what an ID and a shaped record's `eventType` may
@@ -168,21 +172,41 @@ impl Session {
                 return Err(refusal);
             }
         };
-        if offset == 0 {
-            self.held_from_start = self.committed.events == 0;
-        }
         let mut plan = std::mem::take(&mut self.held);
         plan.extend(planned);
         if !plan.last().is_some_and(|step| step.boundary) {
-            // The commit ends inside a source transaction: held until the commit that ends it,
+            // The commit ends inside a source transaction: what comes before the transaction
+            // is written now, the transaction's events are held until the commit that ends it,
             // so that all of the transaction is written at once or none of it.
-            tracing::debug!(
-                held = plan.len(),
-                "commit held until its source transaction ends"
+            let cut = plan
+                .iter()
+                .rposition(|step| step.boundary)
+                .map_or(0, |at| at + 1);
+            if cut > 0 {
+                let rest = plan.split_off(cut);
+                self.write_planned(&mut plan, Mode::ResumeAfter)?;
+                plan = rest;
+            }
+            let bytes: usize = plan.iter().map(|step| step.bytes).sum();
+            if bytes <= self.bounds.max_transaction_bytes {
+                tracing::debug!(
+                    held = plan.len(),
+                    "commit held until its source transaction ends"
+                );
+                self.held_from_start = self.committed.events == 0;
+                self.held = plan;
+                self.held_ids = ids;
+                return Ok(());
+            }
+            // Its records already pass one transaction's bytes: written in parts now, so that
+            // what the host holds stays bounded.
+            self.split_transaction(&plan[0]);
+            tracing::warn!(
+                bytes_limit = self.bounds.max_transaction_bytes,
+                "a source transaction's records exceed one transaction's bytes: handed off in \
+                 order in several transactions"
             );
-            self.held = plan;
-            self.held_ids = ids;
-            return Ok(());
+            return self.write_planned(&mut plan, Mode::ResumeAfter);
         }
         self.write_planned(&mut plan, mode)?;
         tracing::debug!(
@@ -219,11 +243,13 @@ impl Session {
                 {
                     Some(at) => chunk_end = chunk_start + at + 1,
                     None => {
-                        tracing::warn!(
-                            bytes_limit = limit,
-                            "a source transaction's records exceed one transaction's bytes:                              handed off in order in several transactions"
-                        );
-                        self.committed.transactions.split += 1;
+                        if self.split_transaction(&plan[chunk_end - 1]) {
+                            tracing::warn!(
+                                bytes_limit = limit,
+                                "a source transaction's records exceed one transaction's bytes: \
+                                 handed off in order in several transactions"
+                            );
+                        }
                     }
                 }
             }
@@ -232,6 +258,19 @@ impl Session {
             self.write(&mut plan[chunk_start..chunk_end], chunk_mode)?;
         }
         Ok(())
+    }
+
+    /// Counts the source transaction of `step` as handed off in several transactions, once;
+    /// true the first time.
+    pub(crate) fn split_transaction(&mut self, step: &Planned) -> bool {
+        let Some(id) = &step.txn_id else {
+            return false;
+        };
+        let first = self.split_transactions.insert(id.clone());
+        if first {
+            self.committed.transactions.split += 1;
+        }
+        first
     }
 
     /// A commit covers the first `count` delivered events, the last of which is `next`.
@@ -330,6 +369,9 @@ impl Session {
         self.token = Some(next_token);
         self.mode = mode;
         self.start_saved_for_policy = false;
+        for step in steps.iter().filter(|step| step.opens_oversized) {
+            self.split_transaction(step);
+        }
         let c = &mut self.committed;
         c.duplicates_suppressed += u32::try_from(applied.duplicates.len()).unwrap_or(u32::MAX);
         for step in steps.iter() {
@@ -348,7 +390,11 @@ impl Session {
             if step.marker {
                 c.invalidate_markers += 1;
             }
-            if step.ends_transaction {
+            let split = step
+                .txn_id
+                .as_ref()
+                .is_some_and(|id| self.split_transactions.contains(id));
+            if step.ends_transaction && !split {
                 c.transactions.whole += 1;
             }
             if step.invalidate {
@@ -369,8 +415,6 @@ impl Session {
                 "the watermark can only be saved once every delivered event is committed",
             ));
         }
-        // While events read ahead wait, the watermark is the last delivered event's token,
-        // which every delivered event being committed, the checkpoint already holds.
         let Some(current) = self.watermark() else {
             return Err(self.reject("the stream has reported no watermark"));
         };
@@ -380,7 +424,10 @@ impl Session {
         if self.committed.invalidated {
             return Err(self.reject("an invalidated stream has no watermark to save"));
         }
-        if self.token_text.as_deref() == Some(next) {
+        // While events read ahead wait, the watermark is the last delivered event, which the
+        // checkpoint holds once every delivered event is committed: the stream's own position
+        // is past events the policy has not seen, so the checkpoint never moves there.
+        if self.token_text.as_deref() == Some(next) || !self.ahead.is_empty() {
             return Ok(());
         }
         let Some(watermark) = self.source.watermark() else {

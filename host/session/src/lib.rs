@@ -137,6 +137,8 @@ pub struct Session {
     ahead: VecDeque<transaction::Read>,
     /// A source transaction too large to read ahead, while its events are being delivered.
     oversized: Option<transaction::Oversized>,
+    /// The IDs of the last source transactions read whole.
+    transactions_read: VecDeque<String>,
     /// Decided events held back because their commit ended inside a source transaction: the
     /// first `held.len()` pending events, written with the commit that ends it.
     held: Vec<commit::Planned>,
@@ -144,6 +146,8 @@ pub struct Session {
     held_ids: HashSet<(bool, String)>,
     /// The held events began with the first event of the run.
     held_from_start: bool,
+    /// The source transactions this run handed off in several transactions.
+    split_transactions: HashSet<String>,
     committed: Committed,
     failure: Option<HandoffError>,
     deadline: Instant,
@@ -204,9 +208,11 @@ impl Session {
             recent: VecDeque::new(),
             ahead: VecDeque::new(),
             oversized: None,
+            transactions_read: VecDeque::new(),
             held: Vec::new(),
             held_ids: HashSet::new(),
             held_from_start: false,
+            split_transactions: HashSet::new(),
             committed: Committed::default(),
             failure: None,
             deadline,

@@ -212,7 +212,7 @@ impl Session {
                 "the run ended inside a source transaction that began with its first event: \
                  larger than what a run reads, it is handed off in several transactions"
             );
-            self.committed.transactions.split += 1;
+            self.split_transaction(&held[0]);
             // A failure here is the run's, recorded by the write.
             let _ = self.write_planned(&mut held, handoff_domain::Mode::ResumeAfter);
             return Held::default();

@@ -290,14 +290,18 @@ impl Session {
         let mut rest = Vec::with_capacity(of as usize - 1);
         let mut bytes = 0;
         for expected in 2..=of {
-            let mut waits = 0;
+            let (waiting, mut waits) = (std::time::Instant::now(), 0u32);
             let next = loop {
                 self.gate()?;
                 match self.source.next_raw() {
                     Ok(Some(next)) => break next,
                     // The next fragment is on its way: the server sends an event's fragments
                     // back to back, but one may wait for the next batch.
-                    Ok(None) if waits < MAX_FRAGMENT_WAITS => waits += 1,
+                    Ok(None)
+                        if waits < MAX_FRAGMENT_WAITS && waiting.elapsed() < MAX_FRAGMENT_WAIT =>
+                    {
+                        waits += 1;
+                    }
                     Ok(None) => {
                         return Err(self.fail(HandoffError::StreamFatal(format!(
                             "Fragment {expected} of {of} of a split event did not arrive; \
@@ -330,7 +334,7 @@ impl Session {
     pub fn watermark(&self) -> Option<String> {
         if !self.ahead.is_empty() {
             let last = self.pending.back().or(self.recent.back())?;
-            return last.checkpoint_token().as_ref().map(canonical_text);
+            return Some(last.text.clone());
         }
         self.source.watermark().as_ref().map(canonical_text)
     }
@@ -401,6 +405,7 @@ const MALFORMED_SPLIT: &str =
 /// delivered event is bounded by the pending bytes).
 const MAX_FRAGMENTS: u32 = 64;
 
-/// How many empty reads (each the await bound, 1 s against MongoDB) a split event's next
-/// fragment may take.
-const MAX_FRAGMENT_WAITS: u32 = 30;
+/// How long a split event's next fragment may take to arrive, and in how many empty reads at
+/// most (a recorded stream's take no time).
+const MAX_FRAGMENT_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+const MAX_FRAGMENT_WAITS: u32 = 1500;

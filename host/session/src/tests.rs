@@ -817,3 +817,97 @@ fn the_watermark_never_passes_an_event_read_ahead() {
     let after = deliver(&mut s, 1);
     assert_eq!(s.source_transaction_of(&after[0]), None);
 }
+
+#[test]
+fn a_split_event_ending_a_transaction_never_lets_the_watermark_skip_what_was_read_ahead() {
+    let store = Arc::new(Counting::default());
+    let mut events = with_split_event();
+    for fragment in &mut events[1..4] {
+        fragment.insert("lsid", doc! {"id": {"s": 7}, "uid": "u"});
+        fragment.insert("txnNumber", 1i64);
+    }
+    let mut s = split_session(events, store.clone());
+    let first = deliver(&mut s, 1);
+    s.commit_batch(None, &first[0], Mode::ResumeAfter, hand_off(&first))
+        .unwrap();
+    let split = deliver(&mut s, 1);
+    let place = s.source_transaction_of(&split[0]).expect("placed");
+    assert_eq!(place.size, Some(1));
+    s.commit_batch(
+        Some(&first[0]),
+        &split[0],
+        Mode::ResumeAfter,
+        hand_off(&split),
+    )
+    .unwrap();
+    // Event 5 was read to find the transaction's end: the watermark is the split event, and
+    // saving it moves nothing past event 5.
+    let mark = s.watermark().expect("a watermark");
+    assert_eq!(mark, split[0]);
+    s.advance_watermark(Some(&split[0]), &mark).unwrap();
+    let last = deliver(&mut s, 1);
+    s.commit_batch(
+        Some(&split[0]),
+        &last[0],
+        Mode::ResumeAfter,
+        hand_off(&last),
+    )
+    .unwrap();
+    assert_eq!(store.dump("c").unwrap().outbox.len(), 1 + 3 + 1);
+}
+
+#[test]
+fn what_precedes_a_transaction_in_a_commit_is_written_and_only_the_transaction_held() {
+    let store = Arc::new(Counting::default());
+    let fixture = transactions_fixture(&[None, None, Some(3)]);
+    let mut s = session(fixture, store.clone(), None, Mode::ResumeAfter);
+    s.open_stream(Start::Now).unwrap();
+    let tokens = deliver(&mut s, 4);
+    s.commit_batch(None, &tokens[3], Mode::ResumeAfter, hand_off(&tokens))
+        .unwrap();
+    // The two events before the transaction are written; its two delivered events are held.
+    assert_eq!(store.dump("c").unwrap().outbox.len(), 2);
+    assert_eq!(s.checkpoint().0.as_deref(), Some(tokens[1].as_str()));
+    // The run ends there: the transaction, which did not begin the run, is left whole.
+    let last = hex::encode(Sha256::digest(tokens[3].as_bytes()));
+    let summary = s.finish(Ok(report(4, &last))).unwrap();
+    assert_eq!(summary.committed.handed_off, 2);
+    assert_eq!(summary.committed.transactions.held_back, 2);
+    assert_eq!(summary.committed.transactions.split, 0);
+    assert_eq!(store.dump("c").unwrap().outbox.len(), 2);
+}
+
+#[test]
+fn a_transaction_of_exactly_the_bound_has_a_size_and_one_past_it_none() {
+    for (size, expected) in [
+        (MAX_SOURCE_TRANSACTION, Some(MAX_SOURCE_TRANSACTION as u32)),
+        (MAX_SOURCE_TRANSACTION + 1, None),
+    ] {
+        let store = Arc::new(MemoryStore::new());
+        let fixture = transactions_fixture(&[Some(size), None]);
+        let mut s = session(fixture, store, None, Mode::ResumeAfter);
+        s.open_stream(Start::Now).unwrap();
+        let first = deliver(&mut s, 1);
+        let place = s.source_transaction_of(&first[0]).expect("placed");
+        assert_eq!(place.size, expected, "a transaction of {size}");
+    }
+}
+
+#[test]
+fn a_transaction_whose_events_arrive_apart_is_never_a_second_whole_one() {
+    let store = Arc::new(Counting::default());
+    // txnNumber 0 twice with another transaction between (the fixture numbers by group).
+    let mut events = Vec::new();
+    for (seq, number) in [(1u32, 0i64), (2, 1), (3, 0)] {
+        events.push(doc! {
+            "_id": token(seq), "operationType": "insert", "ns": {"db": "d", "coll": "c"},
+            "fullDocument": {"_id": seq}, "lsid": {"id": {"s": 7}, "uid": "u"}, "txnNumber": number,
+        });
+    }
+    let mut s = session(recording(events), store, None, Mode::ResumeAfter);
+    s.open_stream(Start::Now).unwrap();
+    let tokens = deliver(&mut s, 3);
+    let again = s.source_transaction_of(&tokens[2]).expect("placed");
+    assert_eq!(again.id, s.source_transaction_of(&tokens[0]).unwrap().id);
+    assert_eq!(again.size, None);
+}

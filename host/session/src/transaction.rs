@@ -16,6 +16,9 @@ use handoff_domain::token::canonical_text;
 
 /// The most events of one source transaction read ahead and committed together.
 pub const MAX_SOURCE_TRANSACTION: usize = 500;
+/// How many source transactions read whole a session remembers, to tell one whose events
+/// arrive apart.
+const RECENT_TRANSACTIONS: usize = 64;
 
 /// What the policy sees of a delivered event's source transaction.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -114,6 +117,23 @@ impl Session {
             return Ok(Some(read));
         }
         self.oversized = None;
+        if self.transactions_read.contains(&key) {
+            // Events of a transaction already read whole: its events arrived apart (a server
+            // that interleaves them). Never a second "whole" transaction: delivered as one over
+            // the bound, without a size.
+            tracing::warn!(
+                transaction = %key,
+                "a source transaction's events arrived apart; the rest is handed off as it comes"
+            );
+            let mut read = read;
+            read.delivered.txn = Some(Place {
+                id: key.clone(),
+                index: 0,
+                size: None,
+            });
+            self.oversized = Some(Oversized { id: key, next: 1 });
+            return Ok(Some(read));
+        }
         self.read_transaction(read, key).map(Some)
     }
 
@@ -124,7 +144,8 @@ impl Session {
         let mut bytes = group[0].delivered.bytes;
         let mut after = None;
         let over = loop {
-            if group.len() >= MAX_SOURCE_TRANSACTION || bytes >= self.bounds.max_pending_bytes / 2 {
+            // One event past the bound tells a transaction of exactly the bound from a larger.
+            if group.len() > MAX_SOURCE_TRANSACTION || bytes >= self.bounds.max_pending_bytes / 2 {
                 break true;
             }
             match self.read_one()? {
@@ -140,6 +161,12 @@ impl Session {
             }
         };
         let count = group.len() as u32;
+        if !over {
+            if self.transactions_read.len() >= RECENT_TRANSACTIONS {
+                self.transactions_read.pop_front();
+            }
+            self.transactions_read.push_back(key.clone());
+        }
         if over {
             tracing::warn!(
                 transaction = %key,
@@ -147,7 +174,6 @@ impl Session {
                 "a source transaction of more than {MAX_SOURCE_TRANSACTION} events (or of more \
                  than half the pending bytes) is handed off in order in several transactions"
             );
-            self.committed.transactions.split += 1;
             self.oversized = Some(Oversized {
                 id: key.clone(),
                 next: count,

@@ -83,7 +83,8 @@ pub fn run(args: RunArgs) -> Result<super::Outcome> {
             follow,
         };
         // The deployment is reached while the policy loads.
-        let mut backends = Mongo::new(&args.uri, &plan.inputs, &plan.stream.config);
+        let mut backends = Mongo::new(&args.uri, &plan.inputs, &plan.stream.config)
+            .following(plan.follow.is_some());
         plan.run(|| args.policy.load(), &mut backends)
     })?;
     // A run that follows the stream ends by being stopped: that is a clean end.

@@ -52,6 +52,11 @@ impl Session {
                     .txn
                     .as_ref()
                     .is_some_and(|p| p.size.is_some() && p.boundary()),
+                txn_id: delivered.txn.as_ref().map(|p| p.id.clone()),
+                opens_oversized: delivered
+                    .txn
+                    .as_ref()
+                    .is_some_and(|p| p.size.is_none() && p.index == 0),
                 ..Planned::default()
             };
             if invalidate && self.outbox_options.invalidate_marker {
