@@ -1,7 +1,9 @@
 //! The JavaScript template: a standalone npm project (its `package.json` pins componentize-js) on
 //! the JavaScript SDK, which owns the run loop; the author writes `decide` (and `init`).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+
+use handoff_domain::error::Result;
 
 use super::{CONTRACT_WIT, SAMPLE_STREAM};
 
@@ -14,9 +16,10 @@ const README_MD: &str = include_str!("../templates/javascript/README.md.txt");
 const SDK_JS: &str = include_str!("../../../../guest/javascript/sdk/handoff.js");
 const FAKE_HOST_JS: &str = include_str!("../../../../guest/javascript/sdk/fake-host.js");
 
-/// The project's files for a policy called `name`.
-pub(super) fn files(name: &str) -> Vec<(PathBuf, String)> {
-    vec![
+/// The project's files for a policy called `name` (the JavaScript SDK is still copied into the
+/// project: an SDK directory is not used).
+pub(super) fn files(name: &str, _sdk: Option<&Path>) -> Result<Vec<(PathBuf, String)>> {
+    Ok(vec![
         ("package.json".into(), PACKAGE_JSON.replace("{name}", name)),
         (".gitignore".into(), "/node_modules\n/build\n".to_string()),
         ("wit/policy.wit".into(), CONTRACT_WIT.to_string()),
@@ -34,7 +37,7 @@ pub(super) fn files(name: &str) -> Vec<(PathBuf, String)> {
             "cases/sample/stream.jsonl".into(),
             SAMPLE_STREAM.to_string(),
         ),
-    ]
+    ])
 }
 
 #[cfg(test)]
@@ -43,7 +46,7 @@ mod tests {
 
     #[test]
     fn the_project_is_an_npm_package_pinning_its_toolchain() {
-        let files = files("shop-policy");
+        let files = files("shop-policy", None).unwrap();
         let package = &files
             .iter()
             .find(|(path, _)| path == &PathBuf::from("package.json"))
@@ -68,7 +71,7 @@ mod tests {
 
     #[test]
     fn the_component_imports_the_contract_this_host_implements() {
-        let files = files("shop-policy");
+        let files = files("shop-policy", None).unwrap();
         let component = &files
             .iter()
             .find(|(path, _)| path == &PathBuf::from("component.js"))
