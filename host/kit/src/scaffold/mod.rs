@@ -21,6 +21,7 @@ mod rust;
 use super::lang::Lang;
 
 /// The contract the SDK packages carry.
+#[cfg(test)]
 pub(crate) const CONTRACT_WIT: &str = include_str!("../../../../wit/policy.wit");
 
 /// The environment variable naming the directory that holds the SDK packages a new project
