@@ -367,7 +367,8 @@ fn policy_new_builds_tests_checks_and_passes_its_cases_as_generated() {
     );
     assert!(!root.join("handoff-policy-sdk").exists());
     assert!(!root.join("wit").exists());
-    // The policy as generated: a handful of lines besides comments and tests.
+    // The policy as generated is the smallest one: at most 5 lines besides comments and tests
+    // (the SDK's `policy!` makes a policy of one function), and no contract version.
     let lib = std::fs::read_to_string(root.join("src/lib.rs")).unwrap();
     let code = lib
         .split("#[cfg(test)]\nmod tests")
@@ -376,7 +377,8 @@ fn policy_new_builds_tests_checks_and_passes_its_cases_as_generated() {
         .lines()
         .filter(|line| !line.trim().is_empty() && !line.trim_start().starts_with("//"))
         .count();
-    assert!(code <= 10, "{code} lines:\n{lib}");
+    assert!(code <= 5, "{code} lines:\n{lib}");
+    assert!(!lib.contains("handoff:policy"), "{lib}");
     // Refuses to overwrite, refuses a bad name, and an SDK directory without the crate.
     assert_eq!(new("shop-policy").status.code(), Some(2));
     assert_eq!(new("Bad Name").status.code(), Some(2));
@@ -428,6 +430,16 @@ fn policy_new_builds_tests_checks_and_passes_its_cases_as_generated() {
     ]);
     assert_eq!(test.status.code(), Some(0), "{}", stdout(&test));
     assert!(stdout(&test).contains("1 passed, 0 failed"));
+    // As generated it is the default policy: it passes the default's cases.
+    let default_cases = workspace().join("guest/default/cases");
+    let default = policy(&[
+        "test",
+        "--policy",
+        wasm.to_str().unwrap(),
+        default_cases.to_str().unwrap(),
+    ]);
+    assert_eq!(default.status.code(), Some(0), "{}", stdout(&default));
+    assert!(stdout(&default).contains(" passed, 0 failed"), "{}", stdout(&default));
 
     // A fix to the SDK, released as a new version, reaches the existing project by moving to it.
     let (major_minor, patch) = version.rsplit_once('.').unwrap();

@@ -219,6 +219,9 @@ def test_a_new_python_project_builds_checks_and_passes_its_cases(env, sdk_dir, t
     tested = handoff(env, "policy", "test", "--policy", wasm, project / "cases")
     assert tested.returncode == 0, tested.stdout + tested.stderr
     assert any(line.split()[:2] == ["ok", "sample"] for line in tested.stdout.splitlines()), tested.stdout
+    # As generated it is the default policy: it passes the default's cases.
+    default = handoff(env, "policy", "test", "--policy", wasm, WORKSPACE / "guest/default/cases")
+    assert default.returncode == 0 and " passed, 0 failed" in default.stdout, default.stdout + default.stderr
 
     # An edited decide: deletes are skipped. The sample (recorded with the default) now differs.
     policy = project / "policy.py"
