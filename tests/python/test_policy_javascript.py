@@ -164,10 +164,15 @@ def test_a_new_project_builds_checks_and_passes_its_sample(env, project):
 def test_an_edited_decide_changes_the_results(env, project, tmp_path):
     project, build = project
     ok(build)
-    # A copy of the project sharing its installed toolchain.
+    # A copy of the project sharing its installed toolchain; the SDK is copied (the engine reads
+    # the component's sources from inside the project only).
     edited = tmp_path / "edited"
     shutil.copytree(project, edited, ignore=shutil.ignore_patterns("node_modules", "build"))
-    (edited / "node_modules").symlink_to(project / "node_modules")
+    (edited / "node_modules").mkdir()
+    for installed in (project / "node_modules").iterdir():
+        if installed.name != "handoff-policy":
+            (edited / "node_modules" / installed.name).symlink_to(installed)
+    shutil.copytree(project / "node_modules" / "handoff-policy", edited / "node_modules" / "handoff-policy")
     policy = edited / "policy.js"
     source = policy.read_text()
     source = source.replace(
