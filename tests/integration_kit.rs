@@ -439,7 +439,11 @@ fn policy_new_builds_tests_checks_and_passes_its_cases_as_generated() {
         default_cases.to_str().unwrap(),
     ]);
     assert_eq!(default.status.code(), Some(0), "{}", stdout(&default));
-    assert!(stdout(&default).contains(" passed, 0 failed"), "{}", stdout(&default));
+    assert!(
+        stdout(&default).contains(" passed, 0 failed"),
+        "{}",
+        stdout(&default)
+    );
 
     // A fix to the SDK, released as a new version, reaches the existing project by moving to it.
     let (major_minor, patch) = version.rsplit_once('.').unwrap();

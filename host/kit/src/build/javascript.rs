@@ -153,7 +153,10 @@ mod tests {
     fn the_entry_and_the_contract_are_the_sdk_packages_unless_the_project_has_its_own() {
         let dir = tempfile::tempdir().unwrap();
         let error = entry_and_contract(dir.path()).unwrap_err().to_string();
-        assert!(error.contains(SDK_ENTRY) && error.contains("npm install"), "{error}");
+        assert!(
+            error.contains(SDK_ENTRY) && error.contains("npm install"),
+            "{error}"
+        );
         let package = dir.path().join("node_modules/handoff-policy");
         std::fs::create_dir_all(package.join("wit")).unwrap();
         std::fs::write(package.join("component.js"), "").unwrap();

@@ -174,7 +174,12 @@ mod tests {
             .iter()
             .filter_map(|f| f.as_str())
             .collect();
-        for file in ["handoff.js", "fake-host.js", "component.js", "wit/policy.wit"] {
+        for file in [
+            "handoff.js",
+            "fake-host.js",
+            "component.js",
+            "wit/policy.wit",
+        ] {
             assert!(shipped.contains(&file), "{file} not in {shipped:?}");
         }
     }
