@@ -350,8 +350,19 @@ fn a_forecast_of_a_consumer_falling_behind_comes_true_within_its_tolerance() {
             support::stderr(out)
         );
         throttled += 1;
-        // The forecast fits the last runs: all of them at the throttled rate.
-        throttled > handoff::domain::forecast::FIT_RUNS
+        // The forecast fits the last runs: all of them at the throttled rate. The run's own
+        // outputs then forecast the loss too (counting the run itself).
+        let done = throttled > handoff::domain::forecast::FIT_RUNS;
+        if done {
+            let outputs = support::ok(out);
+            assert!(
+                outputs["history_loss_eta_seconds"]
+                    .as_i64()
+                    .is_some_and(|eta| eta > 0),
+                "{outputs}"
+            );
+        }
+        done
     });
     let status = status_json(&live, &[]);
     let forecast_at = Instant::now();

@@ -290,57 +290,118 @@ fn policy_check_tells_what_a_file_is_and_refuses_what_the_host_would() {
     assert!(stderr(&output).contains("core WebAssembly module"));
 }
 
+/// The SDK crate as `cargo package` builds it, unpacked into `dir` (what `HANDOFF_SDK_DIR`
+/// holds), offline; its version.
+fn packaged_sdk(dir: &Path) -> String {
+    let target = Path::new(env!("CARGO_TARGET_TMPDIR")).join("sdk-package");
+    let output = Command::new(env!("CARGO"))
+        .args([
+            "package",
+            "-p",
+            "handoff-policy-sdk",
+            "--no-verify",
+            "--offline",
+        ])
+        .args(["--allow-dirty", "--quiet", "--target-dir"])
+        .arg(&target)
+        .current_dir(workspace())
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "cargo package: {}",
+        stderr(&output)
+    );
+    let manifest: toml::Table = std::fs::read_to_string(workspace().join("guest/sdk/Cargo.toml"))
+        .unwrap()
+        .parse()
+        .unwrap();
+    let version = manifest["package"]["version"].as_str().unwrap().to_string();
+    std::fs::create_dir_all(dir).unwrap();
+    let crate_file = target.join(format!("package/handoff-policy-sdk-{version}.crate"));
+    let unpacked = Command::new("tar")
+        .arg("-xzf")
+        .arg(&crate_file)
+        .arg("-C")
+        .arg(dir)
+        .status()
+        .unwrap();
+    assert!(unpacked.success());
+    version
+}
+
 #[test]
 fn policy_new_builds_tests_checks_and_passes_its_cases_as_generated() {
     let s = Scratch::new();
-    let output = policy(&[
-        "new",
-        "shop-policy",
-        "--dir",
-        s.dir.path().to_str().unwrap(),
-    ]);
+    let sdk = s.path("sdk");
+    let version = packaged_sdk(&sdk);
+    let new = |name: &str| {
+        handoff()
+            .args(["policy", "new", name, "--dir"])
+            .arg(s.dir.path())
+            .env("HANDOFF_SDK_DIR", &sdk)
+            .output()
+            .unwrap()
+    };
+    let output = new("shop-policy");
     assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
     let root = s.path("shop-policy");
     for file in [
         "Cargo.toml",
         "rust-toolchain.toml",
-        "handoff-policy-sdk/Cargo.toml",
-        "handoff-policy-sdk/src/lib.rs",
-        "handoff-policy-sdk/wit/policy.wit",
+        ".cargo/config.toml",
         "src/lib.rs",
         "README.md",
         "cases/sample/case.json",
     ] {
         assert!(root.join(file).exists(), "{file}");
     }
+    // The project names the SDK by version and carries none of it.
+    let manifest: toml::Table = std::fs::read_to_string(root.join("Cargo.toml"))
+        .unwrap()
+        .parse()
+        .unwrap();
     assert_eq!(
-        std::fs::read_to_string(root.join("handoff-policy-sdk/wit/policy.wit")).unwrap(),
-        std::fs::read_to_string(workspace().join("wit/policy.wit")).unwrap()
+        manifest["dependencies"]["handoff-policy-sdk"].as_str(),
+        Some(version.as_str())
     );
-    // Refuses to overwrite, and refuses a bad name.
-    assert_eq!(
-        policy(&[
-            "new",
-            "shop-policy",
-            "--dir",
-            s.dir.path().to_str().unwrap()
-        ])
-        .status
-        .code(),
-        Some(2)
+    assert!(!root.join("handoff-policy-sdk").exists());
+    assert!(!root.join("wit").exists());
+    // The policy as generated is the smallest one: at most 5 lines besides comments and tests
+    // (the SDK's `policy!` makes a policy of one function), and no contract version.
+    let lib = std::fs::read_to_string(root.join("src/lib.rs")).unwrap();
+    let code = lib
+        .split("#[cfg(test)]\nmod tests")
+        .next()
+        .unwrap()
+        .lines()
+        .filter(|line| !line.trim().is_empty() && !line.trim_start().starts_with("//"))
+        .count();
+    assert!(code <= 5, "{code} lines:\n{lib}");
+    assert!(!lib.contains("handoff:policy"), "{lib}");
+    // Refuses to overwrite, refuses a bad name, and an SDK directory without the crate.
+    assert_eq!(new("shop-policy").status.code(), Some(2));
+    assert_eq!(new("Bad Name").status.code(), Some(2));
+    let missing = handoff()
+        .args(["policy", "new", "elsewhere", "--dir"])
+        .arg(s.dir.path())
+        .env("HANDOFF_SDK_DIR", s.dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(missing.status.code(), Some(2));
+    assert!(
+        stderr(&missing).contains(&format!("no handoff-policy-sdk-{version}/Cargo.toml")),
+        "{}",
+        stderr(&missing)
     );
-    assert_eq!(
-        policy(&["new", "Bad Name", "--dir", s.dir.path().to_str().unwrap()])
-            .status
-            .code(),
-        Some(2)
-    );
+    assert!(!s.path("elsewhere").exists());
 
-    // The generated crate, built the way its README says (sharing one target directory).
+    // The generated crate, built the way its README says (sharing one target directory), offline.
     let target = Path::new(env!("CARGO_TARGET_TMPDIR")).join("scaffold-build");
     let cargo = |args: &[&str]| {
         let output = Command::new(env!("CARGO"))
             .args(args)
+            .arg("--offline")
             .current_dir(&root)
             .env("CARGO_TARGET_DIR", &target)
             .env_remove("RUSTFLAGS")
@@ -369,6 +430,62 @@ fn policy_new_builds_tests_checks_and_passes_its_cases_as_generated() {
     ]);
     assert_eq!(test.status.code(), Some(0), "{}", stdout(&test));
     assert!(stdout(&test).contains("1 passed, 0 failed"));
+    // As generated it is the default policy: it passes the default's cases.
+    let default_cases = workspace().join("guest/default/cases");
+    let default = policy(&[
+        "test",
+        "--policy",
+        wasm.to_str().unwrap(),
+        default_cases.to_str().unwrap(),
+    ]);
+    assert_eq!(default.status.code(), Some(0), "{}", stdout(&default));
+    assert!(
+        stdout(&default).contains(" passed, 0 failed"),
+        "{}",
+        stdout(&default)
+    );
+
+    // A fix to the SDK, released as a new version, reaches the existing project by moving to it.
+    let (major_minor, patch) = version.rsplit_once('.').unwrap();
+    let fixed = format!("{major_minor}.{}", patch.parse::<u32>().unwrap() + 1);
+    let released = sdk.join(format!("handoff-policy-sdk-{fixed}"));
+    let copied = Command::new("cp")
+        .arg("-R")
+        .arg(sdk.join(format!("handoff-policy-sdk-{version}")))
+        .arg(&released)
+        .status()
+        .unwrap();
+    assert!(copied.success());
+    let edit = |path: &Path, from: &str, to: &str| {
+        let text = std::fs::read_to_string(path).unwrap();
+        assert!(text.contains(from), "{}: no {from}", path.display());
+        std::fs::write(path, text.replacen(from, to, 1)).unwrap();
+    };
+    edit(
+        &released.join("Cargo.toml"),
+        &format!("version = \"{version}\""),
+        &format!("version = \"{fixed}\""),
+    );
+    let lib_rs = released.join("src/lib.rs");
+    let mut sdk_lib = std::fs::read_to_string(&lib_rs).unwrap();
+    sdk_lib.push_str("\n/// The fix of this release.\npub const FIXED: bool = true;\n");
+    std::fs::write(&lib_rs, sdk_lib).unwrap();
+    edit(
+        &root.join("Cargo.toml"),
+        &format!("handoff-policy-sdk = \"{version}\""),
+        &format!("handoff-policy-sdk = \"{fixed}\""),
+    );
+    edit(
+        &root.join(".cargo/config.toml"),
+        &format!("handoff-policy-sdk-{version}"),
+        &format!("handoff-policy-sdk-{fixed}"),
+    );
+    edit(
+        &root.join("src/lib.rs"),
+        "    #[test]\n",
+        "    #[test]\n    fn the_sdk_fix_is_here() {\n        assert!(handoff_policy_sdk::FIXED);\n    }\n\n    #[test]\n",
+    );
+    assert!(cargo(&["test"]).contains("test result: ok. 3 passed"));
 }
 
 #[test]

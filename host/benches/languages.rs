@@ -68,7 +68,8 @@ fn toolchains() -> String {
     )
 }
 
-/// Builds the Python default as the suite does (guest/python/README.md).
+/// Builds the Python default as the suite does (guest/python/README.md): the contract is the SDK
+/// package's (`guest/python/handoff_policy/componentize-py.toml` names its `wit/`).
 fn build_python(dir: &Path, path: &str) -> PathBuf {
     let root = workspace();
     let out = dir.join("python-default.wasm");
@@ -76,14 +77,7 @@ fn build_python(dir: &Path, path: &str) -> PathBuf {
         Command::new("componentize-py")
             .env("PATH", path)
             .current_dir(&root)
-            .args([
-                "-d",
-                "wit",
-                "-w",
-                "handoff-policy",
-                "componentize",
-                "handoff_policy",
-            ])
+            .args(["-w", "handoff-policy", "componentize", "handoff_policy"])
             .args(["-p", "guest/python/default", "-p", "guest/python", "-o"])
             .arg(&out),
         "componentize-py",

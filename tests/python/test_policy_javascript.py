@@ -1,9 +1,13 @@
 """JavaScript policies end to end: the default policy on the JavaScript SDK (guest/javascript)
-passes the default's cases, and a project from `handoff policy new --lang javascript` builds,
-checks, passes its sample case and changes its results when its decisions change; `backfill` and
-`reconcile --repair` hand their documents to the same `decide` as snapshot events.
+passes the default's cases, and a project from `handoff policy new --lang javascript` names the
+SDK package by version and carries none of it, installs it offline, builds, checks, passes its
+sample case and the default's cases, changes its results when its decisions change, and gets a fix
+released as a new SDK version by moving to it; `backfill` and `reconcile --repair` hand their
+documents to the same `decide` as snapshot events.
 
 Needs Node.js and npm, and guest/javascript/node_modules (tests/run installs it with `npm ci`).
+The SDK's tarball is HANDOFF_SDK_DIR's (tests/run packs it there), else one this module packs
+offline from guest/javascript/sdk.
 The compiled components are kept in one artifact cache for the module (HANDOFF_CACHE_DIR), so
 each is compiled once."""
 
@@ -21,6 +25,7 @@ from bson import json_util
 from handoff_cli import HANDOFF_BIN, WORKSPACE
 
 GUEST = WORKSPACE / "guest" / "javascript"
+SDK_VERSION = json.loads((GUEST / "sdk" / "package.json").read_text())["version"]
 DEFAULT_CASES = WORKSPACE / "guest" / "default" / "cases"
 # Compiling a JavaScript component (its engine is several MiB of code) under a debug host is slow.
 TIMEOUT = 1800
@@ -49,6 +54,29 @@ def handoff(env, *args, cwd=None):
 def ok(proc):
     assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
     return proc.stdout
+
+
+def pack(source, into):
+    """The SDK package in `source` packed offline into `into`; the tarball's path."""
+    proc = subprocess.run(["npm", "pack", "--offline", "--pack-destination", str(into)],
+                          cwd=source, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return into / proc.stdout.strip().splitlines()[-1]
+
+
+@pytest.fixture(scope="module")
+def sdk_dir(tmp_path_factory):
+    """The directory holding the SDK's tarball: HANDOFF_SDK_DIR when it holds this version's."""
+    given = os.environ.get("HANDOFF_SDK_DIR")
+    if given and (Path(given) / f"handoff-policy-{SDK_VERSION}.tgz").is_file():
+        return Path(given)
+    packed = tmp_path_factory.mktemp("sdk")
+    pack(GUEST / "sdk", packed)
+    return packed
+
+
+def code_lines(source):
+    return [line for line in source.splitlines() if line.strip() and not line.strip().startswith("//")]
 
 
 def componentized(env, folder, name, decisions, *options):
@@ -94,14 +122,23 @@ def test_the_default_policy_in_javascript_passes_the_default_cases(env):
 
 
 @pytest.fixture(scope="module")
-def project(env, tmp_path_factory):
-    """`policy new x --lang javascript` then `policy build` (npm install, componentize-js, check)."""
+def project(env, sdk_dir, tmp_path_factory):
+    """`policy new x --lang javascript` with the SDK packages' directory, then `policy build`
+    (npm install, componentize-js, check)."""
     root = tmp_path_factory.mktemp("js-project")
-    out = ok(handoff(env, "policy", "new", "x", "--lang", "javascript", "--dir", root))
+    out = ok(handoff({**env, "HANDOFF_SDK_DIR": str(sdk_dir)}, "policy", "new", "x", "--lang", "javascript", "--dir", root))
     assert "created" in out
     project = root / "x"
-    for name in ["package.json", "policy.js", "policy.test.js", "handoff.js", "component.js", "wit/policy.wit", "README.md"]:
+    for name in ["package.json", "policy.js", "policy.test.js", "README.md"]:
         assert (project / name).is_file(), name
+    # No SDK source, no entry and no contract: the SDK is named by version and brings them.
+    for name in ["handoff.js", "fake-host.js", "component.js", "wit"]:
+        assert not (project / name).exists(), name
+    package = json.loads((project / "package.json").read_text())
+    assert package["dependencies"] == {"handoff-policy": f"file:{sdk_dir / f'handoff-policy-{SDK_VERSION}.tgz'}"}
+    assert "handoff:policy" not in (project / "policy.js").read_text()
+    # The smallest policy is the generated one: at most 5 lines of code.
+    assert len(code_lines((project / "policy.js").read_text())) <= 5, (project / "policy.js").read_text()
     assert '"expect"' in (project / "cases" / "sample" / "case.json").read_text()
     build = handoff(env, "policy", "build", project)
     return project, build
@@ -117,19 +154,31 @@ def test_a_new_project_builds_checks_and_passes_its_sample(env, project):
     assert "# fail 0" in ok(run(["npm", "test"], env, cwd=project))
     ok(policy_test(env, wasm, project / "cases"))
     # As generated it is the default policy.
-    ok(handoff(env, "policy", "test", "--policy", wasm, DEFAULT_CASES))
+    out = ok(handoff(env, "policy", "test", "--policy", wasm, DEFAULT_CASES))
+    assert " passed, 0 failed" in out, out
+    # The SDK the build used is the installed package, at the version the project names.
+    installed = json.loads((project / "node_modules" / "handoff-policy" / "package.json").read_text())
+    assert installed["version"] == SDK_VERSION
 
 
 def test_an_edited_decide_changes_the_results(env, project, tmp_path):
     project, build = project
     ok(build)
-    # A copy of the project sharing its installed toolchain.
+    # A copy of the project sharing its installed toolchain; the SDK is copied (the engine reads
+    # the component's sources from inside the project only).
     edited = tmp_path / "edited"
     shutil.copytree(project, edited, ignore=shutil.ignore_patterns("node_modules", "build"))
-    (edited / "node_modules").symlink_to(project / "node_modules")
+    (edited / "node_modules").mkdir()
+    for installed in (project / "node_modules").iterdir():
+        if installed.name != "handoff-policy":
+            (edited / "node_modules" / installed.name).symlink_to(installed)
+    shutil.copytree(project / "node_modules" / "handoff-policy", edited / "node_modules" / "handoff-policy")
     policy = edited / "policy.js"
     source = policy.read_text()
-    source = source.replace("import { handOff } from './handoff.js';", "import { handOff, skip } from './handoff.js';")
+    source = source.replace(
+        "import { handOff } from './node_modules/handoff-policy/handoff.js';",
+        "import { handOff, skip } from './node_modules/handoff-policy/handoff.js';",
+    )
     source = source.replace(
         "  return handOff(event.id);",
         "  if (event.operationType === 'delete') return skip('deletes stay in the source');\n  return handOff(event.id);",
@@ -146,6 +195,42 @@ def test_an_edited_decide_changes_the_results(env, project, tmp_path):
     expected = (edited / "cases" / "sample" / "case.json").read_text()
     assert '"events_skipped": 1' in expected, expected
     ok(handoff(env, "policy", "test", "--policy", wasm, edited / "cases"))
+
+
+def test_a_fix_to_the_sdk_reaches_an_existing_project_by_its_new_version(env, project, tmp_path):
+    project, build = project
+    ok(build)
+    # A copy of the project, installed as its author installs it (offline: the npm cache and the
+    # SDK's tarball).
+    kept = tmp_path / "kept"
+    shutil.copytree(project, kept, ignore=shutil.ignore_patterns("node_modules", "build"))
+    install = ["npm", "install", "--offline", "--no-audit", "--no-fund"]
+    ok(run(install, env, cwd=kept))
+    probe = ["node", "--input-type=module", "--eval",
+             "import * as sdk from 'handoff-policy'; console.log(sdk.FIXED === true)"]  # fmt: skip
+    assert ok(run(probe, env, cwd=kept)).split() == ["false"]
+
+    # The next SDK release: a fix, and the version moved on.
+    source = tmp_path / "sdk-source"
+    shutil.copytree(GUEST / "sdk", source)
+    major_minor, patch = SDK_VERSION.rsplit(".", 1)
+    fixed = f"{major_minor}.{int(patch) + 1}"
+    manifest = json.loads((source / "package.json").read_text())
+    manifest["version"] = fixed
+    (source / "package.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    with open(source / "handoff.js", "a") as module:
+        module.write("\n/** The fix of this release. */\nexport const FIXED = true;\n")
+    released = pack(source, tmp_path)
+    assert released.name == f"handoff-policy-{fixed}.tgz"
+
+    # The project moves to it: its dependency names the new release, then `npm install`.
+    package = json.loads((kept / "package.json").read_text())
+    package["dependencies"]["handoff-policy"] = f"file:{released}"
+    (kept / "package.json").write_text(json.dumps(package, indent=2) + "\n")
+    ok(run(install, env, cwd=kept))
+    assert json.loads((kept / "node_modules" / "handoff-policy" / "package.json").read_text())["version"] == fixed
+    assert ok(run(probe, env, cwd=kept)).split() == ["true"]
+    assert "# fail 0" in ok(run(["npm", "test"], env, cwd=kept))
 
 
 FETCHER = """\

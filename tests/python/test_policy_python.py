@@ -1,8 +1,12 @@
 """Python policies end to end: the default policy written in Python (guest/python/default on the
-SDK guest/python/handoff_policy.py) built with componentize-py passes the default's cases and
-replays like the Rust default; `policy new --lang python` → `policy build` → `policy check` →
-`policy test` works as generated, and an edited `decide` changes the results; `backfill` and
-`reconcile --repair` hand their documents to the same `decide` as snapshot events.
+SDK package guest/python/handoff_policy) built with componentize-py passes the default's cases and
+replays like the Rust default; `policy new --lang python` → the SDK wheel installed by version →
+`policy build` → `policy check` → `policy test` works as generated, an edited `decide` changes the
+results, and a fix released as a new SDK version reaches the project by moving to it; `backfill`
+and `reconcile --repair` hand their documents to the same `decide` as snapshot events.
+
+The SDK wheel is HANDOFF_SDK_DIR's (tests/run builds it there), else one this module builds
+offline from guest/python.
 
 componentize-py is the pinned one tests/run installs into this virtual environment
 (tests/python/requirements-componentize-py.txt); it missing is a failure, not a skip.
@@ -11,6 +15,7 @@ componentize-py is the pinned one tests/run installs into this virtual environme
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import uuid
@@ -27,6 +32,47 @@ PIN = next(
     if line.startswith("componentize-py==")
 )
 COMPONENTIZE_PY = Path(sys.executable).parent / "componentize-py"
+SDK_VERSION = next(
+    line.split('"')[1]
+    for line in (WORKSPACE / "guest/python/pyproject.toml").read_text().splitlines()
+    if line.startswith("version = ")
+)
+
+
+def build_wheel(source, into):
+    """The SDK's wheel from `source`, built offline with the installed build backend."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--disable-pip-version-check", "--no-index",
+         "--no-deps", "--no-build-isolation", "-w", str(into), str(source)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.fixture(scope="module")
+def sdk_dir(tmp_path_factory):
+    """The directory holding the SDK's wheel: HANDOFF_SDK_DIR when it holds this version's."""
+    given = os.environ.get("HANDOFF_SDK_DIR")
+    if given and (Path(given) / f"handoff_policy-{SDK_VERSION}-py3-none-any.whl").is_file():
+        return Path(given)
+    built = tmp_path_factory.mktemp("sdk")
+    build_wheel(WORKSPACE / "guest/python", built)
+    return built
+
+
+def project_venv(project, sdk):
+    """The project's virtual environment with its requirements installed offline (the SDK by
+    version from `sdk`, as its requirements.txt says); its Python."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(project / ".venv")], check=True)
+    python = project / ".venv" / "bin" / "python"
+    # The test environment's pip installs into the project's environment.
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--disable-pip-version-check",
+         "--no-index", "--find-links", str(sdk), "-r", str(project / "requirements.txt")],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return python
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +129,7 @@ def componentized(env, decisions, wasm):
     proc = subprocess.run(
         [
             str(COMPONENTIZE_PY),
-            "-d", "wit", "-w", "handoff-policy",
+            "-w", "handoff-policy",
             "componentize", "handoff_policy",
             "-p", str(decisions), "-p", "guest/python",
             "-o", str(wasm),
@@ -141,21 +187,29 @@ def test_the_python_default_replays_like_the_rust_default(env, python_default, t
     assert python_state == rust_state
 
 
-def test_a_new_python_project_builds_checks_and_passes_its_cases(env, tmp_path):
-    created = handoff(env, "policy", "new", "shop", "--lang", "python", "--dir", tmp_path)
+def test_a_new_python_project_builds_checks_and_passes_its_cases(env, sdk_dir, tmp_path):
+    created = handoff({**env, "HANDOFF_SDK_DIR": str(sdk_dir)}, "policy", "new", "shop", "--lang", "python", "--dir", tmp_path)
     assert created.returncode == 0, created.stdout + created.stderr
     project = tmp_path / "shop"
-    for name in ("policy.py", "handoff_policy.py", "test_policy.py", "pyproject.toml", "README.md", "wit/policy.wit"):
+    for name in ("policy.py", "test_policy.py", "pyproject.toml", "requirements.txt", "README.md"):
         assert (project / name).is_file(), name
-    assert (project / "handoff_policy.py").read_text() == (WORKSPACE / "guest/python/handoff_policy.py").read_text()
-    assert (project / "wit/policy.wit").read_text() == (WORKSPACE / "wit/policy.wit").read_text()
+    # No SDK source and no contract: the SDK is named by version, and brings the contract.
+    assert not (project / "handoff_policy.py").exists() and not (project / "wit").exists()
+    requirements = (project / "requirements.txt").read_text().splitlines()
+    assert f"handoff-policy=={SDK_VERSION}" in requirements, requirements
+    assert f"--find-links {sdk_dir}" in requirements, requirements
     assert f'componentize-py = "{PIN}"' in (project / "pyproject.toml").read_text()
     assert (project / "cases/sample/case.json").is_file()
+    # The smallest policy: the generated one is three lines of code besides its comments.
+    code = [line for line in (project / "policy.py").read_text().splitlines() if line.strip() and not line.startswith("#")]
+    assert len(code) <= 5, code
 
-    # Its unit tests, with plain CPython.
-    unit = subprocess.run([sys.executable, "-m", "unittest", "-q"], cwd=project, capture_output=True, text=True)
+    # The SDK installed by version into the project's environment; the unit tests, with CPython.
+    python = project_venv(project, sdk_dir)
+    unit = subprocess.run([str(python), "-m", "unittest", "-q"], cwd=project, capture_output=True, text=True)
     assert unit.returncode == 0, unit.stdout + unit.stderr
 
+    env = {**env, "VIRTUAL_ENV": str(project / ".venv")}
     built = handoff(env, "policy", "build", project)
     assert built.returncode == 0, built.stdout + built.stderr
     assert "verdict:   this host runs it" in built.stdout
@@ -165,6 +219,9 @@ def test_a_new_python_project_builds_checks_and_passes_its_cases(env, tmp_path):
     tested = handoff(env, "policy", "test", "--policy", wasm, project / "cases")
     assert tested.returncode == 0, tested.stdout + tested.stderr
     assert any(line.split()[:2] == ["ok", "sample"] for line in tested.stdout.splitlines()), tested.stdout
+    # As generated it is the default policy: it passes the default's cases.
+    default = handoff(env, "policy", "test", "--policy", wasm, WORKSPACE / "guest/default/cases")
+    assert default.returncode == 0 and " passed, 0 failed" in default.stdout, default.stdout + default.stderr
 
     # An edited decide: deletes are skipped. The sample (recorded with the default) now differs.
     policy = project / "policy.py"
@@ -192,8 +249,43 @@ def test_a_new_python_project_builds_checks_and_passes_its_cases(env, tmp_path):
     assert passed.returncode == 0, passed.stdout + passed.stderr
 
 
+def test_a_fix_to_the_sdk_reaches_an_existing_project_by_its_new_version(env, sdk_dir, tmp_path):
+    created = handoff({**env, "HANDOFF_SDK_DIR": str(sdk_dir)}, "policy", "new", "kept", "--lang", "python", "--dir", tmp_path)
+    assert created.returncode == 0, created.stdout + created.stderr
+    project = tmp_path / "kept"
+    python = project_venv(project, sdk_dir)
+    probe = [str(python), "-c", "import handoff_policy as h; print(getattr(h, 'FIXED', False))"]
+    assert subprocess.run(probe, cwd=project, capture_output=True, text=True).stdout.split() == ["False"]
+
+    # The next SDK release: a fix, and the version moved on.
+    source = tmp_path / "sdk-source"
+    shutil.copytree(WORKSPACE / "guest/python", source, ignore=shutil.ignore_patterns("__pycache__", "default"))
+    major_minor, patch = SDK_VERSION.rsplit(".", 1)
+    fixed = f"{major_minor}.{int(patch) + 1}"
+    pyproject = source / "pyproject.toml"
+    pyproject.write_text(pyproject.read_text().replace(f'version = "{SDK_VERSION}"', f'version = "{fixed}"'))
+    module = source / "handoff_policy" / "__init__.py"
+    module.write_text(module.read_text() + "\n\nFIXED = True\n")
+    released = tmp_path / "released"
+    build_wheel(source, released)
+    assert (released / f"handoff_policy-{fixed}-py3-none-any.whl").is_file()
+
+    # The project moves to it: one line of its requirements, then the same install.
+    requirements = project / "requirements.txt"
+    requirements.write_text(requirements.read_text().replace(f"handoff-policy=={SDK_VERSION}", f"handoff-policy=={fixed}"))
+    upgrade = subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--disable-pip-version-check",
+         "--no-index", "--find-links", str(released), "-r", str(requirements)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert upgrade.returncode == 0, upgrade.stdout + upgrade.stderr
+    assert subprocess.run(probe, cwd=project, capture_output=True, text=True).stdout.split() == ["True"]
+    unit = subprocess.run([str(python), "-m", "unittest", "-q"], cwd=project, capture_output=True, text=True)
+    assert unit.returncode == 0, unit.stdout + unit.stderr
+
+
 def test_building_without_the_pinned_componentize_py_says_what_to_install(env, tmp_path):
-    created = handoff(env, "policy", "new", "pinned", "--lang", "python", "--dir", tmp_path)
+    created = handoff({k: v for k, v in env.items() if k != "HANDOFF_SDK_DIR"}, "policy", "new", "pinned", "--lang", "python", "--dir", tmp_path)
     assert created.returncode == 0, created.stdout + created.stderr
     project = tmp_path / "pinned"
 

@@ -73,6 +73,7 @@ pub mod fake;
 
 use sha2::{Digest, Sha256};
 
+mod function;
 mod types;
 pub use types::*;
 

@@ -1,5 +1,9 @@
 //! Builds a JavaScript policy project with componentize-js, the version its `package.json` pins,
 //! from the project's `node_modules` (installed with `npm ci` or `npm install` when missing).
+//! The component's entry and the contract are the SDK package's
+//! (`node_modules/handoff-policy/component.js`, which exports the project's `policy.js`, and its
+//! `wit/policy.wit`); a project that carries its own `component.js` and `wit/` (one generated
+//! before the SDK was a package) is built from those.
 //!
 //! The component is `build/policy.wasm`. componentize-js runs with its default features except
 //! `http` and `fetch-event`, which import `wasi:http`: the host does not grant it.
@@ -12,6 +16,9 @@ use std::path::{Path, PathBuf};
 const OUTPUT: &str = "build/policy.wasm";
 /// The toolchain package, pinned by the project's `package.json`.
 const COMPONENTIZE_JS: &str = "@bytecodealliance/componentize-js";
+/// The SDK package's entry and contract, relative to the project.
+const SDK_ENTRY: &str = "node_modules/handoff-policy/component.js";
+const SDK_CONTRACT: &str = "node_modules/handoff-policy/wit/policy.wit";
 
 pub(super) fn build(dir: &Path) -> Result<PathBuf> {
     require_node()?;
@@ -29,6 +36,7 @@ pub(super) fn build(dir: &Path) -> Result<PathBuf> {
         )?;
     }
     let cli = toolchain_cli(dir)?;
+    let (entry, contract) = entry_and_contract(dir)?;
     let output = dir.join(OUTPUT);
     if let Some(parent) = output.parent() {
         std::fs::create_dir_all(parent).map_err(|e| {
@@ -50,7 +58,7 @@ pub(super) fn build(dir: &Path) -> Result<PathBuf> {
         dir,
         toolchain("node").arg(&cli).args([
             "--wit",
-            "wit/policy.wit",
+            contract,
             "--world-name",
             "handoff-policy",
             "--disable",
@@ -58,7 +66,7 @@ pub(super) fn build(dir: &Path) -> Result<PathBuf> {
             "fetch-event",
             "--out",
             OUTPUT,
-            "component.js",
+            entry,
         ]),
         "componentize-js",
     )?;
@@ -69,6 +77,23 @@ pub(super) fn build(dir: &Path) -> Result<PathBuf> {
         )));
     }
     Ok(output)
+}
+
+/// The component's entry and the contract it is built against, relative to `dir`: the project's
+/// own when it carries them, else the SDK package's.
+fn entry_and_contract(dir: &Path) -> Result<(&'static str, &'static str)> {
+    if dir.join("component.js").is_file() && dir.join("wit/policy.wit").is_file() {
+        return Ok(("component.js", "wit/policy.wit"));
+    }
+    for file in [SDK_ENTRY, SDK_CONTRACT] {
+        if !dir.join(file).is_file() {
+            return Err(HandoffError::BadInput(format!(
+                "{} has no {file}: the project depends on the SDK package handoff-policy (package.json's dependencies), which `npm install` installs",
+                dir.display()
+            )));
+        }
+    }
+    Ok((SDK_ENTRY, SDK_CONTRACT))
 }
 
 /// npm's program name (a batch file on Windows).
@@ -123,6 +148,33 @@ fn toolchain_cli(dir: &Path) -> Result<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_entry_and_the_contract_are_the_sdk_packages_unless_the_project_has_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let error = entry_and_contract(dir.path()).unwrap_err().to_string();
+        assert!(
+            error.contains(SDK_ENTRY) && error.contains("npm install"),
+            "{error}"
+        );
+        let package = dir.path().join("node_modules/handoff-policy");
+        std::fs::create_dir_all(package.join("wit")).unwrap();
+        std::fs::write(package.join("component.js"), "").unwrap();
+        let error = entry_and_contract(dir.path()).unwrap_err().to_string();
+        assert!(error.contains(SDK_CONTRACT), "{error}");
+        std::fs::write(package.join("wit/policy.wit"), "").unwrap();
+        assert_eq!(
+            entry_and_contract(dir.path()).unwrap(),
+            (SDK_ENTRY, SDK_CONTRACT)
+        );
+        std::fs::create_dir_all(dir.path().join("wit")).unwrap();
+        std::fs::write(dir.path().join("component.js"), "").unwrap();
+        std::fs::write(dir.path().join("wit/policy.wit"), "").unwrap();
+        assert_eq!(
+            entry_and_contract(dir.path()).unwrap(),
+            ("component.js", "wit/policy.wit")
+        );
+    }
 
     #[test]
     fn the_toolchain_is_the_projects_own_componentize_js() {

@@ -1,6 +1,8 @@
-//! Builds a Python policy project with componentize-py: `policy.py` (the decisions) on
-//! `handoff_policy.py` (the SDK, the component's entry module) against `wit/policy.wit`, into
-//! `build/policy.wasm`.
+//! Builds a Python policy project with componentize-py: `policy.py` (the decisions) on the SDK
+//! package `handoff_policy` (the component's entry module, installed in the project's virtual
+//! environment, which componentize-py searches through `VIRTUAL_ENV`), into `build/policy.wasm`.
+//! The contract comes with the SDK (its `componentize-py.toml` names its `wit/`); a project that
+//! carries its own `wit/` (one generated before the SDK was a package) is built against that.
 //!
 //! componentize-py is `HANDOFF_COMPONENTIZE_PY` when set, else `componentize-py` on `PATH`. Its
 //! version must be the one the project pins (`[tool.handoff] componentize-py` in pyproject.toml):
@@ -20,17 +22,11 @@ pub const OUTPUT: &str = "build/policy.wasm";
 pub const TOOL_VARIABLE: &str = "HANDOFF_COMPONENTIZE_PY";
 
 pub(super) fn build(dir: &Path) -> Result<PathBuf> {
-    for (file, what) in [
-        ("policy.py", "the decisions module"),
-        ("handoff_policy.py", "the SDK module"),
-        ("wit/policy.wit", "the contract"),
-    ] {
-        if !dir.join(file).is_file() {
-            return Err(HandoffError::BadInput(format!(
-                "{} has no {file} ({what}); `handoff policy new NAME --lang python` creates a project with it",
-                dir.display()
-            )));
-        }
+    if !dir.join("policy.py").is_file() {
+        return Err(HandoffError::BadInput(format!(
+            "{} has no policy.py (the decisions module); `handoff policy new NAME --lang python` creates a project with it",
+            dir.display()
+        )));
     }
     let pyproject = dir.join("pyproject.toml");
     let text = std::fs::read_to_string(&pyproject)
@@ -92,9 +88,10 @@ pub(super) fn build(dir: &Path) -> Result<PathBuf> {
         })?;
     }
     let mut command = super::toolchain(&tool);
+    if dir.join("wit").is_dir() {
+        command.args(["-d", "wit"]);
+    }
     command.args([
-        "-d",
-        "wit",
         "-w",
         "handoff-policy",
         "componentize",

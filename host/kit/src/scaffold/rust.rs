@@ -1,51 +1,40 @@
 //! The Rust template: a standalone crate (its own workspace and toolchain file) holding only its
-//! decisions, on the policy SDK. The SDK is not on a registry, so the project carries a copy of it
-//! (`handoff-policy-sdk/`, a path dependency): the same sources as this repository's `guest/sdk`,
-//! embedded here, so a generated project builds offline with the loop the shipped policies run.
+//! decisions, depending on the policy SDK by version (`handoff-policy-sdk = "X.Y.Z"`), which owns
+//! the run loop and the contract's bindings. With an SDK directory, the project's
+//! `.cargo/config.toml` patches crates.io's `handoff-policy-sdk` with the crate unpacked there, so
+//! it builds offline; moving to a newer SDK is changing the version (and the patch's path).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use super::{CONTRACT_WIT, SAMPLE_STREAM};
+use handoff_domain::error::{HandoffError, Result};
+
+use super::SAMPLE_STREAM;
 
 const LIB_RS: &str = include_str!("../templates/rust/lib.rs.txt");
 const README_MD: &str = include_str!("../templates/rust/README.md.txt");
+/// The SDK's manifest: its version is the one projects depend on.
+const SDK_MANIFEST: &str = include_str!("../../../../guest/sdk/Cargo.toml");
 
-/// The SDK's files, copied as they are (its manifest has no workspace inheritance; its build
-/// script only compares its contract with the repository's, so it is left out).
-const SDK: &[(&str, &str)] = &[
-    (
-        "Cargo.toml",
-        include_str!("../../../../guest/sdk/Cargo.toml"),
-    ),
-    ("README.md", include_str!("../../../../guest/sdk/README.md")),
-    (
-        "src/lib.rs",
-        include_str!("../../../../guest/sdk/src/lib.rs"),
-    ),
-    (
-        "src/types.rs",
-        include_str!("../../../../guest/sdk/src/types.rs"),
-    ),
-    (
-        "src/component.rs",
-        include_str!("../../../../guest/sdk/src/component.rs"),
-    ),
-    (
-        "src/fake.rs",
-        include_str!("../../../../guest/sdk/src/fake.rs"),
-    ),
-    (
-        "src/tests.rs",
-        include_str!("../../../../guest/sdk/src/tests.rs"),
-    ),
-];
+/// The SDK crate's name.
+pub(crate) const SDK_CRATE: &str = "handoff-policy-sdk";
 
-/// Where the project keeps its copy of the SDK.
-const SDK_DIR: &str = "handoff-policy-sdk";
+/// The version of `guest/sdk` this binary was built with.
+pub(crate) fn sdk_version() -> Result<String> {
+    let manifest: toml::Table = SDK_MANIFEST
+        .parse()
+        .map_err(|e| HandoffError::Internal(anyhow::anyhow!("the SDK's manifest: {e}")))?;
+    manifest
+        .get("package")
+        .and_then(|package| package.get("version"))
+        .and_then(|version| version.as_str())
+        .map(str::to_string)
+        .ok_or_else(|| HandoffError::Internal(anyhow::anyhow!("the SDK's manifest has no version")))
+}
 
-/// The project's files for a crate called `name`.
-pub(super) fn files(name: &str) -> Vec<(PathBuf, String)> {
+/// The project's files for a crate called `name`, on the SDK from `sdk` when given.
+pub(super) fn files(name: &str, sdk: Option<&Path>) -> Result<Vec<(PathBuf, String)>> {
     let crate_name = name.replace('-', "_");
+    let version = sdk_version()?;
     let cargo_toml = format!(
         r#"[package]
 name = "{name}"
@@ -57,16 +46,15 @@ publish = false
 crate-type = ["cdylib", "rlib"]
 
 [dependencies]
-# The policy SDK (a copy carried by the project): the run loop, the contract's bindings and a
-# fake host for tests.
-handoff-policy-sdk = {{ path = "{SDK_DIR}" }}
+# The policy SDK: the run loop, the contract's bindings and a fake host for tests.
+{SDK_CRATE} = "{version}"
 
 [profile.release]
 lto = true
 codegen-units = 1
 strip = true
 
-# A policy is its own workspace (the SDK copy is a member).
+# A policy is its own workspace.
 [workspace]
 "#
     );
@@ -80,47 +68,79 @@ strip = true
             "README.md".into(),
             README_MD
                 .replace("{name}", name)
-                .replace("{crate_name}", &crate_name),
+                .replace("{crate_name}", &crate_name)
+                .replace("{sdk_version}", &version),
         ),
         (
             "cases/sample/stream.jsonl".into(),
             SAMPLE_STREAM.to_string(),
         ),
-        (
-            PathBuf::from(SDK_DIR).join("wit/policy.wit"),
-            CONTRACT_WIT.to_string(),
-        ),
     ];
-    files.extend(
-        SDK.iter()
-            .map(|(path, text)| (PathBuf::from(SDK_DIR).join(path), text.to_string())),
-    );
-    files
+    if let Some(dir) = sdk {
+        let package = super::sdk_package(dir, &format!("{SDK_CRATE}-{version}/Cargo.toml"))?;
+        let package = package.parent().unwrap_or(dir);
+        let path = toml::Value::String(package.display().to_string());
+        files.push((
+            ".cargo/config.toml".into(),
+            format!(
+                "# Where the SDK comes from: the package unpacked in {dir} (the crate \
+                 `cargo package` built), instead of crates.io.\n\
+                 # To move to another SDK version, change it in Cargo.toml and here.\n\
+                 [patch.crates-io]\n{SDK_CRATE} = {{ path = {path} }}\n",
+                dir = dir.display()
+            ),
+        ));
+    }
+    Ok(files)
 }
 
 #[cfg(test)]
 mod tests {
-    use super::SDK;
+    use super::*;
 
-    /// A new source file of the SDK reaches generated projects: the copied list holds every
-    /// file of `guest/sdk/src`, and nothing else.
     #[test]
-    fn every_sdk_source_file_is_copied() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../guest/sdk/src");
-        let mut on_disk: Vec<String> = std::fs::read_dir(&dir)
-            .expect("guest/sdk/src")
-            .map(|entry| {
-                let name = entry.expect("an entry").file_name();
-                format!("src/{}", name.to_string_lossy())
-            })
-            .collect();
-        let mut copied: Vec<String> = SDK
+    fn the_project_names_the_sdk_by_version_and_carries_none_of_it() {
+        let version = sdk_version().unwrap();
+        assert!(
+            version.split('.').count() == 3 && version.split('.').all(|n| n.parse::<u32>().is_ok())
+        );
+        let files = files("shop-policy", None).unwrap();
+        let manifest: toml::Table = files[0].1.parse().unwrap();
+        assert_eq!(
+            manifest["dependencies"][SDK_CRATE].as_str(),
+            Some(version.as_str())
+        );
+        assert!(
+            files.iter().all(|(path, _)| path.starts_with("src")
+                || path.starts_with("cases")
+                || path.components().count() == 1),
+            "{:?}",
+            files.iter().map(|(p, _)| p).collect::<Vec<_>>()
+        );
+        assert!(!files.iter().any(|(path, _)| path.starts_with(".cargo")));
+    }
+
+    #[test]
+    fn an_sdk_directory_patches_crates_io_with_its_crate() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(
+            files("p", Some(dir.path())).is_err(),
+            "the crate is missing"
+        );
+        let version = sdk_version().unwrap();
+        let package = dir.path().join(format!("{SDK_CRATE}-{version}"));
+        std::fs::create_dir_all(&package).unwrap();
+        std::fs::write(package.join("Cargo.toml"), "").unwrap();
+        let files = files("p", Some(dir.path())).unwrap();
+        let config = &files
             .iter()
-            .map(|(path, _)| path.to_string())
-            .filter(|path| path.starts_with("src/"))
-            .collect();
-        on_disk.sort();
-        copied.sort();
-        assert_eq!(on_disk, copied);
+            .find(|(path, _)| path == &PathBuf::from(".cargo/config.toml"))
+            .expect("a cargo configuration")
+            .1;
+        let config: toml::Table = config.parse().unwrap();
+        assert_eq!(
+            config["patch"]["crates-io"][SDK_CRATE]["path"].as_str(),
+            Some(package.to_str().unwrap())
+        );
     }
 }

@@ -1,9 +1,10 @@
 """The handoff policy SDK for Python.
 
-A policy project is this module, the contract (``wit/policy.wit``) and the author's decisions
-module, ``policy.py``, built into a WebAssembly component with componentize-py::
+A policy project is the author's decisions module, ``policy.py``, on this package (installed by
+version; it carries the contract, ``wit/policy.wit``, which its ``componentize-py.toml`` points
+componentize-py at), built into a WebAssembly component with componentize-py::
 
-    componentize-py -d wit -w handoff-policy componentize handoff_policy -o build/policy.wasm
+    componentize-py -w handoff-policy componentize handoff_policy -p . -o build/policy.wasm
 
 The SDK owns the run loop, exactly as the default policy runs it: the stream opens where the
 checkpoint says, every delivered event is committed on its own (``commit-batch`` with one
