@@ -87,6 +87,26 @@ class DefaultRun(unittest.TestCase):
         self.assertEqual(host.advanced, [])
         self.assertEqual(report.events_handed_off, 2)
 
+    def test_a_run_reads_past_max_events_to_finish_a_source_transaction(self):
+        evs = events("insert", "insert", "update", "insert")
+        place = lambda i: handoff.SourceTransaction("t1", i, 3)
+        host = FakeHost(evs, transactions={token(1): place(0), token(2): place(1), token(3): place(2)})
+        report = handoff.run(default_policy(), Settings(2, 3000), host)
+        # max_events 2 ends inside t1: the run takes its third event, not the fourth.
+        self.assertEqual(report.events_handed_off, 3)
+        self.assertEqual([c[1] for c in host.commits], [token(1), token(2), token(3)])
+        self.assertEqual(evs[1].source_transaction(), place(1))
+
+    def test_a_run_that_follows_ends_only_when_the_host_stops_it(self):
+        evs = events("insert", "insert")
+        stop = HostError("rejected: the run is stopping")
+        host = FakeHost(evs + [None] * 6 + [stop], follow=True, watermark="W")
+        with self.assertRaises(HostError):
+            handoff.run(default_policy(), Settings(1, 1000), host)
+        # Past max_events 1, and idle six times the 1 s wait: only the host's refusal ended it.
+        self.assertEqual(len(host.commits), 2)
+        self.assertEqual(host.clock, 6 * FakeHost.WAIT_MS)
+
     def test_no_token_and_no_watermark_refuses_to_leave_a_gap(self):
         host = FakeHost([])
         with self.assertRaises(PolicyError) as raised:

@@ -32,10 +32,19 @@ export function hostError(tag, message) {
 /**
  * A fake host: `script` is what `next()` returns in turn (an event, `null` for "nothing yet", an
  * Error to throw); `watermark` what the stream reports at the end; `kind` what `kindOfRun()`
- * answers. A snapshot run (`'backfill'`, `'repair'`) delivers `snapshotDocument`s and its stream
+ * answers; `transactions` maps a token to its `{ id, index, size }` in a source transaction;
+ * `follow` what `follows()` answers (end such a script with an Error). A snapshot run (`'backfill'`, `'repair'`) delivers `snapshotDocument`s and its stream
  * reports no watermark, as the host's.
  */
-export function fakeHost({ script = [], checkpoint = {}, watermark, awaitMs = 1000n, kind = 'changes' } = {}) {
+export function fakeHost({
+  script = [],
+  checkpoint = {},
+  watermark,
+  awaitMs = 1000n,
+  kind = 'changes',
+  transactions = {},
+  follow = false,
+} = {}) {
   const calls = { opened: [], commits: [], advanced: [], logs: [] };
   const pending = [...script];
   let clock = 0n;
@@ -70,6 +79,8 @@ export function fakeHost({ script = [], checkpoint = {}, watermark, awaitMs = 10
     deploymentIdentity: () => ({ consumer: 'c1', source: 'shop.orders', replicaSetId: '65f0a1b2c3d4e5f601234567' }),
     loadCheckpoint: () => ({ token: checkpoint.token, mode: checkpoint.mode ?? 'resume-after' }),
     kindOfRun: () => kind,
+    sourceTransactionOf: (token) => transactions[token],
+    follows: () => follow,
     openStream(start) {
       calls.opened.push(start);
       return stream;

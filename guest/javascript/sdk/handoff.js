@@ -123,6 +123,9 @@ export function record(fields) {
   return { [DECISION]: 'record', ...fields };
 }
 
+/** How often a run that follows the stream saves its idle watermark, in milliseconds. */
+export const FOLLOW_WATERMARK_MS = 5000n;
+
 /** One delivered change event as `decide` sees it. */
 export class Event {
   #stream;
@@ -251,12 +254,32 @@ export async function run(policy, settings) {
   let lastEventId = '';
   let invalidated = false;
   let deadline = now() + maxWait;
-  while (events < settings.maxEvents && now() < deadline) {
+  // A run that follows the stream ends only when the host stops it; one inside a source
+  // transaction reads past maxEvents to finish it (its rest is already read).
+  const follow = typeof h.follows === 'function' && h.follows();
+  let inside = false;
+  let watermarkSavedAt = now();
+  while (follow || inside || (events < settings.maxEvents && now() < deadline)) {
     const delivered = stream.next();
     if (delivered == null) {
+      if (follow && now() - watermarkSavedAt >= FOLLOW_WATERMARK_MS) {
+        const mark = stream.watermark() ?? undefined;
+        if (mark !== undefined && mark !== token) {
+          h.advanceWatermark(token, mark);
+          token = mark;
+        }
+        watermarkSavedAt = now();
+      }
       continue;
     }
     const event = new Event(delivered, await eventId(delivered.token), stream);
+    const place =
+      typeof h.sourceTransactionOf === 'function' ? h.sourceTransactionOf(event.token) : undefined;
+    if (place != null) {
+      /** Where the event stands in its source transaction: `{ id, index, size }` (contract 1.5). */
+      event.sourceTransaction = { id: place.id, index: place.index, size: place.size ?? undefined };
+    }
+    inside = place != null && place.size != null && place.index + 1 < place.size;
     const invalidate = event.operationType === 'invalidate';
     const decision = invalidate
       ? { tag: 'skip', val: 'invalidate' }

@@ -87,6 +87,30 @@ test('max events ends the run without saving the watermark', async () => {
   assert.equal(report.eventsHandedOff, 2);
 });
 
+test('a run reads past max events to finish a source transaction, and decide sees its place', async () => {
+  const place = (index) => ({ id: 't1', index, size: 3 });
+  const host = fakeHost({
+    script: [delivered('T1'), delivered('T2'), delivered('T3'), delivered('T4')],
+    transactions: { T1: place(0), T2: place(1), T3: place(2) },
+    watermark: 'W',
+  });
+  const seen = [];
+  const policy = { decide: (event) => (seen.push(event.sourceTransaction), handOff()) };
+  const report = await runWith(host, policy, settings(2));
+  // max events 2 ends inside t1: the run takes its third event, not the fourth.
+  assert.equal(report.eventsHandedOff, 3);
+  assert.deepEqual(seen, [place(0), place(1), place(2)]);
+  assert.deepEqual(host.calls.advanced, []);
+});
+
+test('a run that follows the stream ends only when the host stops it', async () => {
+  const script = [delivered('T1'), delivered('T2'), null, null, null, null, null, null];
+  const host = fakeHost({ script: [...script, new Error('rejected: the run is stopping')], follow: true });
+  await assert.rejects(runWith(host, handAll, settings(1, 1000n)), /stopping/);
+  // Past max events 1 and six idle waits of the 1 s bound: only the host's refusal ended it.
+  assert.equal(host.calls.commits.length, 2);
+});
+
 test('no token and no watermark is an error, never a gap', async () => {
   const host = fakeHost({});
   await assert.rejects(runWith(host), /did not provide an idle resume token; refusing to leave an uncheckpointed gap/);

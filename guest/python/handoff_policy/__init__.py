@@ -246,6 +246,16 @@ class Event:
             return None
         return self._host.field(self.token, path)
 
+    def source_transaction(self):
+        """Where the event stands in the MongoDB transaction that wrote it: a
+        :class:`SourceTransaction` (``id``, ``index``, ``size``, ``size`` ``None`` for one of more
+        than 500 events), or ``None`` when no transaction wrote it (contract 1.5). The host
+        commits a transaction's events together, and the run reads past ``max_events`` to finish
+        one."""
+        if self._host is None:
+            return None
+        return self._host.source_transaction(self.token)
+
     def value(self, path, default=None):
         """A field parsed from its Extended JSON text (``{"$oid": ...}`` stays a dict), or
         ``default`` when absent."""
@@ -254,6 +264,23 @@ class Event:
 
     def __repr__(self):
         return "Event(operation_type=%r, token=%r)" % (self.operation_type, self.token)
+
+
+class SourceTransaction(_Value):
+    """A delivered event's place in its source transaction: ``id`` (hex SHA-256 of its
+    ``lsid`` and ``txnNumber``), ``index`` (from 0) and ``size`` (``None`` over 500 events)."""
+
+    __slots__ = ("id", "index", "size")
+
+    def __init__(self, id, index, size):
+        self.id = id
+        self.index = index
+        self.size = size
+
+    @property
+    def inside(self):
+        """More of the transaction follows this event."""
+        return self.size is not None and self.index + 1 < self.size
 
 
 class Checkpoint(_Value):
@@ -322,6 +349,14 @@ class Host:
     def field(self, token, path):
         raise NotImplementedError
 
+    def source_transaction(self, token):
+        """Where a delivered event stands in its source transaction (contract 1.5)."""
+        return None
+
+    def follows(self):
+        """Whether the run follows the stream until the host stops it (``run --follow``)."""
+        return False
+
     def commit_batch(self, expected, next, mode, decisions):
         raise NotImplementedError
 
@@ -339,6 +374,9 @@ class Host:
 
 
 _current = {"host": None, "checkpoint": None}
+
+#: How often a run that follows the stream saves its idle watermark, in milliseconds.
+FOLLOW_WATERMARK_MS = 5000
 
 
 def _host():
@@ -458,10 +496,22 @@ def _run(decide, settings, host):
         host.open_stream(saved.mode, token)
     events, handed_off, last_event_id, invalidated = 0, 0, "", False
     deadline = host.monotonic_ms() + settings.max_wait_ms
-    while events < settings.max_events and host.monotonic_ms() < deadline:
+    # A run that follows the stream ends only when the host stops it; one inside a source
+    # transaction reads past max_events to finish it (its rest is already read).
+    follow, inside = host.follows(), False
+    watermark_saved_at = host.monotonic_ms()
+    while follow or inside or (events < settings.max_events and host.monotonic_ms() < deadline):
         event = host.next()
         if event is None:
+            if follow and host.monotonic_ms() - watermark_saved_at >= FOLLOW_WATERMARK_MS:
+                mark = host.watermark()
+                if mark is not None and mark != token:
+                    host.advance_watermark(token, mark)
+                    token = mark
+                watermark_saved_at = host.monotonic_ms()
             continue
+        place = host.source_transaction(event.token)
+        inside = place is not None and place.inside
         if event.operation_type == "invalidate":
             mode, decision = START_AFTER, Skip("invalidate")
         else:
@@ -514,6 +564,10 @@ class FakeHost(Host):
     It records ``commits`` (``(expected, next, mode, decisions)``), ``advanced`` watermarks and
     ``logs``, and enforces what the real host checks of the checkpoint's compare-and-set.
 
+    ``transactions`` maps a token to its :class:`SourceTransaction`; ``follow`` is what
+    :meth:`follows` answers (end such a script with an exception, as the host's refusal once it
+    stops the run).
+
     ``kind`` is what :meth:`run_kind` answers. A snapshot run (``"backfill"``, ``"repair"``)
     starts without a token and its stream reports no watermark, as the host's; :meth:`snapshot`
     delivers its documents.
@@ -522,9 +576,20 @@ class FakeHost(Host):
     WAIT_MS = 1000
 
     def __init__(
-        self, events=(), token=None, mode=RESUME_AFTER, watermark=None, fields=None, deployment=None, kind=CHANGES
+        self,
+        events=(),
+        token=None,
+        mode=RESUME_AFTER,
+        watermark=None,
+        fields=None,
+        deployment=None,
+        kind=CHANGES,
+        transactions=None,
+        follow=False,
     ):
         self.events = list(events)
+        self.transactions = dict(transactions or {})
+        self.follow = follow
         self.checkpoint = Checkpoint(token, mode)
         self.mark = watermark
         self.fields = dict(fields or {})
@@ -587,6 +652,12 @@ class FakeHost(Host):
 
     def field(self, token, path):
         return self.fields.get((token, path))
+
+    def source_transaction(self, token):
+        return self.transactions.get(token)
+
+    def follows(self):
+        return self.follow
 
     def _commit(self, expected, next, mode, decisions):
         if expected != self.checkpoint.token:
@@ -731,6 +802,13 @@ if _PolicyExport is not None:
 
         def watermark(self):
             return None if self.stream is None else self.stream.watermark()
+
+        def source_transaction(self, token):
+            t = _wit.source_transaction_of(token)
+            return None if t is None else SourceTransaction(t.id, t.index, t.size)
+
+        def follows(self):
+            return _wit.follows()
 
         def field(self, token, path):
             if self.stream is None:
