@@ -191,6 +191,17 @@ impl RunOutputs {
                 .into_iter()
                 .map(|(name, value)| counter(name, value)),
         );
+        if let Some(latency) = &committed.latency {
+            // From each change's write to the commit of its hand-off.
+            for (name, value) in [
+                ("latency_p50_ms", latency.p50_ms),
+                ("latency_p99_ms", latency.p99_ms),
+                ("latency_p999_ms", latency.p999_ms),
+                ("latency_max_ms", latency.max_ms),
+            ] {
+                metrics.push(metric(name, MetricKind::Gauge, json!(value)));
+            }
+        }
         metrics.push(metric(
             "run_duration",
             MetricKind::Timer,

@@ -358,9 +358,26 @@ impl Session {
                 "record already handed off for this event; not written again"
             );
         }
+        let now = bson::DateTime::now().timestamp_millis();
         for done in self.pending.drain(..steps.len()) {
             self.pending_bytes = self.pending_bytes.saturating_sub(done.bytes);
+            // A change's write time is its `wallTime` (MongoDB 6.0 and later).
+            if let (Some(histogram), Ok(written)) =
+                (self.latencies.as_mut(), done.event.get_datetime("wallTime"))
+            {
+                let ms = now.saturating_sub(written.timestamp_millis()).max(1) as u64;
+                histogram.saturating_record(ms.min(histogram.high()));
+            }
             self.recent.push_back(done);
+        }
+        if let Some(histogram) = self.latencies.as_ref().filter(|h| !h.is_empty()) {
+            self.committed.latency = Some(Box::new(super::Latency {
+                count: histogram.len(),
+                p50_ms: histogram.value_at_quantile(0.50),
+                p99_ms: histogram.value_at_quantile(0.99),
+                p999_ms: histogram.value_at_quantile(0.999),
+                max_ms: histogram.max(),
+            }));
         }
         while self.recent.len() > RECENT {
             self.recent.pop_front();

@@ -42,7 +42,8 @@ pub use record::{
 };
 pub use refusal::{Refusal, RefusalKind};
 pub use report::{
-    Committed, Failed, PolicyReport, ResumeAttempts, RunSummary, SourceTransactions, Status,
+    Committed, Failed, Latency, PolicyReport, ResumeAttempts, RunSummary, SourceTransactions,
+    Status,
 };
 pub use stream::EventView;
 pub use transaction::{MAX_SOURCE_TRANSACTION, SourceTransaction};
@@ -55,6 +56,10 @@ use handoff_domain::token::canonical_text;
 use handoff_domain::{
     ChangeSource, Checkpoint, CheckpointStore, Consumer, Deployment, Lease, Mode,
 };
+
+/// The longest write-to-commit time the latency figures tell apart (an hour); longer ones count
+/// as an hour.
+const MAX_LATENCY_MS: u64 = 3_600_000;
 
 /// How many delivered events may wait for their commit.
 pub const MAX_PENDING: usize = 1000;
@@ -172,6 +177,8 @@ pub struct Session {
     policy: Option<PolicyBinding>,
     /// The run follows the stream until it is stopped (`run --follow`).
     follow: bool,
+    /// Write-to-commit times of the committed changes, in milliseconds.
+    latencies: Option<hdrhistogram::Histogram<u64>>,
 }
 
 /// What a run reads: the change stream, or documents an operator command read (a snapshot run,
@@ -229,6 +236,7 @@ impl Session {
             kind: RunKind::Changes,
             policy: None,
             follow: false,
+            latencies: hdrhistogram::Histogram::new_with_bounds(1, MAX_LATENCY_MS, 3).ok(),
         }
     }
 

@@ -56,6 +56,19 @@ pub struct Committed {
     pub invalidate_markers: u32,
     /// What became of source transactions (boxed: a failed run's result stays small).
     pub transactions: Box<SourceTransactions>,
+    /// From each committed change's write to its commit, once any was measured.
+    pub latency: Option<Box<Latency>>,
+}
+
+/// The time from a change's write (its `wallTime`, the server's clock) to the commit of its
+/// hand-off (this machine's clock), in milliseconds, over the run's committed changes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Latency {
+    pub count: u64,
+    pub p50_ms: u64,
+    pub p99_ms: u64,
+    pub p999_ms: u64,
+    pub max_ms: u64,
 }
 
 /// What a run did with the source transactions it read.
