@@ -290,3 +290,154 @@ fn ten_sigkills_of_follow_runs_under_a_steady_writer_lose_nothing_and_double_not
     assert_eq!(ids, (0..WRITES).collect::<Vec<_>>(), "seed {seed}");
     eprintln!("{WRITES} writes, {kills} SIGKILLs of follow runs: every write once, in order");
 }
+
+/// `handoff run --follow --partition index/4` as consumer `orders-<index>`.
+fn follow_partition(live: &Live, index: usize) -> Child {
+    live.command()
+        .args(["--follow", "--partition", &format!("{index}/4")])
+        .env("CONSUMER_ID", format!("orders-{index}"))
+        .env("MAX_EVENTS", "5")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn handoff")
+}
+
+/// Ends a consumer's lease now, as time would after its run was killed.
+fn expire_lease_of(live: &Live, consumer: &str) {
+    live.wait(live.coll(CHECKPOINTS).update_one(
+        doc! {"_id": consumer},
+        doc! {"$set": {"leaseUntil": bson::DateTime::from_millis(0)}},
+    ))
+    .expect("expire the lease");
+}
+
+#[test]
+fn four_follow_partitions_under_writes_and_sigkills_hand_each_event_off_once_in_order() {
+    let seed = support::seed("HANDOFF_FOLLOW_SEED");
+    eprintln!("HANDOFF_FOLLOW_SEED={seed}");
+    let mut rng = Rng::new(seed ^ 0x4b1d);
+    let live = Live::with_config(Config {
+        transaction_lifetime: Duration::from_secs(1),
+        ..Config::default()
+    });
+    const KEYS: i32 = 40;
+    const UPDATES: i32 = 260;
+    let mut runs: Vec<Child> = (0..4).map(|i| follow_partition(&live, i)).collect();
+    // Each partition's consumer starts where its first run starts: wait for all four.
+    let started = Instant::now();
+    let with_token = doc! {"token": {"$exists": true}};
+    while live
+        .wait(live.coll(CHECKPOINTS).count_documents(with_token.clone()))
+        .expect("count")
+        < 4
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the partitions never started"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (uri, db) = (live.uri(), live.db.clone());
+    let writer = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let mut rng = Rng::new(seed ^ 0x5eed);
+        rt.block_on(async move {
+            let client = mongodb::Client::with_uri_str(&uri).await.expect("client");
+            let orders = client.database(&db).collection::<bson::Document>("orders");
+            for key in 0..KEYS {
+                orders
+                    .insert_one(doc! {"_id": key, "v": 0})
+                    .await
+                    .expect("insert");
+            }
+            for v in 1..=UPDATES {
+                let key = rng.below(KEYS as u64) as i32;
+                orders
+                    .update_one(doc! {"_id": key}, doc! {"$set": {"v": v}})
+                    .await
+                    .expect("update");
+                tokio::time::sleep(Duration::from_millis(rng.below(12))).await;
+            }
+        })
+    });
+    let mut kills = 0;
+    while !writer.is_finished() || kills < 8 {
+        std::thread::sleep(Duration::from_millis(150 + rng.below(400)));
+        let index = rng.below(4) as usize;
+        let _ = runs[index].kill();
+        let _ = runs[index].wait();
+        kills += 1;
+        expire_lease_of(&live, &format!("orders-{index}"));
+        runs[index] = follow_partition(&live, index);
+    }
+    writer.join().expect("writer");
+    let expected = (KEYS + UPDATES) as usize;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while live.outbox_len() < expected && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for run in &runs {
+        sigterm(run);
+    }
+    for run in runs {
+        let output = run.wait_with_output().expect("output");
+        // A run started right after a kill may have found the killed one's transaction open.
+        assert!(
+            matches!(output.status.code(), Some(0) | Some(10)),
+            "{}",
+            support::stderr(&output)
+        );
+    }
+    // Every write once, each key's events in one partition, in the order they were written.
+    let outbox = live.outbox();
+    assert_eq!(outbox.len(), expected, "every write once (seed {seed})");
+    let mut partition_of = std::collections::HashMap::new();
+    let mut last_v = std::collections::HashMap::new();
+    let mut ids = std::collections::HashSet::new();
+    for record in &outbox {
+        let id = record.get_str("_id").expect("_id").to_string();
+        assert!(ids.insert(id), "a record twice (seed {seed})");
+        let consumer = record.get_str("consumer").expect("consumer").to_string();
+        let event = record.get_document("event").expect("event");
+        let key = event
+            .get_document("documentKey")
+            .and_then(|k| k.get_i32("_id"))
+            .expect("documentKey._id");
+        let v = event
+            .get_document("updateDescription")
+            .ok()
+            .and_then(|u| u.get_document("updatedFields").ok())
+            .and_then(|f| f.get_i32("v").ok())
+            .or_else(|| {
+                event
+                    .get_document("fullDocument")
+                    .ok()
+                    .and_then(|d| d.get_i32("v").ok())
+            })
+            .expect("the write's v");
+        let first = partition_of.entry(key).or_insert_with(|| consumer.clone());
+        assert_eq!(
+            *first, consumer,
+            "key {key} in two partitions (seed {seed})"
+        );
+        let before = last_v.insert(key, v);
+        assert!(
+            before.is_none_or(|b| b < v),
+            "key {key}: {v} after {before:?} (seed {seed})"
+        );
+    }
+    let used: std::collections::HashSet<_> = partition_of.values().collect();
+    assert_eq!(
+        used.len(),
+        4,
+        "every partition handed some off (seed {seed})"
+    );
+    eprintln!(
+        "{expected} writes over {KEYS} keys, 4 follow partitions, {kills} SIGKILLs: every write \
+         once, each key in one partition, in order"
+    );
+}
