@@ -441,3 +441,118 @@ fn four_follow_partitions_under_writes_and_sigkills_hand_each_event_off_once_in_
          once, each key in one partition, in order"
     );
 }
+
+/// `GET path` from the metrics endpoint at `port`: the status code, the content type and the body.
+fn get(port: u16, path: &str) -> Option<(u16, String, String)> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").ok()?;
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).ok()?;
+    let (head, body) = reply.split_once("\r\n\r\n")?;
+    let status = head.split_whitespace().nth(1)?.parse().ok()?;
+    let content_type = head
+        .lines()
+        .find_map(|line| {
+            let (name, value) = line.split_once(':')?;
+            name.eq_ignore_ascii_case("content-type")
+                .then(|| value.trim().to_string())
+        })
+        .unwrap_or_default();
+    Some((status, content_type, body.to_string()))
+}
+
+/// A port nothing listens on now.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+#[test]
+fn a_follow_run_serves_its_metrics_in_the_openmetrics_format_while_it_runs() {
+    let live = Live::start();
+    live.start_consumer();
+    let port = free_port();
+    let child = follow(&live, &["--metrics-listen", &port.to_string()]);
+    let started = Instant::now();
+    while get(port, "/readyz").map(|r| r.0) != Some(200) {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "never ready: {:?}",
+            get(port, "/readyz")
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(get(port, "/healthz").map(|r| r.0), Some(200));
+    assert_eq!(get(port, "/nothing").map(|r| r.0), Some(404));
+    live.insert(0..3);
+    outbox_reaches(&live, 3, Duration::from_secs(10));
+    let (status, content_type, body) = get(port, "/metrics").expect("metrics");
+    assert_eq!(status, 200);
+    assert!(
+        content_type.starts_with("application/openmetrics-text; version=1.0.0"),
+        "{content_type}"
+    );
+    let consumer = format!("consumer=\"{CONSUMER}\"");
+    for sample in [
+        format!("handoff_events_handed_off_total{{{consumer}}} 3"),
+        format!("handoff_events_committed_total{{{consumer}}} 3"),
+        format!("handoff_latency_seconds_count{{{consumer}}} 3"),
+    ] {
+        assert!(
+            body.lines().any(|l| l == sample),
+            "{sample} not in:\n{body}"
+        );
+    }
+    // Well-formed OpenMetrics: every sample belongs to a family with its TYPE, and # EOF ends it.
+    assert!(body.ends_with("# EOF\n"), "{body}");
+    let families: Vec<&str> = body
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    for family in [
+        "handoff_events_handed_off",
+        "handoff_latency_seconds",
+        "handoff_checkpoint_age_seconds",
+        "handoff_lag_seconds",
+        "handoff_oplog_margin_seconds",
+    ] {
+        assert!(families.contains(&family), "{family} not in {families:?}");
+    }
+    for line in body.lines().filter(|l| !l.starts_with('#')) {
+        assert!(
+            families.iter().any(|f| line.starts_with(f)),
+            "{line} outside a family"
+        );
+    }
+    sigterm(&child);
+    let output = child.wait_with_output().expect("output");
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        support::stderr(&output)
+    );
+}
+
+#[test]
+fn a_metrics_address_that_cannot_be_served_refuses_the_run_with_nothing_written() {
+    let live = Live::start();
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = busy.local_addr().expect("address").port().to_string();
+    for address in [port.as_str(), "not an address", "127.0.0.1:99999"] {
+        let output = live.run(&["--follow", "--metrics-listen", address]);
+        assert_eq!(
+            output.status.code(),
+            Some(2),
+            "{address}: {}",
+            support::stderr(&output)
+        );
+        assert!(support::stderr(&output).contains("--metrics-listen"));
+    }
+    assert!(live.checkpoint().is_none(), "nothing written");
+}

@@ -96,6 +96,7 @@ fn two_runs_on_one_store_one_cas_loses_and_no_event_is_duplicated() {
                         outbox: Default::default(),
                         stream: Default::default(),
                         follow: None,
+                        live: Default::default(),
                     };
                     let deadline = begin(&plan.limits);
                     let source = Box::new(ReplaySource::new(fixture));

@@ -227,6 +227,7 @@ impl Case {
             outbox: self.outbox()?,
             stream: StreamOptions::default(),
             follow: None,
+            live: Default::default(),
         };
         // A parameter the policy does not read makes the case itself wrong.
         runtime

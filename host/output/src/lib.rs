@@ -6,11 +6,13 @@
 //! - `kestra`: Kestra's task protocol lines (`::{"outputs": …}::`, `::{"metrics": …}::`,
 //!   `::{"logs": …}::`);
 //! - `file`: the outputs as one JSON object in a file, written atomically, for engines that read
-//!   a file (Argo Workflows, Airflow, GitHub Actions).
+//!   a file (Argo Workflows, Airflow, GitHub Actions);
+//! - `live`: the metrics of a long run, served over HTTP in the OpenMetrics format while it runs.
 
 mod evidence;
 pub mod file;
 pub mod kestra;
+pub mod live;
 
 pub use evidence::{Evidence, RECOVERY_STEPS, shell_word, target_flags};
 

@@ -34,6 +34,22 @@ pub struct Plan {
     /// The run follows the stream until it is stopped (`--follow`), and for at most this long
     /// when given (`--max-duration`).
     pub follow: Option<Follow>,
+    /// Who watches the run live (`--metrics-listen`).
+    pub live: Live,
+}
+
+/// Who watches a run live, if anyone (the metrics endpoint).
+#[derive(Clone, Default)]
+pub struct Live(pub Option<Arc<dyn handoff_session::Observer>>);
+
+impl std::fmt::Debug for Live {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "Live(watched)"
+        } else {
+            "Live(none)"
+        })
+    }
 }
 
 /// How a run that follows the stream ends: a signal, its lease lost, an invalidation, or
@@ -383,6 +399,7 @@ impl Plan {
         .with_stop(self.stop.clone())
         .with_max_events(self.inputs.max_events)
         .with_follow(self.follow.is_some())
+        .with_observer(self.live.0.clone())
         .with_outbox_options(self.outbox)
         .with_split_events(config.split_large_events)
         .with_lease(lease.clone())

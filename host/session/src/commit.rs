@@ -359,6 +359,7 @@ impl Session {
             );
         }
         let now = bson::DateTime::now().timestamp_millis();
+        let mut latencies = Vec::new();
         for done in self.pending.drain(..steps.len()) {
             self.pending_bytes = self.pending_bytes.saturating_sub(done.bytes);
             // A change's write time is its `wallTime` (MongoDB 6.0 and later).
@@ -367,6 +368,9 @@ impl Session {
             {
                 let ms = now.saturating_sub(written.timestamp_millis()).max(1) as u64;
                 histogram.saturating_record(ms.min(histogram.high()));
+                if self.observer.is_some() {
+                    latencies.push(ms);
+                }
             }
             self.recent.push_back(done);
         }
@@ -420,6 +424,9 @@ impl Session {
                 c.last_event_id = hex::encode(Sha256::digest(step.text.as_bytes()));
             }
         }
+        if let Some(observer) = &self.observer {
+            observer.committed(&self.committed, &latencies, self.token.as_ref());
+        }
         Ok(())
     }
 
@@ -456,6 +463,9 @@ impl Session {
             RECONCILE_GUIDANCE,
         )?;
         self.committed.watermark_saved = true;
+        if let Some(observer) = &self.observer {
+            observer.committed(&self.committed, &[], self.token.as_ref());
+        }
         Ok(())
     }
 

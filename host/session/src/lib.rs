@@ -73,6 +73,22 @@ pub const MAX_RECORD_BYTES: usize = 16 << 20;
 /// checkpoint that matches the outbox.
 pub const MAX_TRANSACTION_BYTES: usize = 16 << 20;
 
+/// What a run tells whoever watches it live (the metrics endpoint of a long run).
+pub trait Observer: Send + Sync {
+    /// The stream is open: the run is ready.
+    fn opened(&self) {}
+    /// A commit (or a watermark saved): what the run committed so far, the write-to-commit
+    /// times in milliseconds of the changes it just committed, and the checkpoint's token.
+    fn committed(
+        &self,
+        committed: &Committed,
+        latencies_ms: &[u64],
+        checkpoint: Option<&Document>,
+    ) {
+        let _ = (committed, latencies_ms, checkpoint);
+    }
+}
+
 /// The byte and count bounds a session enforces (the constants above by default).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Bounds {
@@ -179,6 +195,8 @@ pub struct Session {
     follow: bool,
     /// Write-to-commit times of the committed changes, in milliseconds.
     latencies: Option<hdrhistogram::Histogram<u64>>,
+    /// Who watches the run live, if anyone.
+    observer: Option<Arc<dyn Observer>>,
 }
 
 /// What a run reads: the change stream, or documents an operator command read (a snapshot run,
@@ -237,6 +255,7 @@ impl Session {
             policy: None,
             follow: false,
             latencies: hdrhistogram::Histogram::new_with_bounds(1, MAX_LATENCY_MS, 3).ok(),
+            observer: None,
         }
     }
 
@@ -249,6 +268,12 @@ impl Session {
 
     pub fn follows(&self) -> bool {
         self.follow
+    }
+
+    /// Tells `observer` of the run as it goes (the metrics endpoint).
+    pub fn with_observer(mut self, observer: Option<Arc<dyn Observer>>) -> Self {
+        self.observer = observer;
+        self
     }
 
     /// Records `policy` in the checkpoint with every commit of its decisions.

@@ -104,6 +104,9 @@ impl Session {
         match opened {
             Ok(()) => {
                 self.stream_open = true;
+                if let Some(observer) = &self.observer {
+                    observer.opened();
+                }
                 Ok(())
             }
             Err(error) => Err(self.stream_failure(error)),

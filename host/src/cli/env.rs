@@ -42,6 +42,7 @@ pub const PARTITION: &str = "HANDOFF_PARTITION";
 pub const SPLIT_LARGE_EVENTS: &str = "HANDOFF_SPLIT_LARGE_EVENTS";
 pub const FOLLOW: &str = "HANDOFF_FOLLOW";
 pub const MAX_DURATION: &str = "HANDOFF_MAX_DURATION";
+pub const METRICS_LISTEN: &str = "HANDOFF_METRICS_LISTEN";
 
 /// Every variable above.
 #[allow(dead_code)] // read by the test suites (a clean environment) and the binary's tests
@@ -78,6 +79,7 @@ pub const ALL: &[&str] = &[
     SPLIT_LARGE_EVENTS,
     FOLLOW,
     MAX_DURATION,
+    METRICS_LISTEN,
 ];
 
 /// Names earlier releases read, and the variable each is now. A former name is read when the

@@ -60,6 +60,7 @@ pub fn run(mut args: ReplayArgs) -> Result<super::Outcome> {
             outbox: args.inputs.outbox(),
             stream: StreamOptions::default(),
             follow: None,
+            live: Default::default(),
         };
         plan.run(|| args.policy.load(), &mut backends)
     })

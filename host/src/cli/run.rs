@@ -7,7 +7,11 @@ use crate::cli::env;
 use handoff::error::Result;
 use handoff::run::Plan;
 use handoff::run::backends::Mongo;
-use handoff::run::plan::Follow;
+use std::sync::Arc;
+
+use handoff::backend::mongo::{Connection, Pool, window};
+use handoff::output::live::{self, LiveMetrics};
+use handoff::run::plan::{Follow, Live};
 
 #[derive(Args)]
 #[command(after_help = concat!(
@@ -52,6 +56,39 @@ pub struct RunArgs {
     /// engines that want bounded tasks.
     #[arg(long, env = env::MAX_DURATION, value_name = "DURATION", value_parser = super::status::parse_duration)]
     pub max_duration: Option<std::time::Duration>,
+    /// Serve the run's metrics while it runs (counters, lag, checkpoint age, oplog margin, the
+    /// write-to-commit latency histogram) in the OpenMetrics format at /metrics, with /healthz
+    /// and /readyz: PORT (on 127.0.0.1) or HOST:PORT. Off by default.
+    #[arg(long, env = env::METRICS_LISTEN, value_name = "ADDR")]
+    pub metrics_listen: Option<String>,
+}
+
+/// How often the live figures (lag, oplog margin) are read beside a run that serves metrics.
+const FIGURES_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Serves the run's live metrics at `address` and reads its consumer's figures beside it.
+fn serve_metrics(address: &str, uri: &str, consumer: &str) -> Result<Arc<LiveMetrics>> {
+    let address = live::listen_address(address)?;
+    let metrics = LiveMetrics::new(consumer);
+    live::serve(address, metrics.clone())?;
+    let (uri, watched) = (uri.to_string(), metrics.clone());
+    let spawned = std::thread::Builder::new()
+        .name("figures".into())
+        .spawn(move || {
+            let Ok(connection) = Connection::connect_with(&uri, Pool::Single) else {
+                return;
+            };
+            loop {
+                let token = watched.checkpoint_token();
+                let position = connection.block_on(window::position(&connection, token.as_ref()));
+                watched.set_position(&position);
+                std::thread::sleep(FIGURES_EVERY);
+            }
+        });
+    if let Err(error) = spawned {
+        tracing::warn!(%error, "the live figures will not be read");
+    }
+    Ok(metrics)
 }
 
 pub fn run(args: RunArgs) -> Result<super::Outcome> {
@@ -73,19 +110,34 @@ pub fn run(args: RunArgs) -> Result<super::Outcome> {
             }
             (true, max_duration) => Some(Follow { max_duration }),
         };
+        let inputs = args.inputs.validate()?;
+        // Bound before anything is read or written: a bad or busy address refuses the run.
+        let metrics = match &args.metrics_listen {
+            Some(address) => Some(serve_metrics(address, &args.uri, &inputs.consumer_id)?),
+            None => None,
+        };
         let plan = Plan {
-            inputs: args.inputs.validate()?,
+            inputs,
             params: args.policy.params()?,
             limits: args.policy.limits(),
             stop: super::stop_signal()?,
             outbox: args.inputs.outbox(),
             stream: args.stream.options()?,
             follow,
+            live: Live(
+                metrics
+                    .clone()
+                    .map(|m| m as Arc<dyn handoff::session::Observer>),
+            ),
         };
         // The deployment is reached while the policy loads.
         let mut backends = Mongo::new(&args.uri, &plan.inputs, &plan.stream.config)
             .following(plan.follow.is_some());
-        plan.run(|| args.policy.load(), &mut backends)
+        let ran = plan.run(|| args.policy.load(), &mut backends);
+        if let Some(metrics) = &metrics {
+            metrics.ended();
+        }
+        ran
     })?;
     // A run that follows the stream ends by being stopped: that is a clean end.
     Ok(match outcome {
