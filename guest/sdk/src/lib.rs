@@ -271,9 +271,16 @@ pub fn run<P: Policy>(host: &mut dyn Host, settings: &Settings) -> Result<Report
 /// killed while idle reads at most this much of the stream again (events it never hands off).
 pub const FOLLOW_WATERMARK_MS: u64 = 5_000;
 
+/// How long, in milliseconds, the first event of a batch waits for others in a run that
+/// follows the stream before what has arrived is committed (the stream going quiet commits it
+/// sooner).
+pub const FOLLOW_FLUSH_MS: u64 = 2;
+
 /// Delivered events not yet committed, with their decisions.
 #[derive(Default)]
 struct Batch {
+    /// When its first event arrived (the host's monotonic clock).
+    since: u64,
     /// The token of the last one and the mode saved with it.
     last: Option<(String, Mode)>,
     decisions: Vec<Decision>,
@@ -353,9 +360,17 @@ pub fn run_policy<P: Policy>(
             handed_off += 1;
             last_event_id = id.to_string();
         }
+        if batch.decisions.is_empty() {
+            batch.since = host.now_ms();
+        }
         batch.decisions.push(decision);
         batch.last = Some((event.token, Mode::ResumeAfter));
-        if (batch.decisions.len() >= size && !inside) || batch.decisions.len() >= MAX_BATCH {
+        // Following the stream, what has arrived is committed once its first event has waited
+        // FOLLOW_FLUSH_MS, without waiting for the batch to fill.
+        let waited = follow && host.now_ms().saturating_sub(batch.since) >= FOLLOW_FLUSH_MS;
+        if ((batch.decisions.len() >= size || waited) && !inside)
+            || batch.decisions.len() >= MAX_BATCH
+        {
             batch.flush(host, &mut token)?;
         }
         deadline = host.now_ms().saturating_add(settings.max_wait_ms);
