@@ -14,7 +14,6 @@ use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
 use bson::doc;
-use mongo_sim::Config;
 use support::Rng;
 use support::live::*;
 
@@ -263,10 +262,7 @@ fn killed_runs_lose_nothing_and_hand_off_nothing_twice() {
     // The server runs in this process and outlives every killed run. A killed run's open
     // transaction is reaped after a second, as a real server does after its lifetime limit (a
     // minute by default, hence always a test server of its own).
-    let live = Live::with_config(Config {
-        transaction_lifetime: Duration::from_secs(1),
-        ..Config::default()
-    });
+    let live = Live::for_kills();
     let start = live.start_consumer();
 
     let (uri, db) = (live.uri(), live.db.clone());

@@ -10,7 +10,6 @@ use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use bson::doc;
-use mongo_sim::Config;
 use support::Rng;
 use support::live::*;
 
@@ -26,15 +25,6 @@ fn follow(live: &Live, extra: &[&str]) -> Child {
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn handoff")
-}
-
-fn sigterm(child: &Child) {
-    let status = std::process::Command::new("kill")
-        .arg("-TERM")
-        .arg(child.id().to_string())
-        .status()
-        .expect("kill");
-    assert!(status.success());
 }
 
 /// Reads the child's log until a line holds `needle`.
@@ -96,7 +86,7 @@ fn a_follow_run_hands_writes_off_as_they_come_and_ends_cleanly_on_sigterm() {
         );
         std::thread::sleep(Duration::from_millis(if i == 2 { 1500 } else { 200 }));
     }
-    sigterm(&child);
+    support::sigterm(&child);
     let output = child.wait_with_output().expect("wait");
     let log = reader.join().expect("log");
     assert_eq!(output.status.code(), Some(0), "{log}");
@@ -220,10 +210,7 @@ fn ten_sigkills_of_follow_runs_under_a_steady_writer_lose_nothing_and_double_not
     let seed = support::seed("HANDOFF_FOLLOW_SEED");
     eprintln!("HANDOFF_FOLLOW_SEED={seed}");
     let mut rng = Rng::new(seed);
-    let live = Live::with_config(Config {
-        transaction_lifetime: Duration::from_secs(1),
-        ..Config::default()
-    });
+    let live = Live::for_kills();
     live.start_consumer();
     const WRITES: i32 = 400;
     let (uri, db) = (live.uri(), live.db.clone());
@@ -269,7 +256,7 @@ fn ten_sigkills_of_follow_runs_under_a_steady_writer_lose_nothing_and_double_not
     while live.outbox_len() < WRITES as usize && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
     }
-    sigterm(&child);
+    support::sigterm(&child);
     let output = child.wait_with_output().expect("output");
     assert_eq!(
         output.status.code(),
@@ -317,10 +304,7 @@ fn four_follow_partitions_under_writes_and_sigkills_hand_each_event_off_once_in_
     let seed = support::seed("HANDOFF_FOLLOW_SEED");
     eprintln!("HANDOFF_FOLLOW_SEED={seed}");
     let mut rng = Rng::new(seed ^ 0x4b1d);
-    let live = Live::with_config(Config {
-        transaction_lifetime: Duration::from_secs(1),
-        ..Config::default()
-    });
+    let live = Live::for_kills();
     const KEYS: i32 = 40;
     const UPDATES: i32 = 260;
     let mut runs: Vec<Child> = (0..4).map(|i| follow_partition(&live, i)).collect();
@@ -381,7 +365,7 @@ fn four_follow_partitions_under_writes_and_sigkills_hand_each_event_off_once_in_
         std::thread::sleep(Duration::from_millis(20));
     }
     for run in &runs {
-        sigterm(run);
+        support::sigterm(run);
     }
     for run in runs {
         let output = run.wait_with_output().expect("output");
@@ -529,7 +513,7 @@ fn a_follow_run_serves_its_metrics_in_the_openmetrics_format_while_it_runs() {
             "{line} outside a family"
         );
     }
-    sigterm(&child);
+    support::sigterm(&child);
     let output = child.wait_with_output().expect("output");
     assert_eq!(
         output.status.code(),

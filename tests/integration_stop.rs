@@ -20,15 +20,6 @@ fn spawn(live: &Live, max_wait: &str) -> Child {
         .unwrap()
 }
 
-fn sigterm(child: &Child) {
-    let status = std::process::Command::new("kill")
-        .arg("-TERM")
-        .arg(child.id().to_string())
-        .status()
-        .unwrap();
-    assert!(status.success());
-}
-
 /// Waits until the child's log shows `needle` `count` times; returns the lines read so far.
 fn wait_for(reader: &mut impl BufRead, needle: &str, count: usize) -> Vec<String> {
     let mut lines = Vec::new();
@@ -56,7 +47,7 @@ fn sigterm_while_idle_stops_promptly_with_outputs_and_no_watermark() {
     wait_for(&mut stderr, "run starting", 1);
     std::thread::sleep(Duration::from_millis(500));
     let sent = Instant::now();
-    sigterm(&child);
+    support::sigterm(&child);
     let output = child.wait_with_output().unwrap();
     let took = sent.elapsed();
     assert!(took < Duration::from_secs(5), "stopping took {took:?}");
@@ -89,7 +80,7 @@ fn sigterm_mid_handoff_keeps_checkpoint_and_outbox_consistent() {
     let mut stderr = BufReader::new(child.stderr.take().unwrap());
     wait_for(&mut stderr, "event committed", 20);
     let sent = Instant::now();
-    sigterm(&child);
+    support::sigterm(&child);
     let output = child.wait_with_output().unwrap();
     assert!(
         sent.elapsed() < Duration::from_secs(5),

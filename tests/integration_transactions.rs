@@ -13,7 +13,6 @@ use std::time::{Duration, Instant};
 
 use bson::{Document, doc};
 use futures_util::TryStreamExt;
-use mongo_sim::Config;
 use mongodb::options::ReadConcern;
 use support::Rng;
 use support::live::*;
@@ -196,10 +195,7 @@ fn a_reader_never_sees_part_of_a_source_transaction_under_kills_and_a_tiny_max_e
     let seed = support::seed("HANDOFF_TXN_SEED");
     eprintln!("HANDOFF_TXN_SEED={seed}");
     let mut rng = Rng::new(seed);
-    let live = Live::with_config(Config {
-        transaction_lifetime: Duration::from_secs(1),
-        ..Config::default()
-    });
+    let live = Live::for_kills();
     live.start_consumer();
     let sizes: Vec<u64> = (0..TRANSACTIONS).map(|_| 1 + rng.below(LARGEST)).collect();
     let (uri, db) = (live.uri(), live.db.clone());

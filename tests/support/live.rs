@@ -131,6 +131,16 @@ impl Live {
         }
     }
 
+    /// A test server of its own for runs killed mid-transaction: their open transaction is
+    /// reaped after a second, as a real server does after its lifetime limit (a minute by
+    /// default), so that the next run does not wait for it.
+    pub fn for_kills() -> Live {
+        Live::with_config(Config {
+            transaction_lifetime: std::time::Duration::from_secs(1),
+            ..Config::default()
+        })
+    }
+
     /// A test server of its own, configured for the test, whatever `MONGODB_URI` says.
     pub fn with_config(config: Config) -> Live {
         let server = ServerHandle::start_blocking(config).expect("test server starts");

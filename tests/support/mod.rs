@@ -196,6 +196,16 @@ pub fn metric(output: &Output, name: &str) -> Value {
         .clone()
 }
 
+/// Sends SIGTERM to `child` (a graceful stop).
+pub fn sigterm(child: &std::process::Child) {
+    let status = Command::new("kill")
+        .arg("-TERM")
+        .arg(child.id().to_string())
+        .status()
+        .expect("kill");
+    assert!(status.success());
+}
+
 pub fn stderr(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
 }

@@ -70,51 +70,59 @@ impl LiveMetrics {
             ready: AtomicBool::new(false),
             scrapes: AtomicU64::new(0),
         };
-        registry.register(
-            "events_committed",
-            "Events committed (handed off, skipped or quarantined)",
-            metrics.committed.clone(),
-        );
-        registry.register(
-            "events_handed_off",
-            "Events handed off to the outbox",
-            metrics.handed_off.clone(),
-        );
-        registry.register(
-            "events_skipped",
-            "Events the policy skipped",
-            metrics.skipped.clone(),
-        );
-        registry.register(
-            "events_quarantined",
-            "Events the policy quarantined",
-            metrics.quarantined.clone(),
-        );
-        registry.register(
-            "source_transactions",
-            "Source transactions committed whole",
-            metrics.source_transactions.clone(),
-        );
+        for (name, help, counter) in [
+            (
+                "events_committed",
+                "Events committed (handed off, skipped or quarantined)",
+                &metrics.committed,
+            ),
+            (
+                "events_handed_off",
+                "Events handed off to the outbox",
+                &metrics.handed_off,
+            ),
+            (
+                "events_skipped",
+                "Events the policy skipped",
+                &metrics.skipped,
+            ),
+            (
+                "events_quarantined",
+                "Events the policy quarantined",
+                &metrics.quarantined,
+            ),
+            (
+                "source_transactions",
+                "Source transactions committed whole",
+                &metrics.source_transactions,
+            ),
+        ] {
+            registry.register(name, help, counter.clone());
+        }
         registry.register(
             "latency_seconds",
             "From a change's write (its wallTime) to the commit of its hand-off",
             metrics.latency.clone(),
         );
-        registry.register(
-            "checkpoint_age_seconds",
-            "This machine's clock minus the checkpoint's cluster time",
-            metrics.checkpoint_age.clone(),
-        );
-        registry.register(
-            "lag_seconds",
-            "The deployment's cluster time minus the checkpoint's (read every 10 s)",
-            metrics.lag.clone(),
-        );
-        registry.register(
-            "oplog_margin_seconds",
-            "The checkpoint's cluster time minus the oplog's oldest entry (read every 10 s)",
-            metrics.oplog_margin.clone(),
-        );
+        for (name, help, gauge) in [
+            (
+                "checkpoint_age_seconds",
+                "This machine's clock minus the checkpoint's cluster time",
+                &metrics.checkpoint_age,
+            ),
+            (
+                "lag_seconds",
+                "The deployment's cluster time minus the checkpoint's (read every 10 s)",
+                &metrics.lag,
+            ),
+            (
+                "oplog_margin_seconds",
+                "The checkpoint's cluster time minus the oplog's oldest entry (read every 10 s)",
+                &metrics.oplog_margin,
+            ),
+        ] {
+            registry.register(name, help, gauge.clone());
+        }
         Arc::new(LiveMetrics {
             registry,
             ..metrics
