@@ -37,7 +37,13 @@ const BASELINE_INPUTS: &[(&str, &str, &str)] = &[
 ];
 
 /// Folders of `flows/` holding other engines' examples (checked by the `integration_engine_*` suites).
-const OTHER_ENGINES: &[&str] = &["airflow", "argo", "github-actions"];
+const OTHER_ENGINES: &[&str] = &[
+    "airflow",
+    "argo",
+    "github-actions",
+    "kestra-partitions",
+    "kubernetes",
+];
 
 fn flows() -> Vec<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../flows");
