@@ -37,13 +37,7 @@ const BASELINE_INPUTS: &[(&str, &str, &str)] = &[
 ];
 
 /// Folders of `flows/` holding other engines' examples (checked by the `integration_engine_*` suites).
-const OTHER_ENGINES: &[&str] = &[
-    "airflow",
-    "argo",
-    "github-actions",
-    "kestra-partitions",
-    "kubernetes",
-];
+const OTHER_ENGINES: &[&str] = &["airflow", "argo", "github-actions"];
 
 fn flows() -> Vec<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../flows");

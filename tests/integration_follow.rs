@@ -43,25 +43,6 @@ fn wait_for(reader: &mut impl BufRead, needle: &str) {
     panic!("{needle:?} never logged");
 }
 
-/// Waits until a run holds `consumer`'s lease (its lease runs into the future).
-fn claimed(live: &Live, consumer: &str) {
-    let started = Instant::now();
-    loop {
-        let checkpoint = live
-            .wait(live.coll(CHECKPOINTS).find_one(doc! {"_id": consumer}))
-            .expect("find the checkpoint");
-        let until = checkpoint.and_then(|c| c.get_datetime("leaseUntil").ok().copied());
-        if until.is_some_and(|until| until > bson::DateTime::now()) {
-            return;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "no run took {consumer}"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
 /// Waits until the outbox holds `n` records, panicking after `limit`.
 fn outbox_reaches(live: &Live, n: usize, limit: Duration) -> Duration {
     let started = Instant::now();
@@ -269,10 +250,8 @@ fn ten_sigkills_of_follow_runs_under_a_steady_writer_lose_nothing_and_double_not
         live.expire_lease();
     }
     writer.join().expect("writer");
-    // A last follow run catches up, then ends on SIGTERM (once it holds the consumer: a signal
-    // before the process listens for it would end it as the signal's default does).
+    // A last follow run catches up, then ends on SIGTERM.
     let child = follow(&live, &[]);
-    claimed(&live, CONSUMER);
     let deadline = Instant::now() + Duration::from_secs(60);
     while live.outbox_len() < WRITES as usize && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
@@ -384,9 +363,6 @@ fn four_follow_partitions_under_writes_and_sigkills_hand_each_event_off_once_in_
     let deadline = Instant::now() + Duration::from_secs(60);
     while live.outbox_len() < expected && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
-    }
-    for index in 0..4 {
-        claimed(&live, &format!("orders-{index}"));
     }
     for run in &runs {
         support::sigterm(run);
