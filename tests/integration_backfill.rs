@@ -476,64 +476,57 @@ const INITIAL: i32 = 10_000;
 const KEY_SPACE: i32 = 12_000;
 
 /// Inserts, updates and deletes until told to stop; returns how many operations it made.
-fn write_continuously(uri: String, db: String, seed: u64, stop: Arc<AtomicBool>) -> u64 {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
+async fn write_continuously(db: mongodb::Database, seed: u64, stop: Arc<AtomicBool>) -> u64 {
     let mut rng = Rng::new(seed ^ 0x0b5e55ed);
-    rt.block_on(async move {
-        let client = mongodb::Client::with_uri_str(&uri).await.expect("client");
-        let orders = client.database(&db).collection::<Document>("orders");
-        let states = client.database(&db).collection::<Document>(STATES);
-        let mut ops = 0;
-        let mut focus = 0;
-        while !stop.load(Ordering::Relaxed) {
-            // Half the writes go just past the backfill's position: into the chunk it reads.
-            if ops % 20 == 0 {
-                let saved = states
-                    .find_one(doc! { "_id": CONSUMER })
-                    .await
-                    .expect("read the backfill state");
-                focus = saved.and_then(|s| s.get_i32("last_key").ok()).unwrap_or(-1);
-            }
-            let key = if rng.below(2) == 0 {
-                focus + 1 + rng.below(500) as i32
-            } else {
-                rng.below(KEY_SPACE as u64) as i32
-            };
-            let result = match rng.below(10) {
-                0..=3 => orders
-                    .update_one(
-                        doc! { "_id": key },
-                        doc! { "$inc": { "qty": 1 }, "$set": { "touched": ops as i64 } },
-                    )
-                    .await
-                    .map(|_| ()),
-                4..=5 => orders.delete_one(doc! { "_id": key }).await.map(|_| ()),
-                6..=7 => orders
-                    .replace_one(
-                        doc! { "_id": key },
-                        doc! { "_id": key, "qty": -(ops as i64), "replaced": true },
-                    )
-                    .upsert(true)
-                    .await
-                    .map(|_| ()),
-                _ => match orders
-                    .insert_one(doc! { "_id": key, "qty": 0, "new": true })
-                    .await
-                {
-                    // The key exists: nothing changed.
-                    Err(e) if duplicate_key(&e) => Ok(()),
-                    other => other.map(|_| ()),
-                },
-            };
-            result.expect("a write of the writer");
-            ops += 1;
-            tokio::time::sleep(Duration::from_millis(1)).await;
+    let orders = db.collection::<Document>("orders");
+    let states = db.collection::<Document>(STATES);
+    let mut ops = 0;
+    let mut focus = 0;
+    while !stop.load(Ordering::Relaxed) {
+        // Half the writes go just past the backfill's position: into the chunk it reads.
+        if ops % 20 == 0 {
+            let saved = states
+                .find_one(doc! { "_id": CONSUMER })
+                .await
+                .expect("read the backfill state");
+            focus = saved.and_then(|s| s.get_i32("last_key").ok()).unwrap_or(-1);
         }
-        ops
-    })
+        let key = if rng.below(2) == 0 {
+            focus + 1 + rng.below(500) as i32
+        } else {
+            rng.below(KEY_SPACE as u64) as i32
+        };
+        let result = match rng.below(10) {
+            0..=3 => orders
+                .update_one(
+                    doc! { "_id": key },
+                    doc! { "$inc": { "qty": 1 }, "$set": { "touched": ops as i64 } },
+                )
+                .await
+                .map(|_| ()),
+            4..=5 => orders.delete_one(doc! { "_id": key }).await.map(|_| ()),
+            6..=7 => orders
+                .replace_one(
+                    doc! { "_id": key },
+                    doc! { "_id": key, "qty": -(ops as i64), "replaced": true },
+                )
+                .upsert(true)
+                .await
+                .map(|_| ()),
+            _ => match orders
+                .insert_one(doc! { "_id": key, "qty": 0, "new": true })
+                .await
+            {
+                // The key exists: nothing changed.
+                Err(e) if duplicate_key(&e) => Ok(()),
+                other => other.map(|_| ()),
+            },
+        };
+        result.expect("a write of the writer");
+        ops += 1;
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    ops
 }
 
 fn duplicate_key(error: &mongodb::error::Error) -> bool {
@@ -596,8 +589,8 @@ fn ten_thousand_documents_under_writes_runs_and_kills_end_described_exactly() {
     let stop_runs = Arc::new(AtomicBool::new(false));
     let runs = Arc::new(AtomicU64::new(0));
     let writer = {
-        let (uri, db, stop) = (live.uri(), live.db.clone(), stop_writer.clone());
-        std::thread::spawn(move || write_continuously(uri, db, seed, stop))
+        let stop = stop_writer.clone();
+        live.background(async move |_, db| write_continuously(db, seed, stop).await)
     };
     let runner = {
         let (uri, db, stop, runs) = (live.uri(), live.db.clone(), stop_runs.clone(), runs.clone());

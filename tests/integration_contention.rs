@@ -18,32 +18,24 @@ const ROUNDS: usize = 6;
 fn concurrent_runs_on_one_consumer_hand_off_every_event_exactly_once() {
     let live = Live::start();
     let start = live.start_consumer();
-    let (uri, db) = (live.uri(), live.db.clone());
     // The writer keeps inserting while the rounds race.
     let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
-    let writer = std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async move {
-            let client = mongodb::Client::with_uri_str(&uri).await.unwrap();
-            let orders = client.database(&db).collection::<bson::Document>("orders");
-            let mut written = 0;
-            while stop_rx.try_recv().is_err() {
-                orders
-                    .insert_many(
-                        (0..5)
-                            .map(|k| doc! {"_id": written + k})
-                            .collect::<Vec<_>>(),
-                    )
-                    .await
-                    .unwrap();
-                written += 5;
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            written
-        })
+    let writer = live.background(async move |_, db| {
+        let orders = db.collection::<bson::Document>("orders");
+        let mut written = 0;
+        while stop_rx.try_recv().is_err() {
+            orders
+                .insert_many(
+                    (0..5)
+                        .map(|k| doc! {"_id": written + k})
+                        .collect::<Vec<_>>(),
+                )
+                .await
+                .unwrap();
+            written += 5;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        written
     });
 
     let (mut wins, mut start_losses, mut losses, mut watermark_losses) = (0, 0, 0, 0);

@@ -28,60 +28,57 @@ fn seed() -> u64 {
 
 /// The known sequence of source changes, paced by the generator. Returns the operation type of
 /// every change event it caused, in commit order.
-fn write_sequence(uri: String, db: String, seed: u64) -> Vec<&'static str> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
+async fn write_sequence(
+    client: mongodb::Client,
+    db: mongodb::Database,
+    seed: u64,
+) -> Vec<&'static str> {
     let mut rng = Rng::new(seed ^ 0x5eed);
-    rt.block_on(async move {
-        let client = mongodb::Client::with_uri_str(&uri).await.expect("client");
-        let orders = client.database(&db).collection::<bson::Document>("orders");
-        let mut ops = Vec::new();
-        for i in 0..STEPS {
+    let orders = db.collection::<bson::Document>("orders");
+    let mut ops = Vec::new();
+    for i in 0..STEPS {
+        orders
+            .insert_one(doc! {"_id": i, "qty": 0})
+            .await
+            .expect("insert");
+        ops.push("insert");
+        if i % 3 == 2 {
             orders
-                .insert_one(doc! {"_id": i, "qty": 0})
+                .update_one(doc! {"_id": i - 1}, doc! {"$inc": {"qty": 1}})
                 .await
-                .expect("insert");
-            ops.push("insert");
-            if i % 3 == 2 {
+                .expect("update");
+            ops.push("update");
+        }
+        if i % 5 == 4 {
+            orders
+                .delete_one(doc! {"_id": i - 2})
+                .await
+                .expect("delete");
+            ops.push("delete");
+        }
+        if i == STEPS / 2 {
+            // A multi-document transaction: three inserts and an update, one commit.
+            let mut session = client.start_session().await.expect("session");
+            session.start_transaction().await.expect("start");
+            for k in 0..3 {
                 orders
-                    .update_one(doc! {"_id": i - 1}, doc! {"$inc": {"qty": 1}})
-                    .await
-                    .expect("update");
-                ops.push("update");
-            }
-            if i % 5 == 4 {
-                orders
-                    .delete_one(doc! {"_id": i - 2})
-                    .await
-                    .expect("delete");
-                ops.push("delete");
-            }
-            if i == STEPS / 2 {
-                // A multi-document transaction: three inserts and an update, one commit.
-                let mut session = client.start_session().await.expect("session");
-                session.start_transaction().await.expect("start");
-                for k in 0..3 {
-                    orders
-                        .insert_one(doc! {"_id": 1000 + k, "txn": true})
-                        .session(&mut session)
-                        .await
-                        .expect("txn insert");
-                    ops.push("insert");
-                }
-                orders
-                    .update_one(doc! {"_id": i}, doc! {"$set": {"txn": true}})
+                    .insert_one(doc! {"_id": 1000 + k, "txn": true})
                     .session(&mut session)
                     .await
-                    .expect("txn update");
-                ops.push("update");
-                session.commit_transaction().await.expect("commit");
+                    .expect("txn insert");
+                ops.push("insert");
             }
-            tokio::time::sleep(Duration::from_millis(rng.below(240))).await;
+            orders
+                .update_one(doc! {"_id": i}, doc! {"$set": {"txn": true}})
+                .session(&mut session)
+                .await
+                .expect("txn update");
+            ops.push("update");
+            session.commit_transaction().await.expect("commit");
         }
-        ops
-    })
+        tokio::time::sleep(Duration::from_millis(rng.below(240))).await;
+    }
+    ops
 }
 
 /// A `handoff run` under watch: its stderr is read as it comes, and every commit it logs is
@@ -265,8 +262,7 @@ fn killed_runs_lose_nothing_and_hand_off_nothing_twice() {
     let live = Live::for_kills();
     let start = live.start_consumer();
 
-    let (uri, db) = (live.uri(), live.db.clone());
-    let writer = std::thread::spawn(move || write_sequence(uri, db, seed));
+    let writer = live.background(async move |client, db| write_sequence(client, db, seed).await);
     let mut tally = Tally::default();
     let give_up = Instant::now() + Duration::from_secs(50 + u64::from(target));
     while tally.kills < target || !writer.is_finished() {

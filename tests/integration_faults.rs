@@ -124,24 +124,14 @@ fn a_connection_closed_on_get_more_is_resumed_without_loss_or_repeat() {
         doc! {"failCommands": ["getMore"], "closeConnection": true},
     );
     let (tx, rx) = std::sync::mpsc::channel();
-    let writer = {
-        let (uri, db) = (live.uri(), live.db.clone());
-        std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async move {
-                let client = mongodb::Client::with_uri_str(&uri).await.unwrap();
-                let orders = client.database(&db).collection::<Document>("orders");
-                rx.recv().unwrap();
-                for i in 3..12 {
-                    orders.insert_one(doc! {"_id": i}).await.unwrap();
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            })
-        })
-    };
+    let writer = live.background(async move |_, db| {
+        let orders = db.collection::<Document>("orders");
+        rx.recv().unwrap();
+        for i in 3..12 {
+            orders.insert_one(doc! {"_id": i}).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
     let child = live.spawn(&["--max-wait-seconds", "2"]);
     tx.send(()).unwrap();
     let output = child.wait_with_output().unwrap();

@@ -14,11 +14,11 @@ use crate::support::engines;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::BufReader;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use bson::doc;
 use serde_json::Value;
+use support::kestra::{Capture, Kestra, expressions, kestra_parse};
 use support::live::Live;
 
 const BASELINE_INPUTS: &[(&str, &str, &str)] = &[
@@ -36,8 +36,15 @@ const BASELINE_INPUTS: &[(&str, &str, &str)] = &[
     ("max_wait_seconds", "INT", "10"),
 ];
 
-/// Folders of `flows/` holding other engines' examples (checked by the `integration_engine_*` suites).
-const OTHER_ENGINES: &[&str] = &["airflow", "argo", "github-actions"];
+/// Folders of `flows/` holding other engines' examples (checked by the `integration_engine_*` suites)
+/// and the scale-out examples (`integration_scale_out`).
+const OTHER_ENGINES: &[&str] = &[
+    "airflow",
+    "argo",
+    "github-actions",
+    "kestra-partitions",
+    "kubernetes",
+];
 
 fn flows() -> Vec<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../flows");
@@ -71,53 +78,6 @@ fn load(path: &Path) -> (String, Value) {
     (text, serde_json::to_value(yaml).unwrap())
 }
 
-/// Every `{{ … }}` expression of a text.
-fn expressions(text: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut rest = text;
-    while let Some(start) = rest.find("{{") {
-        let Some(end) = rest[start..].find("}}") else {
-            break;
-        };
-        out.push(rest[start + 2..start + end].trim().to_string());
-        rest = &rest[start + end + 2..];
-    }
-    out
-}
-
-/// A minimal Pebble substitution: inputs (with overrides) and the secret.
-fn render(template: &str, inputs: &BTreeMap<String, String>, uri: &str) -> String {
-    let mut out = template.to_string();
-    for expr in expressions(template) {
-        let value = if let Some(name) = expr.strip_prefix("inputs.") {
-            inputs
-                .get(name)
-                .unwrap_or_else(|| panic!("undeclared input {name}"))
-                .clone()
-        } else if expr == "secret('MONGODB_URI')" {
-            uri.to_string()
-        } else {
-            panic!("the capture task uses an expression this check cannot render: {expr}");
-        };
-        out = out.replace(&format!("{{{{{}}}}}", expr_raw(template, &expr)), &value);
-    }
-    out
-}
-
-/// The exact text between the braces of the first occurrence of `expr` (spacing preserved).
-fn expr_raw(template: &str, expr: &str) -> String {
-    let mut rest = template;
-    while let Some(start) = rest.find("{{") {
-        let end = rest[start..].find("}}").unwrap();
-        let raw = &rest[start + 2..start + end];
-        if raw.trim() == expr {
-            return raw.to_string();
-        }
-        rest = &rest[start + end + 2..];
-    }
-    unreachable!()
-}
-
 /// The capture task's variables (`outputs.capture_and_checkpoint.vars.X`) a part of a flow reads.
 fn capture_vars_read(part: &Value) -> BTreeSet<String> {
     expressions(&serde_json::to_string(part).unwrap())
@@ -131,113 +91,6 @@ fn capture_vars_read(part: &Value) -> BTreeSet<String> {
             )
         })
         .collect()
-}
-
-/// What Kestra makes of a task's output: the merged outputs, the metrics and the log lines.
-struct Kestra {
-    vars: serde_json::Map<String, Value>,
-    metrics: Vec<Value>,
-    /// (level, message), in order.
-    logs: Vec<(String, String)>,
-}
-
-/// Reads a task's output as Kestra's task log line matcher does: a line matching
-/// `^::(\{.*})::$` is one JSON object whose `outputs` are merged, whose `metrics` are recorded
-/// and whose `logs` are logged at their `level` (one of slf4j's level names); any other line is
-/// logged as it is, at INFO from stdout and at ERROR from stderr.
-fn kestra_parse(stdout: &str, stderr: &str) -> Kestra {
-    let mut parsed = Kestra {
-        vars: serde_json::Map::new(),
-        metrics: Vec::new(),
-        logs: Vec::new(),
-    };
-    for line in stdout.lines() {
-        let Some(inner) = line
-            .strip_prefix("::")
-            .and_then(|l| l.strip_suffix("::"))
-            .filter(|inner| inner.starts_with('{') && inner.ends_with('}'))
-        else {
-            parsed.logs.push(("INFO".into(), line.to_string()));
-            continue;
-        };
-        let value: Value = serde_json::from_str(inner).expect("a task protocol line is JSON");
-        if let Some(Value::Object(outputs)) = value.get("outputs") {
-            parsed.vars.extend(outputs.clone());
-        }
-        if let Some(Value::Array(m)) = value.get("metrics") {
-            parsed.metrics.extend(m.clone());
-        }
-        if let Some(Value::Array(logs)) = value.get("logs") {
-            for log in logs {
-                let level = log["level"].as_str().expect("a log level");
-                assert!(
-                    ["ERROR", "WARN", "INFO", "DEBUG", "TRACE"].contains(&level),
-                    "not an slf4j level: {level}"
-                );
-                let message = log["message"].as_str().expect("a log message");
-                parsed.logs.push((level.into(), message.into()));
-            }
-        }
-    }
-    for line in stderr.lines() {
-        parsed.logs.push(("ERROR".into(), line.to_string()));
-    }
-    parsed
-}
-
-struct Capture<'a> {
-    task: &'a Value,
-    inputs: BTreeMap<String, String>,
-}
-
-impl Capture<'_> {
-    /// Starts the capture task as its runner would: a working directory with the namespace files,
-    /// `handoff` found on `path`, the rendered env, the commands as one script `sh -c "set -e
-    /// …"` (the script tasks' `failFast`), stdout and stderr piped.
-    fn spawn(&self, uri: &str, workdir: &Path, path: &str) -> Child {
-        let env = self.task["env"].as_object().expect("capture task env");
-        let commands: Vec<String> = self.task["commands"]
-            .as_array()
-            .expect("commands")
-            .iter()
-            .map(|c| render(c.as_str().unwrap(), &self.inputs, uri))
-            .collect();
-        let mut cmd = Command::new("sh");
-        cmd.arg("-c")
-            .arg(format!("set -e\n{}", commands.join("\n")))
-            .current_dir(workdir);
-        cmd.env_clear()
-            .env("PATH", path)
-            .env("HANDOFF_CACHE_DIR", support::cache_dir());
-        for (key, value) in env {
-            let value = match value {
-                Value::String(s) => s.clone(),
-                other => other.to_string(),
-            };
-            cmd.env(key, render(&value, &self.inputs, uri));
-        }
-        cmd.stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap()
-    }
-
-    /// Runs the capture task (see [`Capture::spawn`]) with the `handoff` under test. Returns the
-    /// exit code and what Kestra makes of stdout and stderr.
-    fn run(&self, uri: &str, workdir: &Path) -> (i32, Kestra) {
-        self.run_with(uri, workdir, &engines::path_with(&engines::handoff_dir()))
-    }
-
-    fn run_with(&self, uri: &str, workdir: &Path, path: &str) -> (i32, Kestra) {
-        let output = self.spawn(uri, workdir, path).wait_with_output().unwrap();
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        (
-            output.status.code().unwrap_or(-1),
-            kestra_parse(&stdout, &stderr),
-        )
-    }
 }
 
 /// What the flow does after an attempt of the capture task ended with `code` and these outputs, as
@@ -501,6 +354,7 @@ fn every_flow_keeps_the_baseline_contract_and_runs_against_a_replica_set() {
         let capture = Capture {
             task,
             inputs: inputs.clone(),
+            value: None,
         };
         let check = |expected_status: &str, expected_events: Option<u64>| {
             let (code, kestra) = capture.run(&uri, workdir.path());
@@ -569,7 +423,11 @@ fn every_flow_keeps_the_baseline_contract_and_runs_against_a_replica_set() {
             failure_vars.contains("error_class") && failure_vars.contains("guidance"),
             "{name}: the errors branch reads the failure's class and guidance: {failure_vars:?}"
         );
-        let mut bad = Capture { task, inputs };
+        let mut bad = Capture {
+            task,
+            inputs,
+            value: None,
+        };
         bad.inputs.insert("max_events".into(), "0".into());
         let (code, kestra) = bad.run(&uri, workdir.path());
         assert_eq!(
@@ -661,6 +519,7 @@ fn every_flow_retries_only_what_a_later_attempt_can_fix_after_the_lease_and_stop
         let capture = Capture {
             task,
             inputs: input_defaults(&flow),
+            value: None,
         };
         let workdir = tempfile::tempdir().unwrap();
         for &code in &codes {
@@ -730,7 +589,11 @@ fn every_flow_retries_only_what_a_later_attempt_can_fix_after_the_lease_and_stop
         let mut inputs = input_defaults(&flow);
         inputs.insert("database".into(), live.db.clone());
         inputs.insert("max_wait_seconds".into(), "30".into());
-        let capture = Capture { task, inputs };
+        let capture = Capture {
+            task,
+            inputs,
+            value: None,
+        };
         let mut child = capture.spawn(
             &uri,
             workdir.path(),

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use bson::doc;
 use support::Rng;
 use support::live::*;
+use support::{http, partitions};
 
 /// `handoff run --follow` with `extra`, its debug log piped.
 fn follow(live: &Live, extra: &[&str]) -> Child {
@@ -41,25 +42,6 @@ fn wait_for(reader: &mut impl BufRead, needle: &str) {
         }
     }
     panic!("{needle:?} never logged");
-}
-
-/// Waits until a run holds `consumer`'s lease (its lease runs into the future).
-fn claimed(live: &Live, consumer: &str) {
-    let started = Instant::now();
-    loop {
-        let checkpoint = live
-            .wait(live.coll(CHECKPOINTS).find_one(doc! {"_id": consumer}))
-            .expect("find the checkpoint");
-        let until = checkpoint.and_then(|c| c.get_datetime("leaseUntil").ok().copied());
-        if until.is_some_and(|until| until > bson::DateTime::now()) {
-            return;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "no run took {consumer}"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
 }
 
 /// Waits until the outbox holds `n` records, panicking after `limit`.
@@ -232,20 +214,12 @@ fn ten_sigkills_of_follow_runs_under_a_steady_writer_lose_nothing_and_double_not
     let live = Live::for_kills();
     live.start_consumer();
     const WRITES: i32 = 400;
-    let (uri, db) = (live.uri(), live.db.clone());
-    let writer = std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        rt.block_on(async move {
-            let client = mongodb::Client::with_uri_str(&uri).await.expect("client");
-            let orders = client.database(&db).collection::<bson::Document>("orders");
-            for i in 0..WRITES {
-                orders.insert_one(doc! {"_id": i}).await.expect("insert");
-                tokio::time::sleep(Duration::from_millis(8)).await;
-            }
-        })
+    let writer = live.background(async |_, db| {
+        let orders = db.collection::<bson::Document>("orders");
+        for i in 0..WRITES {
+            orders.insert_one(doc! {"_id": i}).await.expect("insert");
+            tokio::time::sleep(Duration::from_millis(8)).await;
+        }
     });
     let mut kills = 0;
     while kills < 10 {
@@ -272,7 +246,7 @@ fn ten_sigkills_of_follow_runs_under_a_steady_writer_lose_nothing_and_double_not
     // A last follow run catches up, then ends on SIGTERM (once it holds the consumer: a signal
     // before the process listens for it would end it as the signal's default does).
     let child = follow(&live, &[]);
-    claimed(&live, CONSUMER);
+    partitions::claimed(&live, CONSUMER);
     let deadline = Instant::now() + Duration::from_secs(60);
     while live.outbox_len() < WRITES as usize && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
@@ -311,15 +285,6 @@ fn follow_partition(live: &Live, index: usize) -> Child {
         .expect("spawn handoff")
 }
 
-/// Ends a consumer's lease now, as time would after its run was killed.
-fn expire_lease_of(live: &Live, consumer: &str) {
-    live.wait(live.coll(CHECKPOINTS).update_one(
-        doc! {"_id": consumer},
-        doc! {"$set": {"leaseUntil": bson::DateTime::from_millis(0)}},
-    ))
-    .expect("expire the lease");
-}
-
 #[test]
 fn four_follow_partitions_under_writes_and_sigkills_hand_each_event_off_once_in_order() {
     let seed = support::seed("HANDOFF_FOLLOW_SEED");
@@ -329,46 +294,10 @@ fn four_follow_partitions_under_writes_and_sigkills_hand_each_event_off_once_in_
     const KEYS: i32 = 40;
     const UPDATES: i32 = 260;
     let mut runs: Vec<Child> = (0..4).map(|i| follow_partition(&live, i)).collect();
-    // Each partition's consumer starts where its first run starts: wait for all four.
-    let started = Instant::now();
-    let with_token = doc! {"token": {"$type": "object"}};
-    while live
-        .wait(live.coll(CHECKPOINTS).count_documents(with_token.clone()))
-        .expect("count")
-        < 4
-    {
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "the partitions never started"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let (uri, db) = (live.uri(), live.db.clone());
-    let writer = std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        let mut rng = Rng::new(seed ^ 0x5eed);
-        rt.block_on(async move {
-            let client = mongodb::Client::with_uri_str(&uri).await.expect("client");
-            let orders = client.database(&db).collection::<bson::Document>("orders");
-            for key in 0..KEYS {
-                orders
-                    .insert_one(doc! {"_id": key, "v": 0})
-                    .await
-                    .expect("insert");
-            }
-            for v in 1..=UPDATES {
-                let key = rng.below(KEYS as u64) as i32;
-                orders
-                    .update_one(doc! {"_id": key}, doc! {"$set": {"v": v}})
-                    .await
-                    .expect("update");
-                tokio::time::sleep(Duration::from_millis(rng.below(12))).await;
-            }
-        })
-    });
+    let consumers: Vec<String> = (0..4).map(|i| format!("orders-{i}")).collect();
+    partitions::started(&live, &consumers);
+    let writer =
+        live.background(async move |_, db| partitions::write_keys(db, KEYS, UPDATES, seed).await);
     let mut kills = 0;
     while !writer.is_finished() || kills < 8 {
         std::thread::sleep(Duration::from_millis(150 + rng.below(400)));
@@ -376,7 +305,7 @@ fn four_follow_partitions_under_writes_and_sigkills_hand_each_event_off_once_in_
         let _ = runs[index].kill();
         let _ = runs[index].wait();
         kills += 1;
-        expire_lease_of(&live, &format!("orders-{index}"));
+        partitions::expire_lease_of(&live, &consumers[index]);
         runs[index] = follow_partition(&live, index);
     }
     writer.join().expect("writer");
@@ -398,8 +327,8 @@ fn four_follow_partitions_under_writes_and_sigkills_hand_each_event_off_once_in_
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    for index in 0..4 {
-        claimed(&live, &format!("orders-{index}"));
+    for consumer in &consumers {
+        partitions::claimed(&live, consumer);
     }
     for run in &runs {
         support::sigterm(run);
@@ -413,104 +342,37 @@ fn four_follow_partitions_under_writes_and_sigkills_hand_each_event_off_once_in_
         );
     }
     // Every write once, each key's events in one partition, in the order they were written.
-    let outbox = live.outbox();
-    assert_eq!(outbox.len(), expected, "every write once (seed {seed})");
-    let mut partition_of = std::collections::HashMap::new();
-    let mut last_v = std::collections::HashMap::new();
-    let mut ids = std::collections::HashSet::new();
-    for record in &outbox {
-        let id = record.get_str("_id").expect("_id").to_string();
-        assert!(ids.insert(id), "a record twice (seed {seed})");
-        let consumer = record.get_str("consumer").expect("consumer").to_string();
-        let event = record.get_document("event").expect("event");
-        let key = event
-            .get_document("documentKey")
-            .and_then(|k| k.get_i32("_id"))
-            .expect("documentKey._id");
-        let v = event
-            .get_document("updateDescription")
-            .ok()
-            .and_then(|u| u.get_document("updatedFields").ok())
-            .and_then(|f| f.get_i32("v").ok())
-            .or_else(|| {
-                event
-                    .get_document("fullDocument")
-                    .ok()
-                    .and_then(|d| d.get_i32("v").ok())
-            })
-            .expect("the write's v");
-        let first = partition_of.entry(key).or_insert_with(|| consumer.clone());
-        assert_eq!(
-            *first, consumer,
-            "key {key} in two partitions (seed {seed})"
-        );
-        let before = last_v.insert(key, v);
-        assert!(
-            before.is_none_or(|b| b < v),
-            "key {key}: {v} after {before:?} (seed {seed})"
-        );
-    }
-    let used: std::collections::HashSet<_> = partition_of.values().collect();
-    assert_eq!(
-        used.len(),
-        4,
-        "every partition handed some off (seed {seed})"
-    );
+    partitions::check_partitioned(&live.outbox(), expected, 4, seed);
     eprintln!(
         "{expected} writes over {KEYS} keys, 4 follow partitions, {kills} SIGKILLs: every write \
          once, each key in one partition, in order"
     );
 }
 
-/// `GET path` from the metrics endpoint at `port`: the status code, the content type and the body.
-fn get(port: u16, path: &str) -> Option<(u16, String, String)> {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").ok()?;
-    let mut reply = String::new();
-    stream.read_to_string(&mut reply).ok()?;
-    let (head, body) = reply.split_once("\r\n\r\n")?;
-    let status = head.split_whitespace().nth(1)?.parse().ok()?;
-    let content_type = head
-        .lines()
-        .find_map(|line| {
-            let (name, value) = line.split_once(':')?;
-            name.eq_ignore_ascii_case("content-type")
-                .then(|| value.trim().to_string())
-        })
-        .unwrap_or_default();
-    Some((status, content_type, body.to_string()))
-}
-
-/// A port nothing listens on now.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
-
 #[test]
 fn a_follow_run_serves_its_metrics_in_the_openmetrics_format_while_it_runs() {
     let live = Live::start();
     live.start_consumer();
-    let port = free_port();
+    let port = http::free_port();
     let child = follow(&live, &["--metrics-listen", &port.to_string()]);
     let started = Instant::now();
-    while get(port, "/readyz").map(|r| r.0) != Some(200) {
+    while http::status(port, "/readyz") != Some(200) {
         assert!(
             started.elapsed() < Duration::from_secs(20),
             "never ready: {:?}",
-            get(port, "/readyz")
+            http::status(port, "/readyz")
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    assert_eq!(get(port, "/healthz").map(|r| r.0), Some(200));
-    assert_eq!(get(port, "/nothing").map(|r| r.0), Some(404));
+    assert_eq!(http::status(port, "/healthz"), Some(200));
+    assert_eq!(http::status(port, "/nothing"), Some(404));
     live.insert(0..3);
     outbox_reaches(&live, 3, Duration::from_secs(10));
-    let (status, content_type, body) = get(port, "/metrics").expect("metrics");
+    let http::Reply {
+        status,
+        content_type,
+        body,
+    } = http::get(port, "/metrics").expect("metrics");
     assert_eq!(status, 200);
     assert!(
         content_type.starts_with("application/openmetrics-text; version=1.0.0"),

@@ -27,41 +27,37 @@ const MIN_KILLS: u32 = 10;
 /// Commits `sizes.len()` transactions, the k-th inserting `sizes[k]` documents
 /// `{_id: "t<k>-<j>", txn: k, of: sizes[k]}` into `orders`, paced by `rng`; a single insert
 /// outside any transaction after every fifth.
-fn write_transactions(uri: String, db: String, sizes: Vec<u64>, seed: u64) -> usize {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
+async fn write_transactions(
+    client: mongodb::Client,
+    db: mongodb::Database,
+    sizes: Vec<u64>,
+    seed: u64,
+) -> usize {
     let mut rng = Rng::new(seed ^ 0x7a7a);
-    rt.block_on(async move {
-        let client = mongodb::Client::with_uri_str(&uri).await.expect("client");
-        let orders = client.database(&db).collection::<Document>("orders");
-        let mut events = 0;
-        for (k, size) in sizes.iter().enumerate() {
-            let mut session = client.start_session().await.expect("session");
-            session.start_transaction().await.expect("start");
-            for j in 0..*size {
-                orders
-                    .insert_one(
-                        doc! {"_id": format!("t{k}-{j}"), "txn": k as i32, "of": *size as i64},
-                    )
-                    .session(&mut session)
-                    .await
-                    .expect("insert in the transaction");
-            }
-            session.commit_transaction().await.expect("commit");
-            events += *size as usize;
-            if k % 5 == 4 {
-                orders
-                    .insert_one(doc! {"_id": format!("single-{k}"), "txn": -1, "of": 1i64})
-                    .await
-                    .expect("insert");
-                events += 1;
-            }
-            tokio::time::sleep(Duration::from_millis(rng.below(150))).await;
+    let orders = db.collection::<Document>("orders");
+    let mut events = 0;
+    for (k, size) in sizes.iter().enumerate() {
+        let mut session = client.start_session().await.expect("session");
+        session.start_transaction().await.expect("start");
+        for j in 0..*size {
+            orders
+                .insert_one(doc! {"_id": format!("t{k}-{j}"), "txn": k as i32, "of": *size as i64})
+                .session(&mut session)
+                .await
+                .expect("insert in the transaction");
         }
-        events
-    })
+        session.commit_transaction().await.expect("commit");
+        events += *size as usize;
+        if k % 5 == 4 {
+            orders
+                .insert_one(doc! {"_id": format!("single-{k}"), "txn": -1, "of": 1i64})
+                .await
+                .expect("insert");
+            events += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(rng.below(150))).await;
+    }
+    events
 }
 
 /// Each source transaction's records in `outbox` (by the inserted document's `txn`), with the
@@ -88,35 +84,28 @@ fn transactions_in(outbox: &[Document]) -> BTreeMap<i32, (usize, i64)> {
 
 /// Polls the outbox (snapshot reads) until `stop`, recording every source transaction seen in
 /// part; returns them and how many reads it made.
-fn read_until(uri: String, db: String, stop: Arc<AtomicBool>) -> (Vec<String>, u32) {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    rt.block_on(async move {
-        let client = mongodb::Client::with_uri_str(&uri).await.expect("client");
-        let outbox = client.database(&db).collection::<Document>(OUTBOX);
-        let (mut partial, mut reads) = (Vec::new(), 0);
-        while !stop.load(Ordering::SeqCst) {
-            let records: Vec<Document> = outbox
-                .find(doc! {})
-                .read_concern(ReadConcern::snapshot())
-                .batch_size(100_000)
-                .await
-                .expect("find")
-                .try_collect()
-                .await
-                .expect("read the outbox");
-            reads += 1;
-            for (txn, (seen, of)) in transactions_in(&records) {
-                if seen as i64 != of {
-                    partial.push(format!("transaction {txn}: {seen} of its {of} records"));
-                }
+async fn read_until(db: mongodb::Database, stop: Arc<AtomicBool>) -> (Vec<String>, u32) {
+    let outbox = db.collection::<Document>(OUTBOX);
+    let (mut partial, mut reads) = (Vec::new(), 0);
+    while !stop.load(Ordering::SeqCst) {
+        let records: Vec<Document> = outbox
+            .find(doc! {})
+            .read_concern(ReadConcern::snapshot())
+            .batch_size(100_000)
+            .await
+            .expect("find")
+            .try_collect()
+            .await
+            .expect("read the outbox");
+        reads += 1;
+        for (txn, (seen, of)) in transactions_in(&records) {
+            if seen as i64 != of {
+                partial.push(format!("transaction {txn}: {seen} of its {of} records"));
             }
-            tokio::time::sleep(Duration::from_millis(3)).await;
         }
-        (partial, reads)
-    })
+        tokio::time::sleep(Duration::from_millis(3)).await;
+    }
+    (partial, reads)
 }
 
 /// A run of the consumer with a tiny `max_events`.
@@ -198,15 +187,14 @@ fn a_reader_never_sees_part_of_a_source_transaction_under_kills_and_a_tiny_max_e
     let live = Live::for_kills();
     live.start_consumer();
     let sizes: Vec<u64> = (0..TRANSACTIONS).map(|_| 1 + rng.below(LARGEST)).collect();
-    let (uri, db) = (live.uri(), live.db.clone());
     let writer = {
         let sizes = sizes.clone();
-        std::thread::spawn(move || write_transactions(uri, db, sizes, seed))
+        live.background(async move |client, db| write_transactions(client, db, sizes, seed).await)
     };
     let stop = Arc::new(AtomicBool::new(false));
     let reader = {
-        let (uri, db, stop) = (live.uri(), live.db.clone(), stop.clone());
-        std::thread::spawn(move || read_until(uri, db, stop))
+        let stop = stop.clone();
+        live.background(async move |_, db| read_until(db, stop).await)
     };
 
     let (mut kills, mut runs, mut over_max) = (0u32, 0u32, 0u32);

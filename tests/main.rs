@@ -40,6 +40,7 @@ mod integration_recover;
 mod integration_replay;
 mod integration_reports;
 mod integration_sandbox;
+mod integration_scale_out;
 mod integration_split_events;
 mod integration_stop;
 mod integration_stream_options;

@@ -174,6 +174,28 @@ impl Live {
         self.uri.clone()
     }
 
+    /// Works on the test's database (a paced writer, a reader) from a thread of its own while the
+    /// test goes on (starting and killing runs): `work` gets a client of its own and the
+    /// database, on a current-thread runtime. Join the handle for what it returns.
+    pub fn background<T, F>(&self, work: F) -> std::thread::JoinHandle<T>
+    where
+        T: Send + 'static,
+        F: AsyncFnOnce(Client, mongodb::Database) -> T + Send + 'static,
+    {
+        let (uri, db) = (self.uri(), self.db.clone());
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(async move {
+                let client = Client::with_uri_str(&uri).await.expect("client");
+                let database = client.database(&db);
+                work(client, database).await
+            })
+        })
+    }
+
     /// The test's own test server; panics on a shared deployment (such tests use
     /// [`Live::with_config`]).
     pub fn server(&self) -> &ServerHandle {

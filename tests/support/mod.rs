@@ -4,7 +4,10 @@
 
 pub mod browser;
 pub mod engines;
+pub mod http;
+pub mod kestra;
 pub mod live;
+pub mod partitions;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
