@@ -441,10 +441,7 @@ fn run_case(lines: Vec<Line>, begin: Begin, ops: Vec<Op>) -> Result<(Dump, bool)
         consumer: CONSUMER.into(),
         source: SOURCE.into(),
     };
-    let deployment = Deployment {
-        set_name: "rs0".into(),
-        replica_set_id: "000000000000000000000000".into(),
-    };
+    let deployment = Deployment::replica_set("rs0", "000000000000000000000000");
     let mut session = Session::new(
         consumer.clone(),
         deployment,

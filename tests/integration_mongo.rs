@@ -555,7 +555,8 @@ fn bad_uri_unreachable_and_standalone_servers_are_refused_with_nothing_written()
     support::fails(
         &standalone.run(&[]),
         2,
-        "This blueprint requires a MongoDB replica set, not a standalone server or mongos",
+        "This blueprint requires a MongoDB replica set or a sharded cluster's mongos, not a \
+         standalone server",
     );
     assert_eq!(standalone.checkpoint(), None);
     assert_eq!(d.checkpoint(), None);

@@ -46,7 +46,7 @@ impl native::Host for NativeHost<'_> {
         native::Deployment {
             consumer: self.0.consumer().consumer.clone(),
             source: self.0.consumer().source.clone(),
-            replica_set_id: self.0.deployment().replica_set_id.clone(),
+            replica_set_id: self.0.deployment().id.clone(),
         }
     }
     fn load_checkpoint(&mut self) -> native::Checkpoint {

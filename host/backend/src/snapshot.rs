@@ -266,10 +266,7 @@ mod tests {
 
     #[test]
     fn the_source_delivers_once_then_waits_virtually_and_the_store_keeps_commits() {
-        let deployment = Deployment {
-            set_name: "rs".into(),
-            replica_set_id: "000000000000000000000000".into(),
-        };
+        let deployment = Deployment::replica_set("rs", "000000000000000000000000");
         let events = vec![event("db", "o", &read(1, None), &position())];
         let mut source = SnapshotSource::new(deployment, events.clone());
         source.open(Start::Now).unwrap();

@@ -100,10 +100,7 @@ pub fn session(fixture: &Arc<Fixture>, store: Arc<dyn CheckpointStore>) -> Sessi
             consumer: "bench".into(),
             source: "change_demo.orders".into(),
         },
-        Deployment {
-            set_name: "rs0".into(),
-            replica_set_id: "6740a1b2c3d4e5f601234567".into(),
-        },
+        Deployment::replica_set("rs0", "6740a1b2c3d4e5f601234567"),
         Checkpoint::at(None, Mode::ResumeAfter),
         Box::new(ReplaySource::new(fixture.clone())),
         store,

@@ -4,6 +4,7 @@
 use bson::{Bson, DateTime, Document, doc};
 
 use super::config::{Partition, StreamConfig};
+use super::deployment::Pin;
 use super::lease::{Holder, Lease};
 use super::text::escape_untrusted;
 use crate::error::{HandoffError, Result};
@@ -146,25 +147,26 @@ impl Checkpoint {
 }
 
 /// A new checkpoint: `_id` plus the baseline's `$setOnInsert` fields, in its order.
-pub fn initial(consumer: &str, source: &str, replica_set_id: &str) -> Document {
-    doc! {
-        "_id": consumer,
-        "source": source,
-        "replicaSetId": replica_set_id,
-        "token": Bson::Null,
-        "mode": Mode::ResumeAfter.as_str(),
-    }
+/// The deployment is named by `pin`: `replicaSetId` for a replica set (the baseline's field),
+/// `clusterId` for a sharded cluster.
+pub fn initial<'a>(consumer: &str, source: &str, pin: impl Into<Pin<'a>>) -> Document {
+    let pin = pin.into();
+    let mut created = doc! { "_id": consumer, "source": source };
+    created.insert(pin.field(), pin.id());
+    created.insert("token", Bson::Null);
+    created.insert("mode", Mode::ResumeAfter.as_str());
+    created
 }
 
 /// A new checkpoint of this tool: the baseline's fields, then the configuration it is bound to
 /// and revision 0.
-pub fn initial_bound(
+pub fn initial_bound<'a>(
     consumer: &str,
     source: &str,
-    replica_set_id: &str,
+    pin: impl Into<Pin<'a>>,
     config: &StreamConfig,
 ) -> Document {
-    let mut created = initial(consumer, source, replica_set_id);
+    let mut created = initial(consumer, source, pin);
     created.insert("revision", 0_i64);
     created.insert("config", config.to_document());
     created.insert("configDigest", config.digest());
@@ -277,19 +279,45 @@ pub fn claim(loaded: &Checkpoint, binding: &Binding<'_>) -> Result<Claim> {
     })
 }
 
-/// Checks a loaded checkpoint in the baseline's order: source, replica set, shape.
-pub fn validate(stored: &Document, source: &str, replica_set_id: &str) -> Result<Checkpoint> {
+/// Checks that a stored checkpoint belongs to the deployment `pin` names: the same replica set
+/// (the baseline's check and message) or the same sharded cluster, never one of the other kind.
+pub fn check_pin<'a>(stored: &Document, pin: impl Into<Pin<'a>>) -> Result<()> {
+    let pin = pin.into();
+    match stored.get_str(pin.field()).ok() {
+        Some(id) if id == pin.id() => Ok(()),
+        None if stored.contains_key(pin.other_field()) => {
+            let other = match pin {
+                Pin::ReplicaSet(_) => Pin::ShardedCluster(""),
+                Pin::ShardedCluster(_) => Pin::ReplicaSet(""),
+            };
+            Err(HandoffError::Mismatch(format!(
+                "Consumer checkpoint belongs to a {}, and this deployment is a {}: its resume \
+                 tokens mean nothing here, and a checkpoint never moves between a replica set and \
+                 a sharded cluster. Point MONGODB_URI at the deployment the checkpoint was \
+                 written on, or use a new consumer_id",
+                other.kind(),
+                pin.kind()
+            )))
+        }
+        _ => Err(HandoffError::Mismatch(format!(
+            "Consumer checkpoint belongs to another {}; reconcile from a verified snapshot before reset",
+            pin.kind()
+        ))),
+    }
+}
+
+/// Checks a loaded checkpoint in the baseline's order: source, deployment, shape.
+pub fn validate<'a>(
+    stored: &Document,
+    source: &str,
+    pin: impl Into<Pin<'a>>,
+) -> Result<Checkpoint> {
     if stored.get_str("source").ok() != Some(source) {
         return Err(HandoffError::Mismatch(
             "Consumer checkpoint belongs to another source; use the original source or a new consumer_id".into(),
         ));
     }
-    if stored.get_str("replicaSetId").ok() != Some(replica_set_id) {
-        return Err(HandoffError::Mismatch(
-            "Consumer checkpoint belongs to another replica set; reconcile from a verified snapshot before reset"
-                .into(),
-        ));
-    }
+    check_pin(stored, pin)?;
     let malformed = || {
         HandoffError::MalformedCheckpoint(
             "Checkpoint is malformed; restore a verified token before retrying".into(),

@@ -4,7 +4,9 @@
 //! - `{"$postBatchResumeToken": <token>}`: a batch ends here; the stream's watermark becomes this token;
 //! - `{"$error": {"code": 286, "codeName": "ChangeStreamHistoryLost", "errmsg": "…"}}`: the server
 //!   fails the stream at this point;
-//! - `{"$deployment": {"setName": …, "replicaSetId": …, "source": "db.coll"}}`: optional, first line only.
+//! - `{"$deployment": {"setName": …, "replicaSetId": …, "source": "db.coll"}}` (a replica set) or
+//!   `{"$deployment": {"clusterId": …, "source": "db.coll"}}` (a sharded cluster): optional, first
+//!   line only.
 //!
 //! Blank lines are ignored. Anything else is refused with its line number, and so is an event whose
 //! resume token (by its canonical text, hence its event ID) repeats an earlier event's: a stream
@@ -15,15 +17,15 @@ use std::collections::HashMap;
 use bson::{Bson, Document};
 use serde_json::Value;
 
-use crate::ServerError;
 use crate::error::{HandoffError, Result};
 use crate::token::canonical_text;
+use crate::{Deployment, ServerError};
 
 /// The deployment a fixture was recorded from.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RecordedDeployment {
-    pub set_name: String,
-    pub replica_set_id: String,
+    /// A replica set (`setName`, `replicaSetId`) or a sharded cluster (`clusterId`).
+    pub deployment: Deployment,
     pub source: String,
 }
 
@@ -90,9 +92,27 @@ impl Fixture {
                 let Value::Object(d) = deployment else {
                     return Err(bad(line, "`$deployment` must be a document"));
                 };
+                let deployment = match (d.get("clusterId"), d.get("replicaSetId")) {
+                    (Some(_), Some(_)) => {
+                        return Err(bad(
+                            line,
+                            "`$deployment` names a replica set (`setName`, `replicaSetId`) or a \
+                             sharded cluster (`clusterId`), not both",
+                        ));
+                    }
+                    (Some(_), None) => Deployment::sharded_cluster(string_field(
+                        line,
+                        d,
+                        "clusterId",
+                        "`$deployment`",
+                    )?),
+                    (None, _) => Deployment::replica_set(
+                        string_field(line, d, "setName", "`$deployment`")?,
+                        string_field(line, d, "replicaSetId", "`$deployment`")?,
+                    ),
+                };
                 fixture.deployment = Some(RecordedDeployment {
-                    set_name: string_field(line, d, "setName", "`$deployment`")?,
-                    replica_set_id: string_field(line, d, "replicaSetId", "`$deployment`")?,
+                    deployment,
                     source: string_field(line, d, "source", "`$deployment`")?,
                 });
             } else if let Some(token) = map.get("$postBatchResumeToken") {
@@ -169,6 +189,32 @@ mod tests {
 {"$postBatchResumeToken": {"_data": "8200000002"}}
 {"$error": {"code": 286, "codeName": "ChangeStreamHistoryLost", "errmsg": "gone"}}
 "#;
+
+    #[test]
+    fn a_recording_names_a_replica_set_or_a_sharded_cluster() {
+        let replica_set = Fixture::parse(GOOD).unwrap().deployment.unwrap();
+        assert_eq!(
+            replica_set.deployment,
+            Deployment::replica_set("rs0", "65f000000000000000000001")
+        );
+        let cluster = Fixture::parse(
+            r#"{"$deployment": {"clusterId": "66a000000000000000000001", "source": "shop.orders"}}"#,
+        )
+        .unwrap()
+        .deployment
+        .unwrap();
+        assert_eq!(
+            cluster.deployment,
+            Deployment::sharded_cluster("66a000000000000000000001")
+        );
+        let both = Fixture::parse(
+            r#"{"$deployment": {"setName": "rs0", "replicaSetId": "65f000000000000000000001", "clusterId": "66a000000000000000000001", "source": "shop.orders"}}"#,
+        );
+        assert!(
+            matches!(&both, Err(HandoffError::BadInput(m)) if m.contains("not both")),
+            "{both:?}"
+        );
+    }
 
     #[test]
     fn parses_events_and_control_lines() {

@@ -41,7 +41,7 @@ pub mod token;
 
 pub use checkpoint::{Checkpoint, Claim, Mode};
 pub use config::StreamConfig;
-pub use deployment::{Collections, Consumer, Deployment};
+pub use deployment::{Collections, Consumer, Deployment, Pin, Topology};
 pub use lease::Lease;
 pub use stop::StopSignal;
 pub use store::{Applied, CheckpointStore, Commit, CommitError, Dump};

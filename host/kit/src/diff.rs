@@ -17,6 +17,7 @@ use bson::Document;
 use serde_json::{Map, Value, json};
 
 use handoff_backend::replay::{DEFAULT_REPLICA_SET_ID, DEFAULT_SET_NAME};
+use handoff_domain::Deployment;
 use handoff_domain::error::{HandoffError, Result};
 use handoff_domain::fixture::{Entry, Fixture, RecordedDeployment};
 use handoff_domain::token::canonical_text;
@@ -222,8 +223,7 @@ pub fn stream_of(events: Vec<Document>, source: &str) -> Fixture {
         .collect();
     Fixture {
         deployment: Some(RecordedDeployment {
-            set_name: DEFAULT_SET_NAME.into(),
-            replica_set_id: DEFAULT_REPLICA_SET_ID.into(),
+            deployment: Deployment::replica_set(DEFAULT_SET_NAME, DEFAULT_REPLICA_SET_ID),
             source: source.to_string(),
         }),
         entries,

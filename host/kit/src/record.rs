@@ -16,7 +16,7 @@ use bson::{Bson, Document};
 use crate::redact::Redaction;
 
 use handoff_domain::error::{HandoffError, Result};
-use handoff_domain::{ChangeSource, Start, StreamError};
+use handoff_domain::{ChangeSource, Start, StreamError, Topology};
 
 /// What to record.
 pub struct Recording<'a> {
@@ -35,13 +35,15 @@ fn line(value: Bson) -> String {
 /// recorded.
 pub fn record(source: &mut dyn ChangeSource, what: &Recording<'_>, out: &Path) -> Result<u32> {
     let deployment = source.deployment()?;
-    let mut text = line(Bson::Document(bson::doc! {
-        "$deployment": {
+    let mut recorded = match deployment.topology {
+        Topology::ReplicaSet => bson::doc! {
             "setName": &deployment.set_name,
-            "replicaSetId": &deployment.replica_set_id,
-            "source": format!("{}.{}", what.database, what.collection),
-        }
-    }));
+            "replicaSetId": &deployment.id,
+        },
+        Topology::ShardedCluster => bson::doc! { "clusterId": &deployment.id },
+    };
+    recorded.insert("source", format!("{}.{}", what.database, what.collection));
+    let mut text = line(Bson::Document(bson::doc! { "$deployment": recorded }));
     let unavailable = |e: StreamError| {
         HandoffError::Unavailable(format!(
             "the change stream failed while recording: {}",

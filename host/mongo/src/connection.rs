@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bson::{Bson, doc};
+use bson::{Bson, Document, doc};
 use mongodb::error::{Error as DriverError, ErrorKind};
 use mongodb::options::{ClientOptions, ConnectionString, ReadConcern, ReadPreference};
 use mongodb::{Client, Database};
@@ -50,6 +50,87 @@ pub enum Pool {
 /// The run's deadline passed while a call to the server was under way.
 #[derive(Debug)]
 pub struct DeadlinePassed;
+
+/// A replica set (`hello.setName`), pinned by `settings.replicaSetId`, as the baseline checks it.
+fn replica_set(
+    runtime: &tokio::runtime::Runtime,
+    hello: &Document,
+    admin: &Database,
+    redactor: &Redactor,
+) -> Result<Deployment> {
+    let set_name = match hello.get_str("setName") {
+        Ok(name) if !name.is_empty() => name.to_string(),
+        _ => {
+            return Err(HandoffError::BadInput(
+                "This blueprint requires a MongoDB replica set or a sharded cluster's mongos, not \
+                 a standalone server"
+                    .into(),
+            ));
+        }
+    };
+    let config = runtime
+        .block_on(async { admin.run_command(doc! { "replSetGetConfig": 1 }).await })
+        .map_err(|e| classify_connect(&e, redactor))?;
+    let replica_set_id = config
+        .get_document("config")
+        .ok()
+        .and_then(|c| c.get_document("settings").ok())
+        .and_then(|s| s.get("replicaSetId"))
+        .map(hex_id)
+        .filter(|id| !id.is_empty())
+        .ok_or_else(|| {
+            HandoffError::Mismatch(
+                "The replica set did not return replicaSetId; cannot pin the checkpoint to this deployment".into(),
+            )
+        })?;
+    // The name is the server's: escaped like any text from it (a text log prints it raw).
+    tracing::info!(
+        set_name = %handoff_domain::text::escape_untrusted(&set_name, 128),
+        "connected to the replica set"
+    );
+    Ok(Deployment::replica_set(set_name, replica_set_id))
+}
+
+/// A sharded cluster through `mongos` (`hello.msg` is `isdbgrid`), pinned by the `clusterId` of
+/// `config.version`, which every shard and router of the cluster shares and no other cluster has.
+fn cluster(
+    runtime: &tokio::runtime::Runtime,
+    client: &Client,
+    redactor: &Redactor,
+) -> Result<Deployment> {
+    let config = guarded_database(client, "config");
+    let version = runtime
+        .block_on(async {
+            config
+                .collection::<Document>("version")
+                .find_one(doc! {})
+                .await
+        })
+        .map_err(|e| classify_connect(&e, redactor))?;
+    let cluster_id = version
+        .as_ref()
+        .and_then(|v| v.get("clusterId"))
+        .map(hex_id)
+        .filter(|id| !id.is_empty())
+        .ok_or_else(|| {
+            HandoffError::Mismatch(
+                "The sharded cluster did not return its clusterId (config.version); cannot pin \
+                 the checkpoint to this deployment"
+                    .into(),
+            )
+        })?;
+    tracing::info!("connected to the sharded cluster through mongos");
+    Ok(Deployment::sharded_cluster(cluster_id))
+}
+
+/// An ID as the checkpoint stores it: an ObjectId as hex, a string as it is.
+fn hex_id(id: &Bson) -> String {
+    match id {
+        Bson::ObjectId(oid) => oid.to_hex(),
+        Bson::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
 
 /// Says (once, without values) which of the URI's concerns are overridden.
 fn warn_about_overridden_concerns(parsed: &ConnectionString) {
@@ -172,40 +253,13 @@ impl Connection {
         let hello = runtime
             .block_on(async { admin.run_command(doc! { "hello": 1 }).await })
             .map_err(|e| classify_connect(&e, &redactor))?;
-        let set_name = match hello.get_str("setName") {
-            Ok(name) if !name.is_empty() => name.to_string(),
-            _ => {
-                return Err(HandoffError::BadInput(
-                    "This blueprint requires a MongoDB replica set, not a standalone server or mongos".into(),
-                ));
-            }
-        };
         let asked = Instant::now();
-        let config = runtime
-            .block_on(async { admin.run_command(doc! { "replSetGetConfig": 1 }).await })
-            .map_err(|e| classify_connect(&e, &redactor))?;
+        let deployment = if hello.get_str("msg").ok() == Some("isdbgrid") {
+            cluster(&runtime, &client, &redactor)?
+        } else {
+            replica_set(&runtime, &hello, &admin, &redactor)?
+        };
         let round_trip = asked.elapsed();
-        let replica_set_id = config
-            .get_document("config")
-            .ok()
-            .and_then(|c| c.get_document("settings").ok())
-            .and_then(|s| s.get("replicaSetId"))
-            .map(|id| match id {
-                Bson::ObjectId(oid) => oid.to_hex(),
-                Bson::String(s) => s.clone(),
-                other => other.to_string(),
-            })
-            .filter(|id| !id.is_empty())
-            .ok_or_else(|| {
-                HandoffError::Mismatch(
-                    "The replica set did not return replicaSetId; cannot pin the checkpoint to this deployment".into(),
-                )
-            })?;
-        // The name is the server's: escaped like any text from it (a text log prints it raw).
-        tracing::info!(
-            set_name = %handoff_domain::text::escape_untrusted(&set_name, 128),
-            "connected to the replica set"
-        );
         tracing::debug!(
             round_trip_us = round_trip.as_micros() as u64,
             "round trip to the deployment"
@@ -213,10 +267,7 @@ impl Connection {
         Ok(Arc::new(Connection {
             runtime,
             client,
-            deployment: Deployment {
-                set_name,
-                replica_set_id,
-            },
+            deployment,
             redactor,
             deadline: std::sync::OnceLock::new(),
             transaction_lifetime: tokio::sync::OnceCell::new(),

@@ -6,7 +6,9 @@
 //! every trait method blocks on it, so the policy's host calls stay plain function calls.
 //!
 //! What the baseline task does, in its order: URI scheme check, a 3 s server selection timeout,
-//! `hello` must name a replica set, `replSetGetConfig` must give `settings.replicaSetId`. The stream
+//! `hello` must name a replica set, `replSetGetConfig` must give `settings.replicaSetId`; or
+//! `hello` answers as a sharded cluster's `mongos` (`msg: "isdbgrid"`) and `config.version` gives
+//! its `clusterId`, which pins the checkpoints instead. The stream
 //! uses `fullDocument: updateLookup` and a 1 s max await. Each commit is one transaction
 //! (checkpoint compare-and-set on `{_id, token, source}` and the outbox and quarantine records: one
 //! ordered `bulkWrite` on MongoDB 8.0 and later, else, or when decoding a large batch's records

@@ -245,11 +245,7 @@ async fn checkpoint(
             options.checkpoints
         ))
     })?;
-    let loaded = checkpoint::validate(
-        &stored,
-        source_name,
-        &connection.deployment().replica_set_id,
-    )?;
+    let loaded = checkpoint::validate(&stored, source_name, connection.deployment().pin())?;
     if let Some(unfit) = Unfit::of(&loaded) {
         return Err(HandoffError::BadInput(format!(
             "Consumer {} {}. Reconcile is for consumers of the plain collection stream (a whole \

@@ -248,7 +248,7 @@ async fn checkpoint_of(
         .await);
     };
     let source = format!("{}.{}", o.database, o.collection);
-    let loaded = checkpoint::validate(&stored, &source, &connection.deployment().replica_set_id)?;
+    let loaded = checkpoint::validate(&stored, &source, connection.deployment().pin())?;
     if let Some(unfit) = Unfit::of(&loaded) {
         return Err(HandoffError::BadInput(format!(
             "Consumer {} {}. Recover repairs as reconcile does, and cannot repair it: {}",

@@ -285,15 +285,7 @@ pub fn plan(connection: &Connection, target: &Target<'_>, to: To, ahead: Ahead) 
                     escape_untrusted(stored.get_str("source").unwrap_or("none"), 256)
                 )));
             }
-            if stored.get_str("replicaSetId").ok()
-                != Some(connection.deployment().replica_set_id.as_str())
-            {
-                return Err(HandoffError::Mismatch(
-                    "the checkpoint belongs to another replica set: a token of this one cannot continue it; \
-                     use a new consumer id"
-                        .into(),
-                ));
-            }
+            checkpoint::check_pin(stored, connection.deployment().pin())?;
         }
         let (to_token, to_mode) = match &to {
             To::Now => (stream_position(connection, target, None).await?, Mode::ResumeAfter),

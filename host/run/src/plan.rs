@@ -344,12 +344,12 @@ impl Plan {
                 checkpoint::initial_bound(
                     &consumer.consumer,
                     &consumer.source,
-                    &deployment.replica_set_id,
+                    deployment.pin(),
                     config,
                 ),
             )
             .map_err(store_failure)?;
-        let loaded = checkpoint::validate(&stored, &consumer.source, &deployment.replica_set_id)?;
+        let loaded = checkpoint::validate(&stored, &consumer.source, deployment.pin())?;
         let lease = Lease::new(self.stream.lease);
         let claim = checkpoint::claim(
             &loaded,

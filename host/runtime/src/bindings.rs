@@ -122,7 +122,7 @@ impl wit_host::Host for RunState {
         let identity = types::Deployment {
             consumer: self.session.consumer().consumer.clone(),
             source: self.session.consumer().source.clone(),
-            replica_set_id: self.session.deployment().replica_set_id.clone(),
+            replica_set_id: self.session.deployment().id.clone(),
         };
         self.back_to_guest(identity)
     }

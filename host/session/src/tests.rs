@@ -92,10 +92,7 @@ fn session(
     store.ensure_checkpoint("c", initial).unwrap();
     Session::new(
         consumer,
-        Deployment {
-            set_name: "rs".into(),
-            replica_set_id: "0".into(),
-        },
+        Deployment::replica_set("rs", "0"),
         Checkpoint::at(token, mode),
         Box::new(ReplaySource::new(fixture)),
         store,
@@ -591,10 +588,7 @@ fn a_wide_stream_never_delivers_state_events_and_needs_every_events_namespace() 
             consumer: "c".into(),
             source: "d".into(),
         },
-        Deployment {
-            set_name: "rs".into(),
-            replica_set_id: "0".into(),
-        },
+        Deployment::replica_set("rs", "0"),
         Checkpoint::at(None, Mode::ResumeAfter),
         Box::new(Wide(ReplaySource::new(fixture))),
         store,

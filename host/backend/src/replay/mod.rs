@@ -66,14 +66,8 @@ impl ReplaySource {
 impl ChangeSource for ReplaySource {
     fn deployment(&mut self) -> handoff_domain::error::Result<Deployment> {
         Ok(match &self.fixture.deployment {
-            Some(d) => Deployment {
-                set_name: d.set_name.clone(),
-                replica_set_id: d.replica_set_id.clone(),
-            },
-            None => Deployment {
-                set_name: DEFAULT_SET_NAME.into(),
-                replica_set_id: DEFAULT_REPLICA_SET_ID.into(),
-            },
+            Some(d) => d.deployment.clone(),
+            None => Deployment::replica_set(DEFAULT_SET_NAME, DEFAULT_REPLICA_SET_ID),
         })
     }
 
@@ -167,7 +161,7 @@ impl ChangeSource for ReplaySource {
         });
         let mut digest = Sha256::new();
         if let Some(deployment) = &self.fixture.deployment {
-            digest.update(deployment.replica_set_id.as_bytes());
+            digest.update(deployment.deployment.id.as_bytes());
             digest.update(deployment.source.as_bytes());
         }
         for entry in &self.fixture.entries {

@@ -349,3 +349,38 @@ fn each_claim_numbers_its_run_and_a_bad_counter_starts_again() {
         assert_eq!(loaded.runs, 0, "{bad:?}");
     }
 }
+
+const CLUSTER: &str = "66a000000000000000000001";
+
+#[test]
+fn a_cluster_checkpoint_is_pinned_by_its_cluster_id_and_never_moves_to_another_deployment() {
+    let cluster = Pin::ShardedCluster(CLUSTER);
+    let created = initial("c", "db.c", cluster);
+    assert_eq!(created.get_str("clusterId").ok(), Some(CLUSTER));
+    assert!(!created.contains_key("replicaSetId"));
+    assert!(validate(&created, "db.c", cluster).is_ok());
+    let mismatch = |stored: &Document, pin: Pin<'_>| match validate(stored, "db.c", pin) {
+        Err(HandoffError::Mismatch(m)) => m,
+        other => panic!("not a mismatch: {other:?}"),
+    };
+    // Another cluster.
+    let other = mismatch(&created, Pin::ShardedCluster("66a000000000000000000002"));
+    assert!(other.contains("another sharded cluster"), "{other}");
+    // A cluster's checkpoint on a replica set, even one whose ID is the cluster's.
+    let moved = mismatch(&created, Pin::ReplicaSet(CLUSTER));
+    assert!(
+        moved.contains("belongs to a sharded cluster, and this deployment is a replica set"),
+        "{moved}"
+    );
+    // A replica set's checkpoint on a cluster.
+    let moved = mismatch(&initial("c", "db.c", RS), Pin::ShardedCluster(RS));
+    assert!(
+        moved.contains("belongs to a replica set, and this deployment is a sharded cluster"),
+        "{moved}"
+    );
+    // A checkpoint naming neither is another deployment's, whichever this is.
+    let mut neither = created.clone();
+    neither.remove("clusterId");
+    assert!(mismatch(&neither, cluster).contains("another sharded cluster"));
+    assert!(mismatch(&neither, Pin::ReplicaSet(RS)).contains("another replica set"));
+}

@@ -24,7 +24,7 @@ impl Backfill<'_> {
         let loaded = checkpoint::validate(
             &stored,
             &self.options.source(),
-            &self.connection.deployment().replica_set_id,
+            self.connection.deployment().pin(),
         )
         .map_err(BackfillError::Checkpoint)?;
         checkpoint::check_policy(&loaded, &self.snapshots.binding(), "backfill")
@@ -37,13 +37,9 @@ impl Backfill<'_> {
     pub(super) async fn ensure_checkpoint(&self) -> Result<bool, BackfillError> {
         let o = &self.options;
         let source = o.source();
-        let replica_set_id = &self.connection.deployment().replica_set_id;
-        let mut on_insert = checkpoint::initial_bound(
-            &o.consumer,
-            &source,
-            replica_set_id,
-            &StreamConfig::default(),
-        );
+        let pin = self.connection.deployment().pin();
+        let mut on_insert =
+            checkpoint::initial_bound(&o.consumer, &source, pin, &StreamConfig::default());
         on_insert.remove("_id");
         let stored = self
             .store
@@ -53,8 +49,8 @@ impl Backfill<'_> {
             .ok_or_else(|| {
                 BackfillError::Unexpected("the checkpoint vanished after its upsert".into())
             })?;
-        let loaded = checkpoint::validate(&stored, &source, replica_set_id)
-            .map_err(BackfillError::Checkpoint)?;
+        let loaded =
+            checkpoint::validate(&stored, &source, pin).map_err(BackfillError::Checkpoint)?;
         if let Some(config) = &loaded.config
             && (config.partition.is_some()
                 || !config.pipeline.is_empty()
@@ -103,7 +99,7 @@ impl Backfill<'_> {
             .checkpoint()
             .await
             .map_err(BackfillError::Server)?;
-        match now.map(|c| checkpoint::validate(&c, &source, replica_set_id)) {
+        match now.map(|c| checkpoint::validate(&c, &source, pin)) {
             Some(Ok(c)) if c.token.is_some() => Ok(false),
             Some(Err(e)) => Err(BackfillError::Checkpoint(e)),
             _ => Err(BackfillError::Conflict),
