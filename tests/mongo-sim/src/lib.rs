@@ -13,6 +13,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod cluster;
 pub mod commands;
 pub mod config;
 pub mod cursor;
@@ -32,4 +33,4 @@ pub mod update;
 pub mod values;
 pub mod wire;
 
-pub use server::{Config, Server, ServerHandle};
+pub use server::{Config, Server, ServerHandle, ShardHistory};
