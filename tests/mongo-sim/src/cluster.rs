@@ -196,10 +196,7 @@ impl Catalog {
     ) -> CmdResult<()> {
         let kind = Self::parse_key(key)?;
         if !self.is_sharded() {
-            return Err(CommandError::new(
-                59,
-                "no such command: 'shardCollection'",
-            ));
+            return Err(CommandError::new(59, "no such command: 'shardCollection'"));
         }
         if let Some(existing) = self.collections.get(ns) {
             if existing.key == *key {
@@ -427,29 +424,42 @@ mod tests {
             c.document_key(&ns, &doc! {"_id": 7, "y": 1, "x": 3}),
             Some(doc! {"x": 3, "_id": 7})
         );
-        assert_eq!(c.document_key(&Namespace::new("d", "other"), &doc! {"_id": 1}), None);
+        assert_eq!(
+            c.document_key(&Namespace::new("d", "other"), &doc! {"_id": 1}),
+            None
+        );
     }
 
     #[test]
     fn hashed_keys_split_the_hash_space_evenly() {
         let mut c = catalog(2);
         let ns = Namespace::new("d", "h");
-        c.shard_collection(&ns, &doc! {"_id": "hashed"}, None).unwrap();
+        c.shard_collection(&ns, &doc! {"_id": "hashed"}, None)
+            .unwrap();
         for i in 0..50 {
             let h = crate::expression::hashed_index_key(&Bson::Int32(i), 0);
             let expected = usize::from(h >= 0);
             assert_eq!(c.shard_of(&ns, &doc! {"_id": i}), expected);
         }
-        assert_eq!(c.document_key(&ns, &doc! {"_id": 1, "a": 2}), Some(doc! {"_id": 1}));
+        assert_eq!(
+            c.document_key(&ns, &doc! {"_id": 1, "a": 2}),
+            Some(doc! {"_id": 1})
+        );
         // Same key again is fine, another key is not.
-        c.shard_collection(&ns, &doc! {"_id": "hashed"}, None).unwrap();
+        c.shard_collection(&ns, &doc! {"_id": "hashed"}, None)
+            .unwrap();
         let err = c.shard_collection(&ns, &doc! {"a": 1}, None).unwrap_err();
         assert_eq!(err.code, 23);
     }
 
     #[test]
     fn bad_keys_are_refused() {
-        for key in [doc! {}, doc! {"a": -1}, doc! {"a": 1, "b": "hashed"}, doc! {"a": "x"}] {
+        for key in [
+            doc! {},
+            doc! {"a": -1},
+            doc! {"a": 1, "b": "hashed"},
+            doc! {"a": "x"},
+        ] {
             assert!(Catalog::parse_key(&key).is_err(), "{key}");
         }
     }

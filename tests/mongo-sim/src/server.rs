@@ -15,8 +15,8 @@ use tracing::{debug, info, warn};
 
 use crate::cluster::Catalog;
 use crate::commands::{self, ConnInfo, Listener, Outcome};
-use crate::oplog::Oplog;
 use crate::failpoints::FailPoints;
+use crate::oplog::Oplog;
 use crate::state::{Shared, State};
 use crate::wire;
 
@@ -83,7 +83,12 @@ impl Server {
         if sharded {
             tokio::spawn(noop_writer(shared.clone(), stop_rx.clone()));
         }
-        let task = tokio::spawn(accept_loop(listener, shared.clone(), stop_rx, Listener::Main));
+        let task = tokio::spawn(accept_loop(
+            listener,
+            shared.clone(),
+            stop_rx,
+            Listener::Main,
+        ));
         Ok(ServerHandle {
             addr,
             shared,

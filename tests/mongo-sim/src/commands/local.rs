@@ -16,8 +16,8 @@
 
 use bson::{Bson, DateTime, Document, Timestamp, doc};
 
-use super::{Ctx, Listener};
 use super::crud::{self, opt_doc};
+use super::{Ctx, Listener};
 use crate::error::{CmdResult, CommandError};
 use crate::matcher;
 use crate::namespace::Namespace;
@@ -329,7 +329,13 @@ pub fn find(ctx: &Ctx<'_>) -> CmdResult<Document> {
     let docs = {
         let st = ctx.shared.lock();
         match order {
-            Some(forward) => entries(history(ctx, &st), &filter, forward, options.skip, options.limit)?,
+            Some(forward) => entries(
+                history(ctx, &st),
+                &filter,
+                forward,
+                options.skip,
+                options.limit,
+            )?,
             None => {
                 let mut all = entries(history(ctx, &st), &filter, true, 0, 0)?;
                 drop(st);
@@ -363,7 +369,13 @@ pub fn count(ctx: &Ctx<'_>) -> CmdResult<Document> {
 /// `aggregate` on `local.oplog.rs`: the pipeline over every entry in natural order.
 pub fn aggregate(ctx: &Ctx<'_>) -> CmdResult<Document> {
     let ns = ctx.ns()?;
-    let all = entries(history(ctx, &ctx.shared.lock()), &Document::new(), true, 0, 0)?;
+    let all = entries(
+        history(ctx, &ctx.shared.lock()),
+        &Document::new(),
+        true,
+        0,
+        0,
+    )?;
     crud::aggregate_over(ctx, &ns, all, None)
 }
 

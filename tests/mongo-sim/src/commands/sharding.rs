@@ -30,7 +30,11 @@ fn common_hello(ctx: &Ctx<'_>, d: &mut Document) {
 }
 
 fn primary_flag(legacy: bool) -> &'static str {
-    if legacy { "ismaster" } else { "isWritablePrimary" }
+    if legacy {
+        "ismaster"
+    } else {
+        "isWritablePrimary"
+    }
 }
 
 /// A `mongos`'s `hello`: writable, `msg: "isdbgrid"`, no replica-set fields.
@@ -148,10 +152,9 @@ pub fn router_command(ctx: &Ctx<'_>) -> Option<CmdResult<Document>> {
     Some(match name {
         "hello" => Ok(hello_router(ctx, false)),
         "isMaster" | "ismaster" => Ok(hello_router(ctx, true)),
-        "replSetGetConfig" | "replSetGetStatus" => Err(CommandError::new(
-            59,
-            format!("no such command: '{name}'"),
-        )),
+        "replSetGetConfig" | "replSetGetStatus" => {
+            Err(CommandError::new(59, format!("no such command: '{name}'")))
+        }
         "isdbgrid" => Ok(doc! {"isdbgrid": 1, "hostname": ctx.shared.me.clone()}),
         "listShards" => list_shards(ctx),
         "enableSharding" | "enablesharding" => enable_sharding(ctx),
@@ -163,8 +166,7 @@ pub fn router_command(ctx: &Ctx<'_>) -> Option<CmdResult<Document>> {
         "find" if config_view(ctx).is_some() => config_find(ctx),
         "count" if config_view(ctx).is_some() => config_count(ctx),
         "aggregate"
-            if config_view(ctx).is_some()
-                && !super::change_stream::is_change_stream(&ctx.cmd) =>
+            if config_view(ctx).is_some() && !super::change_stream::is_change_stream(&ctx.cmd) =>
         {
             config_aggregate(ctx)
         }
@@ -210,10 +212,7 @@ fn enable_sharding(ctx: &Ctx<'_>) -> CmdResult<Document> {
         Some(Bson::String(name)) => match st.oplog.catalog.parse_shard(name) {
             Some(i) => Some(i),
             None => {
-                return Err(CommandError::new(
-                    70,
-                    format!("Shard {name} not found"),
-                ));
+                return Err(CommandError::new(70, format!("Shard {name} not found")));
             }
         },
         Some(_) => return Err(CommandError::type_mismatch("primaryShard must be a string")),
@@ -245,7 +244,11 @@ fn shard_collection(ctx: &Ctx<'_>) -> CmdResult<Document> {
     }
     let key = match ctx.cmd.get("key") {
         Some(Bson::Document(k)) => k.clone(),
-        _ => return Err(CommandError::type_mismatch("shardCollection needs a key object")),
+        _ => {
+            return Err(CommandError::type_mismatch(
+                "shardCollection needs a key object",
+            ));
+        }
     };
     if matches!(ctx.cmd.get("unique"), Some(Bson::Boolean(true))) {
         return Err(CommandError::bad_value(
