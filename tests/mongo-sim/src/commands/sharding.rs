@@ -131,10 +131,8 @@ pub fn shard_command(ctx: &Ctx<'_>, i: usize) -> CmdResult<Document> {
         "find" if local::targets_oplog(ctx) => local::find(ctx),
         "count" if local::targets_oplog(ctx) => local::count(ctx),
         "aggregate" if local::targets_oplog(ctx) => local::aggregate(ctx),
-        "getMore" | "killCursors" => Err(CommandError::new(
-            43,
-            "shard listeners keep no cursors; read local.oplog.rs in one batch",
-        )),
+        "getMore" if !super::change_stream::is_change_cursor(ctx)? => crud::get_more(ctx),
+        "killCursors" => crud::kill_cursors(ctx),
         other => Err(CommandError::new(
             20,
             format!(

@@ -716,6 +716,26 @@ async fn each_shard_listener_serves_its_own_oplog() {
             .map(|e| e.get_document("o").unwrap().get("_id").unwrap().clone())
             .collect();
         assert_eq!(inserted, [Bson::Int32(i as i32 + 1)], "shard {i}");
+        // Its create and insert entries, one batch at a time.
+        let reply = command(
+            &shard_client,
+            "local",
+            doc! {"find": "oplog.rs", "batchSize": 1},
+        )
+        .await;
+        let cursor = reply.get_document("cursor").unwrap();
+        assert_eq!(batch(cursor, "firstBatch")[0].get_str("op").unwrap(), "c");
+        let id = cursor.get_i64("id").unwrap();
+        assert_ne!(id, 0);
+        let more = command(
+            &shard_client,
+            "local",
+            doc! {"getMore": id, "collection": "oplog.rs"},
+        )
+        .await;
+        let rest = batch(more.get_document("cursor").unwrap(), "nextBatch");
+        assert_eq!(rest.len(), 1);
+        assert_eq!(rest[0].get_str("op").unwrap(), "i");
         let err = run(&shard_client, "o", doc! {"find": "c"})
             .await
             .unwrap_err();
