@@ -771,3 +771,89 @@ async fn fail_points_work_through_the_mongos() {
         .unwrap();
     assert_eq!(n, 1);
 }
+
+#[tokio::test]
+async fn stream_options_and_ddl_events_work_through_the_mongos() {
+    let (server, client) = start_two().await;
+    let db = client.database("x");
+    let mut expanded = db
+        .watch()
+        .show_expanded_events(true)
+        .await
+        .unwrap()
+        .with_type::<Document>();
+    // Sharding a missing collection creates it on both shards; the stream reports it once.
+    shard(&client, "x.c", doc! {"k": 1}).await;
+    let coll = db.collection::<Document>("c");
+    coll.insert_one(doc! {"_id": 1, "k": -1, "v": 0})
+        .await
+        .unwrap();
+    let created = next_event(&mut expanded).await;
+    assert_eq!(created.get_str("operationType").unwrap(), "create");
+    assert_eq!(
+        next_event(&mut expanded)
+            .await
+            .get_str("operationType")
+            .unwrap(),
+        "insert"
+    );
+    for i in 0..2 {
+        let h = server.shard_history(i).unwrap();
+        assert_eq!(h.first, Some(created.get_timestamp("clusterTime").unwrap()));
+    }
+
+    let mut filtered = coll
+        .watch()
+        .pipeline([doc! {"$match": {"documentKey.k": {"$gte": 0}}}])
+        .full_document(mongodb::options::FullDocumentType::UpdateLookup)
+        .await
+        .unwrap()
+        .with_type::<Document>();
+    coll.insert_one(doc! {"_id": 2, "k": 5, "v": 0})
+        .await
+        .unwrap();
+    coll.update_one(doc! {"_id": 1}, doc! {"$set": {"v": 1}})
+        .await
+        .unwrap();
+    coll.update_one(doc! {"_id": 2}, doc! {"$set": {"v": 2}})
+        .await
+        .unwrap();
+    let ins = next_event(&mut filtered).await;
+    assert_eq!(
+        ins.get_document("documentKey").unwrap(),
+        &doc! {"k": 5, "_id": 2}
+    );
+    let upd = next_event(&mut filtered).await;
+    assert_eq!(upd.get_str("operationType").unwrap(), "update");
+    assert_eq!(
+        upd.get_document("documentKey").unwrap(),
+        &doc! {"k": 5, "_id": 2}
+    );
+    assert_eq!(
+        upd.get_document("fullDocument").unwrap(),
+        &doc! {"_id": 2, "k": 5, "v": 2}
+    );
+    coll.delete_one(doc! {"_id": 2}).await.unwrap();
+    let del = next_event(&mut filtered).await;
+    assert_eq!(del.get_str("operationType").unwrap(), "delete");
+    assert_eq!(
+        del.get_document("documentKey").unwrap(),
+        &doc! {"k": 5, "_id": 2},
+        "a delete's documentKey keeps the shard key"
+    );
+
+    // dropDatabase is recorded on every shard; a database stream sees it (and its
+    // invalidate) once.
+    let mut by_db = db.watch().await.unwrap().with_type::<Document>();
+    db.drop().await.unwrap();
+    let mut ops = Vec::new();
+    loop {
+        let e = next_event(&mut by_db).await;
+        let op = e.get_str("operationType").unwrap().to_string();
+        ops.push(op.clone());
+        if op == "invalidate" {
+            break;
+        }
+    }
+    assert_eq!(ops, ["drop", "dropDatabase", "invalidate"]);
+}
