@@ -3,7 +3,9 @@
 //! It speaks the wire protocol (OP_MSG, and OP_QUERY for the legacy handshake) well enough for
 //! the official drivers to treat it as a replica-set primary with sessions, snapshot-isolated
 //! transactions, change streams (resume tokens, post-batch tokens, invalidation, bounded
-//! history) and `failCommand` fault injection.
+//! history) and `failCommand` fault injection. With `Config { shards: K, .. }` it answers as
+//! a `mongos` in front of K shards instead, each shard with its own history (see
+//! [`cluster`] and the README's sharded-cluster section).
 //!
 //! ```no_run
 //! # async fn demo() -> anyhow::Result<()> {
