@@ -50,7 +50,7 @@ struct Args {
     max_wire_version: i32,
     /// Answer as a `mongos` in front of this many shards (0: a replica set). Each shard keeps
     /// its own history (`--history-limit` each) and listens on its own port.
-    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u16).range(0..=64))]
+    #[arg(long, default_value_t = 0, conflicts_with = "standalone", value_parser = clap::value_parser!(u16).range(0..=64))]
     shards: u16,
     /// How often an idle shard writes a no-op advancing its applied time, in milliseconds
     /// (MongoDB's `periodicNoopIntervalSecs`).
@@ -178,6 +178,11 @@ async fn main() -> anyhow::Result<()> {
     {
         let mut out = std::io::stdout().lock();
         writeln!(out, "listening {}", server.addr())?;
+        for i in 0..server.shard_count() {
+            if let Some(host) = server.shard_host(i) {
+                writeln!(out, "shard{i} {host}")?;
+            }
+        }
         out.flush()?;
     }
     tokio::signal::ctrl_c().await.ok();
