@@ -677,6 +677,73 @@ mod tests {
         assert!(TokenKey::decode("01635019A000000001").is_none());
     }
 
+    fn insert(ns: &Namespace, id: i32, x: i32) -> PendingEvent {
+        let doc = Arc::new(doc! {"_id": id, "x": x});
+        let mut ev = PendingEvent::new(
+            ns.clone(),
+            EventKind::Insert {
+                id: Bson::Int32(id),
+                doc: doc.clone(),
+            },
+            None,
+        );
+        ev.doc = Some(doc);
+        ev
+    }
+
+    fn later(a: Timestamp, b: Timestamp) -> bool {
+        (a.time, a.increment) > (b.time, b.increment)
+    }
+
+    #[test]
+    fn shards_keep_their_own_history_and_merge_in_token_order() {
+        let ns = Namespace::new("d", "c");
+        let mut catalog = Catalog::new(2, bson::oid::ObjectId::new());
+        catalog.shard_collection(&ns, &doc! {"x": 1}, None).unwrap();
+        let mut log = Oplog::with_catalog(2, catalog);
+        let start = TokenKey::high_water(log.cluster_time());
+        let t1 = log.append(vec![insert(&ns, 1, -1)], None); // shard0
+        // shard1 has applied nothing since: the event is not reportable yet.
+        assert!(later(t1, log.visible_time()));
+        assert!(log.next_after(start, log.visible_time()).is_none());
+        let t2 = log.append(vec![insert(&ns, 2, 5)], None); // shard1
+        assert_eq!(log.visible_time(), t1);
+        let first = log.next_after(start, log.visible_time()).cloned().unwrap();
+        assert_eq!(first.ts, t1);
+        assert_eq!(first.document_key, Some(doc! {"x": -1, "_id": 1}));
+        assert!(log.next_after(first.key(), log.visible_time()).is_none());
+        // The no-op writer advances only shards that applied nothing since its last round.
+        assert!(!log.write_noops(), "both shards wrote since the last round");
+        assert_eq!(log.visible_time(), t1);
+        assert!(log.write_noops());
+        assert!(later(log.visible_time(), t2));
+        let second = log
+            .next_after(first.key(), log.visible_time())
+            .cloned()
+            .unwrap();
+        assert_eq!(second.ts, t2);
+        // A drop of the sharded collection is on both shards and merges once.
+        let t3 = log.append(
+            vec![PendingEvent::new(ns.clone(), EventKind::Drop, None)],
+            None,
+        );
+        assert_eq!(log.shard(0).unwrap().len(), 2);
+        assert_eq!(log.shard(1).unwrap().len(), 2);
+        let drop = log.next_after(second.key(), t3).cloned().unwrap();
+        assert!(matches!(drop.kind, EventKind::Drop));
+        assert!(log.next_after(drop.key(), t3).is_none());
+        assert!(log.catalog.sharded(&ns).is_none());
+        // Unsharded now: everything goes to the primary shard, which alone evicts.
+        for i in 10..13 {
+            log.append(vec![insert(&ns, i, 5)], None);
+        }
+        assert_eq!(log.shard(1).unwrap().len(), 2);
+        assert!(log.shard(0).unwrap().lost_after(first.key()));
+        assert!(!log.shard(1).unwrap().lost_after(first.key()));
+        assert!(log.lost_after(first.key()));
+        assert!(log.lost_from(t1));
+    }
+
     #[test]
     fn eviction_marks_history_lost() {
         let ns = Namespace::new("d", "c");
