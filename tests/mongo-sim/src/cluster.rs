@@ -186,21 +186,22 @@ impl Catalog {
         Ok(kind)
     }
 
-    /// `shardCollection`: shards `ns` by `key` into one chunk per shard. Sharding it again
-    /// with the same key is accepted; with another key it is `AlreadyInitialized` (23).
+    /// `shardCollection`: shards `ns` by `key` into one chunk per shard; true when it was not
+    /// sharded before. Sharding it again with the same key is accepted (false); with another
+    /// key it is `AlreadyInitialized` (23).
     pub fn shard_collection(
         &mut self,
         ns: &Namespace,
         key: &Document,
         uuid: Option<Binary>,
-    ) -> CmdResult<()> {
+    ) -> CmdResult<bool> {
         let kind = Self::parse_key(key)?;
         if !self.is_sharded() {
             return Err(CommandError::new(59, "no such command: 'shardCollection'"));
         }
         if let Some(existing) = self.collections.get(ns) {
             if existing.key == *key {
-                return Ok(());
+                return Ok(false);
             }
             return Err(CommandError::new(
                 23,
@@ -230,7 +231,7 @@ impl Catalog {
                 chunks,
             },
         );
-        Ok(())
+        Ok(true)
     }
 
     /// The K + 1 chunk bounds, `MinKey` first and `MaxKey` last.
@@ -445,8 +446,13 @@ mod tests {
             c.document_key(&ns, &doc! {"_id": 1, "a": 2}),
             Some(doc! {"_id": 1})
         );
-        // Same key again is fine, another key is not.
-        c.shard_collection(&ns, &doc! {"_id": "hashed"}, None)
+        // Same key again is fine (and changes nothing), another key is not.
+        assert!(
+            !c.shard_collection(&ns, &doc! {"_id": "hashed"}, None)
+                .unwrap()
+        );
+        let _ = c
+            .shard_collection(&ns, &doc! {"_id": "hashed"}, None)
             .unwrap();
         let err = c.shard_collection(&ns, &doc! {"a": 1}, None).unwrap_err();
         assert_eq!(err.code, 23);

@@ -191,6 +191,10 @@ pub enum EventKind {
         description: Document,
         options_before: Document,
     },
+    /// `shardCollection` (sharded mode): `{shardKey, unique, presplitHashedZones}`.
+    ShardCollection {
+        description: Document,
+    },
 }
 
 impl EventKind {
@@ -207,6 +211,7 @@ impl EventKind {
             EventKind::CreateIndexes { .. } => "createIndexes",
             EventKind::DropIndexes { .. } => "dropIndexes",
             EventKind::Modify { .. } => "modify",
+            EventKind::ShardCollection { .. } => "shardCollection",
         }
     }
 
@@ -218,6 +223,7 @@ impl EventKind {
                 | EventKind::CreateIndexes { .. }
                 | EventKind::DropIndexes { .. }
                 | EventKind::Modify { .. }
+                | EventKind::ShardCollection { .. }
         )
     }
 }
@@ -432,6 +438,8 @@ impl Oplog {
     fn route(&self, ev: &PendingEvent) -> Vec<usize> {
         match (&ev.kind, &ev.doc) {
             (EventKind::DropDatabase, _) => self.catalog.all_shards(),
+            // Reported by the database's primary shard, as MongoDB does.
+            (EventKind::ShardCollection { .. }, _) => vec![self.catalog.primary_of(&ev.ns.db)],
             (
                 EventKind::Insert { .. }
                 | EventKind::Update { .. }

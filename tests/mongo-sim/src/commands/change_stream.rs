@@ -764,7 +764,7 @@ fn event_doc(
                 d.insert("operationDescription", description);
             }
         }
-        EventKind::Create { description } => {
+        EventKind::Create { description } | EventKind::ShardCollection { description } => {
             d.insert("ns", ns_doc(&e.ns));
             d.insert("operationDescription", description.clone());
         }

@@ -291,6 +291,17 @@ fn operation(e: &OplogEntry) -> Document {
             o.extend(description.clone());
             ("c", cmd_ns, o, None)
         }
+        // A no-op entry, as the primary shard of a sharded cluster writes it.
+        EventKind::ShardCollection { description } => {
+            let mut o2 = doc! {"shardCollection": coll_ns.clone()};
+            o2.extend(description.clone());
+            (
+                "n",
+                coll_ns.clone(),
+                doc! {"msg": {"shardCollection": coll_ns}},
+                Some(o2),
+            )
+        }
     };
     let mut d = doc! {"op": op, "ns": ns};
     if let Some(ui) = &e.uuid {

@@ -263,23 +263,32 @@ fn shard_collection(ctx: &Ctx<'_>) -> CmdResult<Document> {
         ));
     }
     let uuid = st.store.collection(&ns).map(|c| c.uuid.clone());
-    st.oplog.catalog.shard_collection(&ns, &key, uuid)?;
+    let newly = st.oplog.catalog.shard_collection(&ns, &key, uuid)?;
     // Sharding a missing collection creates it (on every shard, as it is now sharded).
     let created = st.store.create_collection(&ns, Document::new(), None);
+    let uuid = st.store.collection(&ns).map(|c| c.uuid.clone());
     if created {
-        let uuid = st.store.collection(&ns).map(|c| c.uuid.clone());
         st.oplog.catalog.set_uuid(&ns, uuid.clone());
         let event = PendingEvent::new(
             ns.clone(),
             EventKind::Create {
                 description: create_description(&Document::new()),
             },
-            uuid,
+            uuid.clone(),
         );
         st.oplog.append(vec![event], None);
     }
+    if newly {
+        let description = doc! {
+            "shardKey": key.clone(),
+            "unique": false,
+            "presplitHashedZones": false,
+        };
+        let event = PendingEvent::new(ns.clone(), EventKind::ShardCollection { description }, uuid);
+        st.oplog.append(vec![event], None);
+    }
     drop(st);
-    if created {
+    if created || newly {
         ctx.shared.history_grew.notify_waiters();
     }
     info!(namespace = %ns, key = %key, "collection sharded");
