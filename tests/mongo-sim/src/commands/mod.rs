@@ -425,6 +425,14 @@ async fn run_command(
             if let Some(wce) = write_concern_error {
                 add_write_concern_error(&mut d, wce, label_ctx);
             }
+            // A mongos names the shard that can recover a transaction's outcome; drivers send
+            // it back with commitTransaction / abortTransaction.
+            if label_ctx.in_transaction && shared.is_sharded() && conn.listener == Listener::Main {
+                d.insert(
+                    "recoveryToken",
+                    doc! {"recoveryShardId": crate::cluster::shard_name(0)},
+                );
+            }
             d
         }
         Err(e) => {
