@@ -30,6 +30,15 @@ pub struct Config {
     pub max_wire_version: i32,
     /// Open transactions older than this are aborted when they block other writes.
     pub transaction_lifetime: Duration,
+    /// Answer as a `mongos` in front of this many shards (0: a replica set). Each shard keeps
+    /// its own history of `history_limit` events and listens on its own port as the primary
+    /// of a replica set named `shardN`.
+    pub shards: usize,
+    /// `config.version`'s `clusterId` (sharded mode); a new one per server when `None`.
+    pub cluster_id: Option<ObjectId>,
+    /// How often an idle shard writes a no-op to advance its applied time (MongoDB's
+    /// `periodicNoopIntervalSecs`, 10 s by default).
+    pub noop_interval: Duration,
 }
 
 impl Default for Config {
@@ -46,6 +55,9 @@ impl Default for Config {
             max_message_bytes: 48_000_000,
             max_wire_version: 25,
             transaction_lifetime: Duration::from_secs(60),
+            shards: 0,
+            cluster_id: None,
+            noop_interval: Duration::from_secs(10),
         }
     }
 }

@@ -3,7 +3,9 @@
 //! It speaks the wire protocol (OP_MSG, and OP_QUERY for the legacy handshake) well enough for
 //! the official drivers to treat it as a replica-set primary with sessions, snapshot-isolated
 //! transactions, change streams (resume tokens, post-batch tokens, invalidation, bounded
-//! history) and `failCommand` fault injection.
+//! history) and `failCommand` fault injection. With `Config { shards: K, .. }` it answers as
+//! a `mongos` in front of K shards instead, each shard with its own history (see
+//! [`cluster`] and the README's sharded-cluster section).
 //!
 //! ```no_run
 //! # async fn demo() -> anyhow::Result<()> {
@@ -13,6 +15,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod cluster;
 pub mod commands;
 pub mod config;
 pub mod cursor;
@@ -32,4 +35,4 @@ pub mod update;
 pub mod values;
 pub mod wire;
 
-pub use server::{Config, Server, ServerHandle};
+pub use server::{Config, Server, ServerHandle, ShardHistory};

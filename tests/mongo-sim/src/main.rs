@@ -48,6 +48,17 @@ struct Args {
     /// 17 as 6.0.
     #[arg(long, default_value_t = 25, value_parser = clap::value_parser!(i32).range(17..=25))]
     max_wire_version: i32,
+    /// Answer as a `mongos` in front of this many shards (0: a replica set). Each shard keeps
+    /// its own history (`--history-limit` each) and listens on its own port.
+    #[arg(long, default_value_t = 0, conflicts_with = "standalone", value_parser = clap::value_parser!(u16).range(0..=64))]
+    shards: u16,
+    /// How often an idle shard writes a no-op advancing its applied time, in milliseconds
+    /// (MongoDB's `periodicNoopIntervalSecs`).
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
+    noop_interval_ms: u64,
+    /// `config.version`'s `clusterId` as 24 hex digits (random when omitted; sharded mode).
+    #[arg(long)]
+    cluster_id: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -141,6 +152,12 @@ async fn main() -> anyhow::Result<()> {
         .map(ObjectId::parse_str)
         .transpose()
         .context("--replica-set-id must be 24 hex digits")?;
+    let cluster_id = args
+        .cluster_id
+        .as_deref()
+        .map(ObjectId::parse_str)
+        .transpose()
+        .context("--cluster-id must be 24 hex digits")?;
     let config = Config {
         host: args.host,
         port: args.port,
@@ -152,12 +169,20 @@ async fn main() -> anyhow::Result<()> {
         advertised_host: args.advertise,
         max_message_bytes: args.max_message_bytes,
         max_wire_version: args.max_wire_version,
+        shards: usize::from(args.shards),
+        noop_interval: std::time::Duration::from_millis(args.noop_interval_ms),
+        cluster_id,
         ..Config::default()
     };
     let server = Server::start(config).await?;
     {
         let mut out = std::io::stdout().lock();
         writeln!(out, "listening {}", server.addr())?;
+        for i in 0..server.shard_count() {
+            if let Some(host) = server.shard_host(i) {
+                writeln!(out, "shard{i} {host}")?;
+            }
+        }
         out.flush()?;
     }
     tokio::signal::ctrl_c().await.ok();

@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use bson::{Binary, Bson, DateTime, Document, Timestamp, doc};
 
+use crate::cluster::Catalog;
 use crate::namespace::Namespace;
 
 pub const KIND_EVENT: u8 = 0;
@@ -190,6 +191,10 @@ pub enum EventKind {
         description: Document,
         options_before: Document,
     },
+    /// `shardCollection` (sharded mode): `{shardKey, unique, presplitHashedZones}`.
+    ShardCollection {
+        description: Document,
+    },
 }
 
 impl EventKind {
@@ -206,6 +211,7 @@ impl EventKind {
             EventKind::CreateIndexes { .. } => "createIndexes",
             EventKind::DropIndexes { .. } => "dropIndexes",
             EventKind::Modify { .. } => "modify",
+            EventKind::ShardCollection { .. } => "shardCollection",
         }
     }
 
@@ -217,6 +223,7 @@ impl EventKind {
                 | EventKind::CreateIndexes { .. }
                 | EventKind::DropIndexes { .. }
                 | EventKind::Modify { .. }
+                | EventKind::ShardCollection { .. }
         )
     }
 }
@@ -248,6 +255,9 @@ pub struct OplogEntry {
     /// The collection's UUID (`collectionUUID`), when the event concerns one.
     pub uuid: Option<Binary>,
     pub images: Option<Images>,
+    /// `documentKey` of an event on a sharded collection (shard key fields and `_id`);
+    /// `None` means `{_id}`.
+    pub document_key: Option<Document>,
 }
 
 impl OplogEntry {
@@ -263,6 +273,9 @@ pub struct PendingEvent {
     pub kind: EventKind,
     pub uuid: Option<Binary>,
     pub images: Option<Images>,
+    /// The document the event concerns (after the write, or before a delete): which shard
+    /// owns it and its `documentKey` follow from it.
+    pub doc: Option<Arc<Document>>,
 }
 
 impl PendingEvent {
@@ -272,78 +285,50 @@ impl PendingEvent {
             kind,
             uuid,
             images: None,
+            doc: None,
         }
     }
 }
 
-/// The bounded, ordered change history plus the cluster clock.
+/// One shard's bounded, ordered change history (a replica set has one).
 #[derive(Debug)]
-pub struct Oplog {
+pub struct ShardLog {
     entries: VecDeque<OplogEntry>,
     limit: usize,
     /// Key of the newest entry dropped for space; resuming before it is history loss.
     evicted_upto: Option<TokenKey>,
-    cluster_time: Timestamp,
+    /// The time this shard has applied up to: its last write, or its last no-op.
+    applied: Timestamp,
+    /// `applied` when the periodic no-op writer last looked.
+    checked: Timestamp,
 }
 
-impl Oplog {
-    pub fn new(limit: usize) -> Self {
-        Oplog {
+impl ShardLog {
+    fn new(limit: usize, start: Timestamp) -> Self {
+        ShardLog {
             entries: VecDeque::new(),
             limit: limit.max(1),
             evicted_upto: None,
-            cluster_time: Timestamp {
-                time: now_secs(),
-                increment: 0,
-            },
+            applied: start,
+            checked: start,
         }
     }
 
-    /// The latest cluster time handed out.
-    pub fn cluster_time(&self) -> Timestamp {
-        self.cluster_time
+    /// The time this shard has applied up to (its last write or no-op).
+    pub fn applied(&self) -> Timestamp {
+        self.applied
     }
 
-    /// Advances the cluster clock and returns the new time.
-    pub fn tick(&mut self) -> Timestamp {
-        let now = now_secs();
-        self.cluster_time = if now > self.cluster_time.time {
-            Timestamp {
-                time: now,
-                increment: 1,
-            }
-        } else {
-            Timestamp {
-                time: self.cluster_time.time,
-                increment: self.cluster_time.increment.saturating_add(1),
-            }
-        };
-        self.cluster_time
+    fn push(&mut self, entry: OplogEntry) {
+        self.entries.push_back(entry);
     }
 
-    /// Appends the events of one write (or one transaction) under one new cluster time.
-    pub fn append(&mut self, events: Vec<PendingEvent>, txn: Option<TxnInfo>) -> Timestamp {
-        let ts = self.tick();
-        let wall = DateTime::now();
-        let txn = txn.map(Arc::new);
-        for (i, ev) in events.into_iter().enumerate() {
-            self.entries.push_back(OplogEntry {
-                ts,
-                op_index: i as u32,
-                wall,
-                ns: ev.ns,
-                kind: ev.kind,
-                txn: txn.clone(),
-                uuid: ev.uuid,
-                images: ev.images,
-            });
-        }
+    fn evict(&mut self) {
         while self.entries.len() > self.limit {
             if let Some(e) = self.entries.pop_front() {
                 self.evicted_upto = Some(e.key());
             }
         }
-        ts
     }
 
     /// True when events after `after` may already have been dropped.
@@ -384,8 +369,236 @@ impl Oplog {
         self.entries.is_empty()
     }
 
+    /// The cluster times of the oldest and newest retained entries.
+    pub fn window(&self) -> Option<(Timestamp, Timestamp)> {
+        Some((self.entries.front()?.ts, self.entries.back()?.ts))
+    }
+}
+
+/// The change history: one [`ShardLog`] per shard (one for a replica set), the cluster clock
+/// that times every write, and the sharding catalog that routes each event to the shards
+/// owning it.
+#[derive(Debug)]
+pub struct Oplog {
+    shards: Vec<ShardLog>,
+    cluster_time: Timestamp,
+    pub catalog: Catalog,
+}
+
+impl Oplog {
+    /// A replica set's history.
+    pub fn new(limit: usize) -> Self {
+        Self::with_catalog(limit, Catalog::new(0, bson::oid::ObjectId::new()))
+    }
+
+    /// One history of `limit` entries per shard of the catalog.
+    pub fn with_catalog(limit: usize, catalog: Catalog) -> Self {
+        let cluster_time = Timestamp {
+            time: now_secs(),
+            increment: 0,
+        };
+        Oplog {
+            shards: (0..catalog.history_count())
+                .map(|_| ShardLog::new(limit, cluster_time))
+                .collect(),
+            cluster_time,
+            catalog,
+        }
+    }
+
+    /// The latest cluster time handed out.
+    pub fn cluster_time(&self) -> Timestamp {
+        self.cluster_time
+    }
+
+    /// Advances the cluster clock and returns the new time.
+    pub fn tick(&mut self) -> Timestamp {
+        let now = now_secs();
+        self.cluster_time = if now > self.cluster_time.time {
+            Timestamp {
+                time: now,
+                increment: 1,
+            }
+        } else {
+            Timestamp {
+                time: self.cluster_time.time,
+                increment: self.cluster_time.increment.saturating_add(1),
+            }
+        };
+        if !self.catalog.is_sharded()
+            && let Some(only) = self.shards.first_mut()
+        {
+            only.applied = self.cluster_time;
+        }
+        self.cluster_time
+    }
+
+    /// The shards an event is recorded on: a document's owner, every shard holding a
+    /// collection for its DDL, every shard for `dropDatabase`.
+    fn route(&self, ev: &PendingEvent) -> Vec<usize> {
+        match (&ev.kind, &ev.doc) {
+            (EventKind::DropDatabase, _) => self.catalog.all_shards(),
+            // Reported by the database's primary shard, as MongoDB does.
+            (EventKind::ShardCollection { .. }, _) => vec![self.catalog.primary_of(&ev.ns.db)],
+            (
+                EventKind::Insert { .. }
+                | EventKind::Update { .. }
+                | EventKind::Replace { .. }
+                | EventKind::Delete { .. },
+                Some(doc),
+            ) => vec![self.catalog.shard_of(&ev.ns, doc)],
+            _ => self.catalog.owners(&ev.ns),
+        }
+    }
+
+    /// Appends the events of one write (or one transaction) under one new cluster time, each
+    /// on the shards owning it (a transaction's on every participant, at the same time). Each
+    /// event keeps its index in the write, so the merged stream shows a transaction in
+    /// statement order.
+    pub fn append(&mut self, events: Vec<PendingEvent>, txn: Option<TxnInfo>) -> Timestamp {
+        let ts = self.tick();
+        let wall = DateTime::now();
+        let txn = txn.map(Arc::new);
+        let mut touched = vec![false; self.shards.len()];
+        for (i, ev) in events.into_iter().enumerate() {
+            let targets = self.route(&ev);
+            let document_key = ev
+                .doc
+                .as_ref()
+                .and_then(|d| self.catalog.document_key(&ev.ns, d));
+            match &ev.kind {
+                EventKind::Drop => self.catalog.forget(&ev.ns),
+                EventKind::Rename { to, .. } => self.catalog.rename(&ev.ns, to),
+                EventKind::DropDatabase => self.catalog.drop_database(&ev.ns.db),
+                _ => {}
+            }
+            let entry = OplogEntry {
+                ts,
+                op_index: i as u32,
+                wall,
+                ns: ev.ns,
+                kind: ev.kind,
+                txn: txn.clone(),
+                uuid: ev.uuid,
+                images: ev.images,
+                document_key,
+            };
+            for t in targets {
+                if let (Some(shard), Some(flag)) = (self.shards.get_mut(t), touched.get_mut(t)) {
+                    shard.push(entry.clone());
+                    *flag = true;
+                }
+            }
+        }
+        for (shard, touched) in self.shards.iter_mut().zip(touched) {
+            if touched {
+                shard.applied = ts;
+                shard.evict();
+            }
+        }
+        ts
+    }
+
+    /// The periodic no-op writer: every shard that has applied nothing since the last call
+    /// writes a no-op, advancing its applied time to a new cluster time (MongoDB's
+    /// `periodicNoopIntervalSecs`). Returns true if any shard advanced. No-ops are not
+    /// retained as history entries. A replica set has none (its applied time is the cluster
+    /// time).
+    pub fn write_noops(&mut self) -> bool {
+        if !self.catalog.is_sharded() {
+            return false;
+        }
+        let mut advanced = false;
+        for i in 0..self.shards.len() {
+            if self.shards[i].applied == self.shards[i].checked {
+                let ts = self.tick();
+                self.shards[i].applied = ts;
+                advanced = true;
+            }
+            self.shards[i].checked = self.shards[i].applied;
+        }
+        advanced
+    }
+
+    /// The newest time a change stream may report up to: the cluster time on a replica set;
+    /// on a sharded cluster the oldest of the shards' applied times (an event on one shard
+    /// waits until every other shard has applied past it).
+    pub fn visible_time(&self) -> Timestamp {
+        if !self.catalog.is_sharded() {
+            return self.cluster_time;
+        }
+        self.shards
+            .iter()
+            .map(|s| s.applied)
+            .min_by_key(|t| (t.time, t.increment))
+            .unwrap_or(self.cluster_time)
+    }
+
+    /// True when events after `after` may already have been dropped from any shard.
+    pub fn lost_after(&self, after: TokenKey) -> bool {
+        self.shards.iter().any(|s| s.lost_after(after))
+    }
+
+    /// True when events at or after `ts` may already have been dropped from any shard.
+    pub fn lost_from(&self, ts: Timestamp) -> bool {
+        self.shards.iter().any(|s| s.lost_from(ts))
+    }
+
+    /// The first event after `after` in the merged history of all shards, if its time is at
+    /// or before `upto` (an event recorded on several shards counts once).
+    pub fn next_after(&self, after: TokenKey, upto: Timestamp) -> Option<&OplogEntry> {
+        let next = self
+            .shards
+            .iter()
+            .filter_map(|s| s.get(s.index_after(after)))
+            .min_by_key(|e| e.key())?;
+        ((next.ts.time, next.ts.increment) <= (upto.time, upto.increment)).then_some(next)
+    }
+
+    /// The event at exactly `key`, on whichever shard holds it.
+    pub fn entry(&self, key: TokenKey) -> Option<&OplogEntry> {
+        let key = key.without_fragment();
+        self.shards.iter().find_map(|s| {
+            s.index_after(key)
+                .checked_sub(1)
+                .and_then(|i| s.get(i))
+                .filter(|e| e.key() == key)
+        })
+    }
+
+    /// Shard `i`'s history (0 on a replica set).
+    pub fn shard(&self, i: usize) -> Option<&ShardLog> {
+        self.shards.get(i)
+    }
+
+    /// The first history: a replica set's only one.
+    pub fn first(&self) -> &ShardLog {
+        &self.shards[0]
+    }
+
+    /// Index of the first entry of the first history whose key is greater than `after`.
+    pub fn index_after(&self, after: TokenKey) -> usize {
+        self.first().index_after(after)
+    }
+
+    /// Entry `index` of the first history.
+    pub fn get(&self, index: usize) -> Option<&OplogEntry> {
+        self.first().get(index)
+    }
+
+    /// Entries retained over all shards (an event on several shards counts on each).
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(ShardLog::len).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.shards.iter().all(ShardLog::is_empty)
+    }
+
     pub fn set_limit(&mut self, limit: usize) {
-        self.limit = limit.max(1);
+        for s in &mut self.shards {
+            s.limit = limit.max(1);
+        }
     }
 }
 
@@ -470,6 +683,73 @@ mod tests {
         );
         assert!(TokenKey::decode("zz").is_none());
         assert!(TokenKey::decode("01635019A000000001").is_none());
+    }
+
+    fn insert(ns: &Namespace, id: i32, x: i32) -> PendingEvent {
+        let doc = Arc::new(doc! {"_id": id, "x": x});
+        let mut ev = PendingEvent::new(
+            ns.clone(),
+            EventKind::Insert {
+                id: Bson::Int32(id),
+                doc: doc.clone(),
+            },
+            None,
+        );
+        ev.doc = Some(doc);
+        ev
+    }
+
+    fn later(a: Timestamp, b: Timestamp) -> bool {
+        (a.time, a.increment) > (b.time, b.increment)
+    }
+
+    #[test]
+    fn shards_keep_their_own_history_and_merge_in_token_order() {
+        let ns = Namespace::new("d", "c");
+        let mut catalog = Catalog::new(2, bson::oid::ObjectId::new());
+        catalog.shard_collection(&ns, &doc! {"x": 1}, None).unwrap();
+        let mut log = Oplog::with_catalog(2, catalog);
+        let start = TokenKey::high_water(log.cluster_time());
+        let t1 = log.append(vec![insert(&ns, 1, -1)], None); // shard0
+        // shard1 has applied nothing since: the event is not reportable yet.
+        assert!(later(t1, log.visible_time()));
+        assert!(log.next_after(start, log.visible_time()).is_none());
+        let t2 = log.append(vec![insert(&ns, 2, 5)], None); // shard1
+        assert_eq!(log.visible_time(), t1);
+        let first = log.next_after(start, log.visible_time()).cloned().unwrap();
+        assert_eq!(first.ts, t1);
+        assert_eq!(first.document_key, Some(doc! {"x": -1, "_id": 1}));
+        assert!(log.next_after(first.key(), log.visible_time()).is_none());
+        // The no-op writer advances only shards that applied nothing since its last round.
+        assert!(!log.write_noops(), "both shards wrote since the last round");
+        assert_eq!(log.visible_time(), t1);
+        assert!(log.write_noops());
+        assert!(later(log.visible_time(), t2));
+        let second = log
+            .next_after(first.key(), log.visible_time())
+            .cloned()
+            .unwrap();
+        assert_eq!(second.ts, t2);
+        // A drop of the sharded collection is on both shards and merges once.
+        let t3 = log.append(
+            vec![PendingEvent::new(ns.clone(), EventKind::Drop, None)],
+            None,
+        );
+        assert_eq!(log.shard(0).unwrap().len(), 2);
+        assert_eq!(log.shard(1).unwrap().len(), 2);
+        let drop = log.next_after(second.key(), t3).cloned().unwrap();
+        assert!(matches!(drop.kind, EventKind::Drop));
+        assert!(log.next_after(drop.key(), t3).is_none());
+        assert!(log.catalog.sharded(&ns).is_none());
+        // Unsharded now: everything goes to the primary shard, which alone evicts.
+        for i in 10..13 {
+            log.append(vec![insert(&ns, i, 5)], None);
+        }
+        assert_eq!(log.shard(1).unwrap().len(), 2);
+        assert!(log.shard(0).unwrap().lost_after(first.key()));
+        assert!(!log.shard(1).unwrap().lost_after(first.key()));
+        assert!(log.lost_after(first.key()));
+        assert!(log.lost_from(t1));
     }
 
     #[test]

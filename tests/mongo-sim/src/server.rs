@@ -13,8 +13,10 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
-use crate::commands::{self, ConnInfo, Outcome};
+use crate::cluster::Catalog;
+use crate::commands::{self, ConnInfo, Listener, Outcome};
 use crate::failpoints::FailPoints;
+use crate::oplog::Oplog;
 use crate::state::{Shared, State};
 use crate::wire;
 
@@ -34,13 +36,31 @@ impl Server {
             .advertised_host
             .clone()
             .unwrap_or_else(|| format!("127.0.0.1:{}", addr.port()));
+        let sharded = config.shards > 0 && !config.standalone;
+        let mut shard_listeners = Vec::new();
+        let mut shard_hosts = Vec::new();
+        if sharded {
+            for i in 0..config.shards {
+                let l = TcpListener::bind((config.host.as_str(), 0))
+                    .await
+                    .with_context(|| format!("binding shard {i} on {}", config.host))?;
+                shard_hosts.push(format!("127.0.0.1:{}", l.local_addr()?.port()));
+                shard_listeners.push(l);
+            }
+        }
         let replica_set_id = config.replica_set_id.unwrap_or_default();
+        let catalog = Catalog::new(
+            if sharded { config.shards } else { 0 },
+            config.cluster_id.unwrap_or_default(),
+        );
+        let oplog = Oplog::with_catalog(config.history_limit, catalog);
         let shared = Arc::new(Shared {
             port: addr.port(),
             me,
+            shard_hosts,
             replica_set_id,
             election_id: ObjectId::from_bytes([0x7f, 0xff, 0xff, 0xff, 0, 0, 0, 0, 0, 0, 0, 1]),
-            state: Mutex::new(State::new(config.history_limit, config.snapshot_history)),
+            state: Mutex::new(State::with_history(oplog, config.snapshot_history)),
             history_grew: Default::default(),
             txn_ended: Default::default(),
             failpoints: Mutex::new(FailPoints::default()),
@@ -51,8 +71,24 @@ impl Server {
             config,
         });
         let (stop_tx, stop_rx) = watch::channel(false);
-        info!(address = %addr, set_name = %shared.config.set_name, standalone = shared.config.standalone, "mongo-sim listening");
-        let task = tokio::spawn(accept_loop(listener, shared.clone(), stop_rx));
+        info!(address = %addr, set_name = %shared.config.set_name, standalone = shared.config.standalone, shards = shared.config.shards, "mongo-sim listening");
+        for (i, l) in shard_listeners.into_iter().enumerate() {
+            tokio::spawn(accept_loop(
+                l,
+                shared.clone(),
+                stop_rx.clone(),
+                Listener::Shard(i),
+            ));
+        }
+        if sharded {
+            tokio::spawn(noop_writer(shared.clone(), stop_rx.clone()));
+        }
+        let task = tokio::spawn(accept_loop(
+            listener,
+            shared.clone(),
+            stop_rx,
+            Listener::Main,
+        ));
         Ok(ServerHandle {
             addr,
             shared,
@@ -63,14 +99,35 @@ impl Server {
     }
 }
 
-async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
+/// Every `noop_interval`, each shard that applied nothing since the last round writes a
+/// no-op (advancing its applied time), waking change streams held back by it.
+async fn noop_writer(shared: Arc<Shared>, mut stop: watch::Receiver<bool>) {
+    let interval = shared.config.noop_interval.max(Duration::from_millis(1));
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(interval) => {}
+            _ = stop.changed() => break,
+        }
+        let advanced = shared.lock().oplog.write_noops();
+        if advanced {
+            shared.history_grew.notify_waiters();
+        }
+    }
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    mut stop: watch::Receiver<bool>,
+    role: Listener,
+) {
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
                     let shared = shared.clone();
                     let stop = stop.clone();
-                    tokio::spawn(async move { serve_connection(shared, stream, peer, stop).await });
+                    tokio::spawn(async move { serve_connection(shared, stream, peer, stop, role).await });
                 }
                 Err(e) => {
                     warn!(error = %e, "accept failed");
@@ -88,9 +145,11 @@ async fn serve_connection(
     stream: TcpStream,
     peer: SocketAddr,
     mut stop: watch::Receiver<bool>,
+    listener: Listener,
 ) {
     let _ = stream.set_nodelay(true);
     let conn = ConnInfo {
+        listener,
         id: shared.next_connection_id.fetch_add(1, Ordering::Relaxed),
         peer: peer.to_string(),
         app_name: Default::default(),
@@ -132,6 +191,19 @@ async fn serve_connection(
         }
     }
     debug!(connection_id = conn.id, "connection closed");
+}
+
+/// One shard's history as [`ServerHandle::shard_history`] reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ShardHistory {
+    /// Cluster time of the oldest retained event (`None` while nothing is retained).
+    pub first: Option<bson::Timestamp>,
+    /// Cluster time of the newest retained event.
+    pub last: Option<bson::Timestamp>,
+    /// Retained events.
+    pub len: usize,
+    /// The time the shard has applied up to: its last write or periodic no-op.
+    pub applied: bson::Timestamp,
 }
 
 /// A running server. Dropping it stops the server.
@@ -213,9 +285,12 @@ impl ServerHandle {
         self.shared.me.clone()
     }
 
-    /// A connection string for drivers.
+    /// A connection string for drivers: `mongodb://HOST:PORT/` for a sharded cluster's
+    /// `mongos`, `?replicaSet=NAME` for a replica set, `?directConnection=true` standalone.
     pub fn uri(&self) -> String {
-        if self.shared.config.standalone {
+        if self.shared.is_sharded() {
+            format!("mongodb://{}/", self.shared.me)
+        } else if self.shared.config.standalone {
             format!("mongodb://{}/?directConnection=true", self.shared.me)
         } else {
             format!(
@@ -262,9 +337,56 @@ impl ServerHandle {
             .clear();
     }
 
-    /// Number of change events currently retained.
+    /// Number of change events currently retained (over all shards in sharded mode; an
+    /// event recorded on several shards counts on each).
     pub fn history_len(&self) -> usize {
         self.shared.lock().oplog.len()
+    }
+
+    /// `config.version`'s `clusterId` (sharded mode).
+    pub fn cluster_id(&self) -> ObjectId {
+        self.shared.lock().oplog.catalog.cluster_id
+    }
+
+    /// How many shards the `mongos` fronts (0 for a replica set).
+    pub fn shard_count(&self) -> usize {
+        self.shared.lock().oplog.catalog.shard_count()
+    }
+
+    /// The shard owning `doc` of collection `ns` (`db.coll`): by the collection's shard key,
+    /// or its database's primary shard when it is not sharded. 0 on a replica set (or for a
+    /// namespace without a dot).
+    pub fn shard_of(&self, ns: &str, doc: &bson::Document) -> usize {
+        let Some(ns) = crate::namespace::Namespace::parse(ns) else {
+            return 0;
+        };
+        self.shared.lock().oplog.catalog.shard_of(&ns, doc)
+    }
+
+    /// Shard `i`'s history (the replica set's for 0 in replica-set mode): its retained
+    /// window and applied time; `None` past the last shard.
+    pub fn shard_history(&self, i: usize) -> Option<ShardHistory> {
+        let st = self.shared.lock();
+        let log = st.oplog.shard(i)?;
+        let window = log.window();
+        Some(ShardHistory {
+            first: window.map(|w| w.0),
+            last: window.map(|w| w.1),
+            len: log.len(),
+            applied: log.applied(),
+        })
+    }
+
+    /// Shard `i`'s own listener, `host:port` (sharded mode).
+    pub fn shard_host(&self, i: usize) -> Option<String> {
+        self.shared.shard_hosts.get(i).cloned()
+    }
+
+    /// A connection string for shard `i`'s listener, a replica-set primary named `shardN`
+    /// serving `hello`, `replSetGetStatus` and `find` on `local.oplog.rs`.
+    pub fn shard_uri(&self, i: usize) -> Option<String> {
+        self.shard_host(i)
+            .map(|h| format!("mongodb://{h}/?directConnection=true"))
     }
 
     fn signal_stop(&mut self) {

@@ -78,7 +78,11 @@ pub struct Parts<'a> {
 impl State {
     /// State keeping `history_limit` change events and `snapshot_history` of committed states.
     pub fn new(history_limit: usize, snapshot_history: Duration) -> Self {
-        let oplog = Oplog::new(history_limit);
+        Self::with_history(Oplog::new(history_limit), snapshot_history)
+    }
+
+    /// State over the given change history (a sharded cluster's, with its catalog).
+    pub fn with_history(oplog: Oplog, snapshot_history: Duration) -> Self {
         State {
             store: Store::new(snapshot_history, oplog.cluster_time()),
             oplog,
@@ -220,6 +224,8 @@ pub struct Shared {
     pub port: u16,
     /// `host:port` advertised in `hello`.
     pub me: String,
+    /// The shard listeners' `host:port`, by shard index (sharded mode only).
+    pub shard_hosts: Vec<String>,
     pub replica_set_id: ObjectId,
     pub election_id: ObjectId,
     pub state: Mutex<State>,
@@ -255,6 +261,11 @@ impl Shared {
 
     pub fn is_replica_set(&self) -> bool {
         !self.config.standalone
+    }
+
+    /// True when the server answers as a `mongos` in front of `config.shards` shards.
+    pub fn is_sharded(&self) -> bool {
+        self.config.shards > 0 && !self.config.standalone
     }
 
     /// Notes what a command asked for, for tests: the application name its connection gave in

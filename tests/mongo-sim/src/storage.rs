@@ -587,6 +587,7 @@ impl Store {
             )
         });
         let mut pending = PendingEvent::new(c.ns.clone(), c.event.clone(), uuid);
+        pending.doc = c.new.clone().or_else(|| before.clone());
         if coll.images_enabled() && before.is_some() {
             pending.images = Some(Images {
                 pre: before,

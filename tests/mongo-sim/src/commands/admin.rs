@@ -179,7 +179,7 @@ pub fn server_status(ctx: &Ctx<'_>) -> Document {
     doc! {
         "host": ctx.shared.me.clone(),
         "version": format!("{major}.{minor}.0"),
-        "process": "mongod",
+        "process": if ctx.shared.is_sharded() { "mongos" } else { "mongod" },
         "localTime": DateTime::now(),
         "connections": {"totalCreated": ctx.shared.next_connection_id.load(Ordering::Relaxed) - 1},
         "opcounters": {"command": ctx.shared.commands_served.load(Ordering::Relaxed) as i64},

@@ -411,15 +411,13 @@ fn scan(st: &State, cursor: &mut ChangeCursor, limit: usize) -> CmdResult<(Vec<B
     }
     let mut out = Vec::new();
     let mut bytes = 0usize;
-    let mut i = st.oplog.index_after(cursor.after);
+    // Events up to this time may be reported: on a sharded cluster every shard has applied
+    // past them (an idle shard holds the stream back until its no-op).
+    let upto = st.oplog.visible_time();
     // Positioned on a fragment: the rest of that event's fragments come first.
     if let Some(done) = cursor.after.fragment {
         let base = cursor.after.without_fragment();
-        let Some(prev) = i
-            .checked_sub(1)
-            .and_then(|p| st.oplog.get(p))
-            .filter(|p| p.key() == base)
-        else {
+        let Some(prev) = st.oplog.entry(base) else {
             return Err(CommandError::new(
                 280,
                 "cannot resume stream; the resume token was not found",
@@ -463,14 +461,11 @@ fn scan(st: &State, cursor: &mut ChangeCursor, limit: usize) -> CmdResult<(Vec<B
             cursor.after = inv;
             return Ok((out, true));
         }
-        i = st.oplog.index_after(base);
     }
     // A stream positioned exactly on an invalidating event still owes its invalidate.
     if cursor.after.kind == KIND_EVENT
         && cursor.after.fragment.is_none()
-        && i > 0
-        && let Some(prev) = st.oplog.get(i - 1)
-        && prev.key() == cursor.after
+        && let Some(prev) = st.oplog.entry(cursor.after)
         && invalidates(&cursor.scope, prev)
     {
         if limit == 0 {
@@ -482,15 +477,14 @@ fn scan(st: &State, cursor: &mut ChangeCursor, limit: usize) -> CmdResult<(Vec<B
         return Ok((out, true));
     }
     while out.len() < limit {
-        let Some(e) = st.oplog.get(i) else {
-            // Scanned everything: the position covers the whole history up to now.
-            let hw = TokenKey::high_water(st.oplog.cluster_time());
+        let Some(e) = st.oplog.next_after(cursor.after, upto) else {
+            // Scanned everything reportable: the position covers the history up to then.
+            let hw = TokenKey::high_water(upto);
             if hw > cursor.after {
                 cursor.after = hw;
             }
             return Ok((out, false));
         };
-        i += 1;
         let key = e.key();
         let previous = cursor.after;
         cursor.after = key;
@@ -661,6 +655,14 @@ fn image(doc: Option<&std::sync::Arc<Document>>) -> Bson {
     doc.map_or(Bson::Null, |d| Bson::Document((**d).clone()))
 }
 
+/// An event's `documentKey`: `{_id}`, or on a sharded collection its shard key fields and
+/// `_id` as recorded with the event.
+fn document_key(e: &OplogEntry, id: &Bson) -> Document {
+    e.document_key
+        .clone()
+        .unwrap_or_else(|| doc! {"_id": id.clone()})
+}
+
 /// The change event as a client receives it.
 fn event_doc(
     st: &State,
@@ -699,7 +701,7 @@ fn event_doc(
         EventKind::Insert { id, doc } | EventKind::Replace { id, doc } => {
             d.insert("fullDocument", Bson::Document((**doc).clone()));
             d.insert("ns", ns_doc(&e.ns));
-            d.insert("documentKey", doc! {"_id": id.clone()});
+            d.insert("documentKey", document_key(e, id));
         }
         EventKind::Update {
             id,
@@ -733,7 +735,7 @@ fn event_doc(
                 }
             }
             d.insert("ns", ns_doc(&e.ns));
-            d.insert("documentKey", doc! {"_id": id.clone()});
+            d.insert("documentKey", document_key(e, id));
             let mut description = doc! {
                 "updatedFields": updated.clone(),
                 "removedFields": removed.iter().cloned().map(Bson::String).collect::<Vec<_>>(),
@@ -746,7 +748,7 @@ fn event_doc(
         }
         EventKind::Delete { id } => {
             d.insert("ns", ns_doc(&e.ns));
-            d.insert("documentKey", doc! {"_id": id.clone()});
+            d.insert("documentKey", document_key(e, id));
         }
         EventKind::Drop | EventKind::DropDatabase => {
             d.insert("ns", ns_doc(&e.ns));
@@ -762,7 +764,7 @@ fn event_doc(
                 d.insert("operationDescription", description);
             }
         }
-        EventKind::Create { description } => {
+        EventKind::Create { description } | EventKind::ShardCollection { description } => {
             d.insert("ns", ns_doc(&e.ns));
             d.insert("operationDescription", description.clone());
         }

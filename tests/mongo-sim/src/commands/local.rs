@@ -16,12 +16,13 @@
 
 use bson::{Bson, DateTime, Document, Timestamp, doc};
 
-use super::Ctx;
 use super::crud::{self, opt_doc};
+use super::{Ctx, Listener};
 use crate::error::{CmdResult, CommandError};
 use crate::matcher;
 use crate::namespace::Namespace;
-use crate::oplog::{EventKind, Oplog, OplogEntry};
+use crate::oplog::{EventKind, OplogEntry, ShardLog};
+use crate::state::State;
 
 /// Is this `local.oplog.rs`?
 pub fn is_oplog(ns: &Namespace) -> bool {
@@ -57,7 +58,7 @@ fn natural_order(sort: &Document, hint: Option<&Bson>) -> Option<bool> {
 }
 
 /// The index range `[lo, hi)` the filter's bounds on `ts` leave (a superset of the matches).
-fn ts_range(oplog: &Oplog, filter: &Document) -> (usize, usize) {
+fn ts_range(oplog: &ShardLog, filter: &Document) -> (usize, usize) {
     let (mut lo, mut hi) = (0, oplog.len());
     match filter.get("ts") {
         Some(Bson::Timestamp(t)) => {
@@ -88,7 +89,7 @@ fn ts_range(oplog: &Oplog, filter: &Document) -> (usize, usize) {
 /// The oplog entries matching `filter` in natural order (`forward`) or reverse, after
 /// skipping `skip`, at most `limit` of them (0: all).
 pub fn entries(
-    oplog: &Oplog,
+    oplog: &ShardLog,
     filter: &Document,
     forward: bool,
     skip: usize,
@@ -101,7 +102,7 @@ pub fn entries(
     };
     let mut out = Vec::new();
     if oplog.is_empty() {
-        let n = noop(oplog.cluster_time());
+        let n = noop(oplog.applied());
         if matcher::matches(&n, filter)? {
             out.push(n);
         }
@@ -129,7 +130,7 @@ pub fn entries(
 /// Walks `[lo, hi)` one oplog entry at a time: one history entry, or a transaction's entries
 /// (same cluster time) together.
 struct Groups<'a> {
-    oplog: &'a Oplog,
+    oplog: &'a ShardLog,
     lo: usize,
     hi: usize,
     forward: bool,
@@ -182,7 +183,7 @@ fn noop(ts: Timestamp) -> Document {
 
 /// One oplog entry for the history entries `[i, j)`: the entry itself, or a transaction's
 /// `applyOps`.
-fn render_group(oplog: &Oplog, i: usize, j: usize) -> Document {
+fn render_group(oplog: &ShardLog, i: usize, j: usize) -> Document {
     let Some(first) = oplog.get(i) else {
         return Document::new();
     };
@@ -290,6 +291,17 @@ fn operation(e: &OplogEntry) -> Document {
             o.extend(description.clone());
             ("c", cmd_ns, o, None)
         }
+        // A no-op entry, as the primary shard of a sharded cluster writes it.
+        EventKind::ShardCollection { description } => {
+            let mut o2 = doc! {"shardCollection": coll_ns.clone()};
+            o2.extend(description.clone());
+            (
+                "n",
+                coll_ns.clone(),
+                doc! {"msg": {"shardCollection": coll_ns}},
+                Some(o2),
+            )
+        }
     };
     let mut d = doc! {"op": op, "ns": ns};
     if let Some(ui) = &e.uuid {
@@ -307,6 +319,15 @@ pub fn targets_oplog(ctx: &Ctx<'_>) -> bool {
     ctx.ns().is_ok_and(|ns| is_oplog(&ns))
 }
 
+/// The history a connection reads as `local.oplog.rs`: its shard's on a shard listener, the
+/// replica set's otherwise.
+fn history<'a>(ctx: &Ctx<'_>, st: &'a State) -> &'a ShardLog {
+    match ctx.conn.listener {
+        Listener::Shard(i) => st.oplog.shard(i).unwrap_or_else(|| st.oplog.first()),
+        Listener::Main => st.oplog.first(),
+    }
+}
+
 /// `find` on `local.oplog.rs`.
 pub fn find(ctx: &Ctx<'_>) -> CmdResult<Document> {
     let ns = ctx.ns()?;
@@ -319,9 +340,15 @@ pub fn find(ctx: &Ctx<'_>) -> CmdResult<Document> {
     let docs = {
         let st = ctx.shared.lock();
         match order {
-            Some(forward) => entries(&st.oplog, &filter, forward, options.skip, options.limit)?,
+            Some(forward) => entries(
+                history(ctx, &st),
+                &filter,
+                forward,
+                options.skip,
+                options.limit,
+            )?,
             None => {
-                let mut all = entries(&st.oplog, &filter, true, 0, 0)?;
+                let mut all = entries(history(ctx, &st), &filter, true, 0, 0)?;
                 drop(st);
                 crud::sort_docs(&mut all, &sort, |d| d);
                 let all = all.into_iter().skip(options.skip);
@@ -346,14 +373,20 @@ pub fn count(ctx: &Ctx<'_>) -> CmdResult<Document> {
     matcher::validate(&filter)?;
     let skip = ctx.int_field("skip").unwrap_or(0).max(0) as usize;
     let limit = ctx.int_field("limit").unwrap_or(0).unsigned_abs() as usize;
-    let found = entries(&ctx.shared.lock().oplog, &filter, true, 0, 0)?.len();
+    let found = entries(history(ctx, &ctx.shared.lock()), &filter, true, 0, 0)?.len();
     Ok(doc! {"n": crud::count_reply(found, skip, limit) as i32})
 }
 
 /// `aggregate` on `local.oplog.rs`: the pipeline over every entry in natural order.
 pub fn aggregate(ctx: &Ctx<'_>) -> CmdResult<Document> {
     let ns = ctx.ns()?;
-    let all = entries(&ctx.shared.lock().oplog, &Document::new(), true, 0, 0)?;
+    let all = entries(
+        history(ctx, &ctx.shared.lock()),
+        &Document::new(),
+        true,
+        0,
+        0,
+    )?;
     crud::aggregate_over(ctx, &ns, all, None)
 }
 

@@ -7,6 +7,7 @@ pub mod change_stream;
 pub mod crud;
 pub mod failpoint;
 pub mod local;
+pub mod sharding;
 pub mod txn;
 
 use std::sync::Arc;
@@ -20,9 +21,19 @@ use crate::namespace::Namespace;
 use crate::state::Shared;
 use crate::wire::{self, Message};
 
+/// Which listener a connection came in on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Listener {
+    /// The server's port: a replica-set primary, a standalone server or a `mongos`.
+    Main,
+    /// Shard `i`'s own port (sharded mode).
+    Shard(usize),
+}
+
 /// The connection a request arrived on.
 #[derive(Debug, Clone)]
 pub struct ConnInfo {
+    pub listener: Listener,
     pub id: i64,
     pub peer: String,
     /// The `client.application.name` of the connection's handshake, if it sent one.
@@ -414,6 +425,14 @@ async fn run_command(
             if let Some(wce) = write_concern_error {
                 add_write_concern_error(&mut d, wce, label_ctx);
             }
+            // A mongos names the shard that can recover a transaction's outcome; drivers send
+            // it back with commitTransaction / abortTransaction.
+            if label_ctx.in_transaction && shared.is_sharded() && conn.listener == Listener::Main {
+                d.insert(
+                    "recoveryToken",
+                    doc! {"recoveryShardId": crate::cluster::shard_name(0)},
+                );
+            }
             d
         }
         Err(e) => {
@@ -518,6 +537,16 @@ pub fn append_cluster_time(shared: &Shared, reply: &mut Document) {
 }
 
 async fn dispatch(ctx: &Ctx<'_>) -> CmdResult<Document> {
+    if ctx.shared.is_sharded() {
+        match ctx.conn.listener {
+            Listener::Shard(i) => return sharding::shard_command(ctx, i),
+            Listener::Main => {
+                if let Some(reply) = sharding::router_command(ctx) {
+                    return reply;
+                }
+            }
+        }
+    }
     local::refuse_oplog_writes(ctx)?;
     match ctx.name.as_str() {
         "hello" => admin::hello(ctx, false),

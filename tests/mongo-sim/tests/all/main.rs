@@ -16,6 +16,7 @@ mod expanded_events;
 mod failpoints;
 mod layering;
 mod oplog_window;
+mod sharded;
 mod snapshot_reads;
 mod transactions;
 mod wire;
