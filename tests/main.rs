@@ -41,6 +41,7 @@ mod integration_replay;
 mod integration_reports;
 mod integration_sandbox;
 mod integration_scale_out;
+mod integration_sharded;
 mod integration_split_events;
 mod integration_stop;
 mod integration_stream_options;

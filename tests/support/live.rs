@@ -141,6 +141,25 @@ impl Live {
         })
     }
 
+    /// A sharded cluster of `shards` shards behind one `mongos`, of its own, with the watched
+    /// collection sharded by a hashed `_id` (its documents spread over every shard). Each shard's
+    /// no-op writer runs every 20 ms (MongoDB's runs every 10 s), so that an idle shard holds the
+    /// merged stream back briefly; a killed run's transaction is reaped after a second.
+    pub fn sharded(shards: usize) -> Live {
+        let live = Live::with_config(Config {
+            shards,
+            noop_interval: Duration::from_millis(20),
+            transaction_lifetime: Duration::from_secs(1),
+            ..Config::default()
+        });
+        live.admin(doc! {"enableSharding": &live.db});
+        live.admin(doc! {
+            "shardCollection": format!("{}.orders", live.db),
+            "key": {"_id": "hashed"},
+        });
+        live
+    }
+
     /// A test server of its own, configured for the test, whatever `MONGODB_URI` says.
     pub fn with_config(config: Config) -> Live {
         let server = ServerHandle::start_blocking(config).expect("test server starts");

@@ -32,6 +32,9 @@ pub struct Connection {
     /// How long `replSetGetConfig` took to answer, on the connection `hello` opened: what one more
     /// round trip to the server costs.
     pub(super) round_trip: Duration,
+    /// The client's options, for a client of the same user on one shard of a sharded cluster
+    /// (the shards' own oplogs).
+    pub(super) options: ClientOptions,
 }
 
 /// How many connections a client may hold.
@@ -247,7 +250,7 @@ impl Connection {
         options.selection_criteria = Some(primary());
         // The driver spawns its monitors on the runtime it is created in.
         let _context = runtime.enter();
-        let client = Client::with_options(options)
+        let client = Client::with_options(options.clone())
             .map_err(|e| HandoffError::BadInput(unusable_uri(&e).into()))?;
         let admin = guarded_database(&client, "admin");
         let hello = runtime
@@ -272,6 +275,7 @@ impl Connection {
             deadline: std::sync::OnceLock::new(),
             transaction_lifetime: tokio::sync::OnceCell::new(),
             round_trip,
+            options,
         }))
     }
 

@@ -301,6 +301,8 @@ pub struct ShardLog {
     applied: Timestamp,
     /// `applied` when the periodic no-op writer last looked.
     checked: Timestamp,
+    /// When the shard (or replica set) was initiated: the first entry of its oplog.
+    started: Timestamp,
 }
 
 impl ShardLog {
@@ -311,7 +313,13 @@ impl ShardLog {
             evicted_upto: None,
             applied: start,
             checked: start,
+            started: start,
         }
+    }
+
+    /// When the shard (or replica set) was initiated.
+    pub fn started(&self) -> Timestamp {
+        self.started
     }
 
     /// The time this shard has applied up to (its last write or no-op).

@@ -6,8 +6,9 @@
 //! `o2` `{_id}`), `d` (delete, `o` `{_id}`) or `c` (commands on `db.$cmd`: `create`, `drop`,
 //! `renameCollection`, `dropDatabase`, `commitIndexBuild`, `dropIndexes`, `collMod`). A
 //! transaction's writes are one `c` entry on `admin.$cmd` with `o: {applyOps: [...]}`, `lsid`
-//! and `txnNumber`. An empty history shows one no-op entry (`op: "n"`) at the current cluster
-//! time, as a real replica set's oplog is never empty. The history is bounded by count
+//! and `txnNumber`. An empty history shows no-op entries (`op: "n"`) as a real oplog is never
+//! empty: the initiation, at the time the replica set (or shard) started, and the last periodic
+//! no-op of a shard's no-op writer. The history is bounded by count
 //! (`history_limit`): the oldest retained entry's `ts` is the start of the window.
 //!
 //! `find` reads it in natural order (`sort: {$natural: 1}`, the default) or reverse
@@ -102,11 +103,25 @@ pub fn entries(
     };
     let mut out = Vec::new();
     if oplog.is_empty() {
-        let n = noop(oplog.applied());
-        if matcher::matches(&n, filter)? {
-            out.push(n);
+        // A real oplog is never empty: it begins with the set's initiation, and the periodic
+        // no-op writer adds entries while nothing else is written.
+        let mut noops = vec![noop(oplog.started(), "initiating set")];
+        if oplog.applied() != oplog.started() {
+            noops.push(noop(oplog.applied(), "periodic noop"));
         }
-        return Ok(out.into_iter().skip(skip).collect());
+        if !forward {
+            noops.reverse();
+        }
+        for n in noops {
+            if matcher::matches(&n, filter)? {
+                out.push(n);
+            }
+        }
+        return Ok(out
+            .into_iter()
+            .skip(skip)
+            .take(want - skip.min(want))
+            .collect());
     }
     let (lo, hi) = ts_range(oplog, filter);
     let mut groups = Groups {
@@ -168,12 +183,12 @@ impl Groups<'_> {
     }
 }
 
-/// The no-op entry an otherwise empty oplog shows at `ts`.
-fn noop(ts: Timestamp) -> Document {
+/// A no-op entry of an otherwise empty oplog, at `ts`.
+fn noop(ts: Timestamp, msg: &str) -> Document {
     doc! {
         "op": "n",
         "ns": "",
-        "o": {"msg": "initiating set"},
+        "o": {"msg": msg},
         "ts": ts,
         "t": 1i64,
         "v": 2i64,

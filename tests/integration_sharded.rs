@@ -1,0 +1,416 @@
+//! Sharded clusters: handoff through a `mongos` in front of the test server's shards.
+//!
+//! The watched collection is sharded by a hashed `_id`, so its documents and their changes live on
+//! every shard; the `mongos` merges the shards' streams in cluster-time order. Every command works
+//! through it, the checkpoint is pinned to the cluster's `clusterId` (never moving to a replica set
+//! or another cluster), and runs killed while they hand off events of every shard, and
+//! transactions that span shards, lose nothing and hand nothing off twice.
+
+use crate::support;
+
+use std::collections::BTreeSet;
+use std::process::Child;
+use std::time::{Duration, Instant};
+
+use bson::{Bson, Document, doc};
+use support::live::*;
+use support::{Rng, partitions};
+
+/// Inserts `ids` one by one.
+fn insert(live: &Live, ids: std::ops::Range<i32>) {
+    for id in ids {
+        live.wait(live.coll("orders").insert_one(doc! {"_id": id, "v": 0}))
+            .expect("insert");
+    }
+}
+
+/// The shard each outbox record's document lives on.
+fn shards_of(live: &Live, outbox: &[Document]) -> BTreeSet<usize> {
+    let server = live.server();
+    outbox
+        .iter()
+        .map(|record| {
+            let key = record
+                .get_document("event")
+                .and_then(|e| e.get_document("documentKey"))
+                .expect("documentKey");
+            server.shard_of(&format!("{}.orders", live.db), key)
+        })
+        .collect()
+}
+
+#[test]
+fn a_run_through_mongos_hands_off_every_shards_events_once_and_pins_the_checkpoint_to_the_cluster()
+{
+    let live = Live::sharded(2);
+    live.start_consumer();
+    let checkpoint = live.checkpoint().expect("a checkpoint");
+    assert_eq!(
+        checkpoint.get_str("clusterId").ok(),
+        Some(live.server().cluster_id().to_hex().as_str()),
+        "{checkpoint}"
+    );
+    assert!(!checkpoint.contains_key("replicaSetId"), "{checkpoint}");
+    insert(&live, 0..40);
+    let out = support::ok(&live.run(&[]));
+    assert_eq!(out["events_handed_off"], 40, "{out}");
+    let outbox = live.outbox();
+    let ids: Vec<i32> = outbox
+        .iter()
+        .map(|r| {
+            r.get_document("event")
+                .and_then(|e| e.get_document("documentKey"))
+                .and_then(|k| k.get_i32("_id"))
+                .expect("documentKey._id")
+        })
+        .collect();
+    assert_eq!(ids, (0..40).collect::<Vec<_>>(), "merged in write order");
+    assert_eq!(shards_of(&live, &outbox), BTreeSet::from([0, 1]));
+    let again = support::ok(&live.run(&[]));
+    assert_eq!(again["events_handed_off"], 0);
+    assert_eq!(live.outbox_len(), 40);
+
+    // Another cluster's checkpoint, and a replica set's, are refused with nothing written.
+    let pinned = |set: Document, unset: &str| {
+        live.wait(live.coll(CHECKPOINTS).update_one(
+            doc! {"_id": CONSUMER},
+            doc! {"$set": set, "$unset": {unset: ""}},
+        ))
+        .expect("repin the checkpoint");
+    };
+    insert(&live, 40..42);
+    pinned(
+        doc! {"clusterId": "66a000000000000000000002"},
+        "replicaSetId",
+    );
+    support::fails(&live.run(&[]), 4, "belongs to another sharded cluster");
+    pinned(
+        doc! {"replicaSetId": live.server().cluster_id().to_hex()},
+        "clusterId",
+    );
+    support::fails(
+        &live.run(&[]),
+        4,
+        "belongs to a replica set, and this deployment is a sharded cluster",
+    );
+    assert_eq!(live.outbox_len(), 40, "nothing written by a refused run");
+}
+
+#[test]
+fn a_cluster_checkpoint_never_continues_on_a_replica_set() {
+    let live = Live::start();
+    live.start_consumer();
+    live.wait(live.coll(CHECKPOINTS).update_one(
+        doc! {"_id": CONSUMER},
+        doc! {"$set": {"clusterId": "66a000000000000000000001"}, "$unset": {"replicaSetId": ""}},
+    ))
+    .expect("pin the checkpoint to a cluster");
+    live.insert(0..2);
+    support::fails(
+        &live.run(&[]),
+        4,
+        "belongs to a sharded cluster, and this deployment is a replica set",
+    );
+    assert_eq!(live.outbox_len(), 0);
+}
+
+#[test]
+fn status_backfill_reconcile_reset_and_record_work_through_mongos() {
+    let live = Live::sharded(2);
+    insert(&live, 0..30);
+    // backfill: a new consumer's snapshot of every shard's documents, then its changes.
+    let backfill = support::handoff()
+        .arg("backfill")
+        .args(["--reason", "initial load", "--json"])
+        .env("MONGODB_URI", live.uri())
+        .env("SOURCE_DATABASE", &live.db)
+        .output()
+        .expect("backfill");
+    let report = support::json_stdout(&backfill);
+    assert_eq!(live.outbox_len(), 30, "{report}");
+    assert_eq!(shards_of(&live, &live.outbox()), BTreeSet::from([0, 1]));
+    live.wait(
+        live.coll("orders")
+            .update_one(doc! {"_id": 3}, doc! {"$set": {"v": 1}}),
+    )
+    .expect("update");
+    live.wait(live.coll("orders").delete_one(doc! {"_id": 4}))
+        .expect("delete");
+    assert_eq!(support::ok(&live.run(&[]))["events_handed_off"], 2);
+
+    // reconcile: the outbox describes every shard's documents.
+    let reconcile = live.operator(&["reconcile", "--json"]);
+    let found = support::json_stdout(&reconcile);
+    for kind in ["missing", "orphan", "stale"] {
+        assert_eq!(found[kind]["count"], 0, "{found}");
+    }
+
+    // status: the position through mongos, the margin from the shards' oplogs (below).
+    let status = support::json_stdout(&live.operator(&["status", "--json"]));
+    assert_eq!(status["checkpoint"]["has_token"], true, "{status}");
+    assert!(status["cluster_time"].is_object(), "{status}");
+    assert!(status["oplog_margin_seconds"].is_i64(), "{status}");
+
+    // checkpoint reset --to now: moved through mongos, audited.
+    insert(&live, 100..103);
+    let reset = live.operator(&["checkpoint", "reset", "--to", "now", "--reason", "skip"]);
+    assert_eq!(reset.status.code(), Some(0), "{}", support::stderr(&reset));
+    assert_eq!(support::ok(&live.run(&[]))["events_handed_off"], 0);
+
+    // record: the recording names the cluster.
+    let dir = tempfile::tempdir().expect("a folder");
+    let path = dir.path().join("cluster.jsonl");
+    let mut recording = support::handoff()
+        .args(["record", "--max-wait-seconds", "2", "--out"])
+        .arg(&path)
+        .env("MONGODB_URI", live.uri())
+        .env("SOURCE_DATABASE", &live.db)
+        .env("HANDOFF_LOG", "info")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("record");
+    // The recording opens its stream from now: write once it has.
+    let mut log = std::io::BufReader::new(recording.stderr.take().expect("stderr"));
+    support::engines::read_until(&mut log, "recording");
+    insert(&live, 200..203);
+    assert!(recording.wait().expect("record ends").success());
+    let text = std::fs::read_to_string(&path).expect("the recording");
+    let first: serde_json::Value =
+        serde_json::from_str(text.lines().next().expect("a first line")).expect("JSON");
+    assert_eq!(
+        first["$deployment"]["clusterId"],
+        live.server().cluster_id().to_hex(),
+        "{first}"
+    );
+    assert!(first["$deployment"].get("replicaSetId").is_none());
+    let events = text
+        .lines()
+        .filter(|l| l.contains("\"operationType\""))
+        .count();
+    assert_eq!(events, 3, "{text}");
+}
+
+/// `handoff run --follow` through the cluster's mongos, its log piped.
+fn follow(live: &Live) -> Child {
+    live.command()
+        .arg("--follow")
+        .env("MAX_EVENTS", "5")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn handoff")
+}
+
+#[test]
+fn sigkills_during_live_hand_off_from_every_shard_and_of_multi_shard_transactions_lose_nothing() {
+    let seed = support::seed("HANDOFF_SHARDED_SEED");
+    eprintln!("HANDOFF_SHARDED_SEED={seed}");
+    let mut rng = Rng::new(seed ^ 0x5a4d);
+    let live = Live::sharded(2);
+    live.start_consumer();
+    const KEYS: i32 = 30;
+    const STEPS: i32 = 150;
+    // Inserts, then updates with a rising `v`; every tenth step a transaction updating three keys
+    // (on both shards, most of the time) and inserting one.
+    let writer = live.background(async move |client, db| {
+        let mut rng = Rng::new(seed ^ 0x7e57);
+        let orders = db.collection::<Document>("orders");
+        let mut writes = 0;
+        for key in 0..KEYS {
+            orders
+                .insert_one(doc! {"_id": key, "v": 0})
+                .await
+                .expect("insert");
+            writes += 1;
+        }
+        let mut v = 0;
+        for step in 0..STEPS {
+            if step % 10 == 9 {
+                let mut session = client.start_session().await.expect("session");
+                session.start_transaction().await.expect("start");
+                for k in 0..3 {
+                    v += 1;
+                    orders
+                        .update_one(doc! {"_id": (step + k * 7) % KEYS}, doc! {"$set": {"v": v}})
+                        .session(&mut session)
+                        .await
+                        .expect("update in the transaction");
+                }
+                orders
+                    .insert_one(doc! {"_id": 1000 + step, "v": 0})
+                    .session(&mut session)
+                    .await
+                    .expect("insert in the transaction");
+                session.commit_transaction().await.expect("commit");
+                writes += 4;
+            } else {
+                v += 1;
+                let key = rng.below(KEYS as u64) as i32;
+                orders
+                    .update_one(doc! {"_id": key}, doc! {"$set": {"v": v}})
+                    .await
+                    .expect("update");
+                writes += 1;
+            }
+            tokio::time::sleep(Duration::from_millis(rng.below(15))).await;
+        }
+        writes
+    });
+    let mut kills = 0;
+    let mut run = follow(&live);
+    while !writer.is_finished() || kills < 8 {
+        std::thread::sleep(Duration::from_millis(150 + rng.below(400)));
+        if run.try_wait().expect("try_wait").is_none() {
+            run.kill().expect("SIGKILL");
+            kills += 1;
+        }
+        let _ = run.wait();
+        live.expire_lease();
+        run = follow(&live);
+    }
+    let expected = writer.join().expect("writer");
+    // A run started right after a kill can find the killed one's transaction still open (exit
+    // 10): started again, as an engine's retry does, until every write is handed off.
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while live.outbox_len() < expected {
+        assert!(Instant::now() < deadline, "never caught up (seed {seed})");
+        if let Some(status) = run.try_wait().expect("try_wait") {
+            assert_eq!(status.code(), Some(10), "seed {seed}");
+            run = follow(&live);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    partitions::claimed(&live, CONSUMER);
+    support::sigterm(&run);
+    let output = run.wait_with_output().expect("output");
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{}",
+        support::stderr(&output)
+    );
+    let outbox = live.outbox();
+    // Every write once, each document's changes in the order written (one consumer: one
+    // "partition").
+    partitions::check_partitioned(&outbox, expected, 1, seed);
+    assert_eq!(shards_of(&live, &outbox), BTreeSet::from([0, 1]));
+    // Each transaction's four records were committed together: next to each other in the
+    // outbox, in the order the transaction wrote them.
+    let transaction_inserts: Vec<usize> = outbox
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| {
+            r.get_document("event")
+                .and_then(|e| e.get_document("documentKey"))
+                .and_then(|k| k.get_i32("_id"))
+                .is_ok_and(|id| id >= 1000)
+        })
+        .map(|(i, _)| i)
+        .collect();
+    assert_eq!(transaction_inserts.len(), (STEPS / 10) as usize);
+    for at in transaction_inserts {
+        let ids: Vec<Option<&Bson>> = outbox[at - 3..=at]
+            .iter()
+            .map(|r| {
+                r.get_document("event")
+                    .ok()
+                    .and_then(|e| e.get_document("lsid").ok())
+                    .and_then(|l| l.get("id"))
+            })
+            .collect();
+        assert!(ids[0].is_some(), "a transaction's events carry its lsid");
+        assert!(
+            ids.windows(2).all(|w| w[0] == w[1]),
+            "a transaction's records together (seed {seed})"
+        );
+    }
+    eprintln!(
+        "{expected} writes on 2 shards ({} transactions across shards), {kills} SIGKILLs of \
+         follow runs through mongos: every write once, in order, transactions whole",
+        STEPS / 10
+    );
+}
+
+#[test]
+fn partitions_through_mongos_hand_off_every_event_once() {
+    let seed = support::seed("HANDOFF_SHARDED_SEED");
+    let live = Live::sharded(3);
+    let consumers: Vec<String> = (0..3).map(|i| format!("orders-{i}-of-3")).collect();
+    for (i, consumer) in consumers.iter().enumerate() {
+        let out = live
+            .command()
+            .args(["--partition", &format!("{i}/3")])
+            .env("CONSUMER_ID", consumer)
+            .output()
+            .expect("run");
+        assert_eq!(support::ok(&out)["status"], "IDLE");
+    }
+    partitions::started(&live, &consumers);
+    let writer = live.background(async move |_, db| partitions::write_keys(db, 30, 90, seed).await);
+    let expected = writer.join().expect("writer");
+    for (i, consumer) in consumers.iter().enumerate() {
+        let out = live
+            .command()
+            .args(["--partition", &format!("{i}/3")])
+            .env("CONSUMER_ID", consumer)
+            .output()
+            .expect("run");
+        support::ok(&out);
+    }
+    partitions::check_partitioned(&live.outbox(), expected, 3, seed);
+    assert_eq!(shards_of(&live, &live.outbox()), BTreeSet::from([0, 1, 2]));
+}
+
+/// The time of the oldest entry of shard `i`'s own oplog, read on the shard.
+fn oldest_on_shard(live: &Live, i: usize) -> u32 {
+    let uri = live.server().shard_uri(i).expect("a shard's own address");
+    live.rt.block_on(async {
+        let shard = mongodb::Client::with_uri_str(&uri).await.expect("client");
+        let entry = shard
+            .database("local")
+            .collection::<Document>("oplog.rs")
+            .find_one(doc! {})
+            .await
+            .expect("the shard's oplog")
+            .expect("an entry");
+        entry.get_timestamp("ts").expect("ts").time
+    })
+}
+
+#[test]
+fn status_takes_the_smallest_margin_of_the_shards_own_oplogs() {
+    // Five entries of history per shard: a shard written to more forgets sooner.
+    let live = Live::with_config(mongo_sim::Config {
+        shards: 2,
+        history_limit: 5,
+        noop_interval: Duration::from_millis(20),
+        ..mongo_sim::Config::default()
+    });
+    live.admin(doc! {"enableSharding": &live.db});
+    live.admin(doc! {"shardCollection": format!("{}.orders", live.db), "key": {"_id": "hashed"}});
+    live.start_consumer();
+    std::thread::sleep(Duration::from_millis(1_100));
+    // Ten writes on shard 1 only: it forgets the consumer's position, shard 0 still holds it.
+    let ns = format!("{}.orders", live.db);
+    let on_shard_1: Vec<i32> = (0..)
+        .filter(|id| live.server().shard_of(&ns, &doc! {"_id": id}) == 1)
+        .take(10)
+        .collect();
+    for id in &on_shard_1 {
+        live.wait(live.coll("orders").insert_one(doc! {"_id": id}))
+            .expect("insert");
+    }
+    let (first, second) = (oldest_on_shard(&live, 0), oldest_on_shard(&live, 1));
+    assert!(first < second, "shard 1 forgot more: {first} {second}");
+    let status = support::json_stdout(&live.operator(&["status", "--json"]));
+    assert_eq!(status["oldest_oplog_time"]["t"], second, "{status}");
+    let checkpoint = status["checkpoint_cluster_time"]["t"]
+        .as_i64()
+        .expect("the checkpoint's time");
+    let margin = status["oplog_margin_seconds"].as_i64().expect("a margin");
+    assert_eq!(margin, checkpoint - i64::from(second), "{status}");
+    assert!(margin < 0, "the position is lost on shard 1: {status}");
+    // The run agrees: history lost (exit 6), nothing handed off.
+    support::fails(&live.run(&[]), 6, "");
+    assert_eq!(live.outbox_len(), 0);
+}
