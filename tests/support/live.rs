@@ -146,25 +146,44 @@ impl Live {
     /// no-op writer runs every 20 ms (MongoDB's runs every 10 s), so that an idle shard holds the
     /// merged stream back briefly; a killed run's transaction is reaped after a second.
     pub fn sharded(shards: usize) -> Live {
-        let live = Live::with_config(Config {
+        Live::sharded_with(Config {
             shards,
-            noop_interval: Duration::from_millis(20),
             transaction_lifetime: Duration::from_secs(1),
             ..Config::default()
-        });
+        })
+    }
+
+    /// A test server of its own, configured for the test, whatever `MONGODB_URI` says. With
+    /// `HANDOFF_TEST_SHARDS=K` (K > 0) a replica set becomes a sharded cluster of K shards (see
+    /// [`Live::sharded`]): the suites that kill, race, fault and stop runs run on one so.
+    pub fn with_config(config: Config) -> Live {
+        let shards = std::env::var("HANDOFF_TEST_SHARDS")
+            .ok()
+            .map(|k| k.trim().parse::<usize>().expect("HANDOFF_TEST_SHARDS is a number"))
+            .unwrap_or(0);
+        if shards > 0 && config.shards == 0 && !config.standalone {
+            return Live::sharded_with(Config { shards, ..config });
+        }
+        let server = ServerHandle::start_blocking(config).expect("test server starts");
+        let uri = server.uri();
+        Live::connect(Some(server), uri, DB.into(), None)
+    }
+
+    /// A sharded cluster as `config` says, the watched collection sharded by a hashed `_id`.
+    fn sharded_with(config: Config) -> Live {
+        let config = Config {
+            noop_interval: Duration::from_millis(20),
+            ..config
+        };
+        let server = ServerHandle::start_blocking(config).expect("test server starts");
+        let uri = server.uri();
+        let live = Live::connect(Some(server), uri, DB.into(), None);
         live.admin(doc! {"enableSharding": &live.db});
         live.admin(doc! {
             "shardCollection": format!("{}.orders", live.db),
             "key": {"_id": "hashed"},
         });
         live
-    }
-
-    /// A test server of its own, configured for the test, whatever `MONGODB_URI` says.
-    pub fn with_config(config: Config) -> Live {
-        let server = ServerHandle::start_blocking(config).expect("test server starts");
-        let uri = server.uri();
-        Live::connect(Some(server), uri, DB.into(), None)
     }
 
     fn connect(server: Option<ServerHandle>, uri: String, db: String, turn: Option<Turn>) -> Live {
