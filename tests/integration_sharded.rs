@@ -414,3 +414,143 @@ fn status_takes_the_smallest_margin_of_the_shards_own_oplogs() {
     support::fails(&live.run(&[]), 6, "");
     assert_eq!(live.outbox_len(), 0);
 }
+
+/// A cluster whose `orders` keeps pre- and post-images, sharded by a hashed `_id`.
+fn sharded_with_images(config: mongo_sim::Config) -> Live {
+    let live = Live::with_config(mongo_sim::Config {
+        shards: 2,
+        noop_interval: Duration::from_millis(20),
+        ..config
+    });
+    live.wait(
+        live.client.database(&live.db).run_command(
+            doc! {"create": "orders", "changeStreamPreAndPostImages": {"enabled": true}},
+        ),
+    )
+    .expect("create");
+    live.admin(doc! {"enableSharding": &live.db});
+    live.admin(doc! {"shardCollection": format!("{}.orders", live.db), "key": {"_id": "hashed"}});
+    live
+}
+
+#[test]
+fn images_and_the_database_scope_work_through_mongos() {
+    let live = sharded_with_images(mongo_sim::Config::default());
+    let images = [
+        "--full-document",
+        "required",
+        "--full-document-before-change",
+        "required",
+    ];
+    support::ok(&live.run(&images));
+    insert(&live, 0..6);
+    for id in 0..6 {
+        live.wait(
+            live.coll("orders")
+                .update_one(doc! {"_id": id}, doc! {"$set": {"v": 1}}),
+        )
+        .expect("update");
+    }
+    assert_eq!(support::ok(&live.run(&images))["events_handed_off"], 12);
+    let updates: Vec<Document> = live
+        .outbox()
+        .iter()
+        .map(|r| r.get_document("event").expect("event").clone())
+        .filter(|e| e.get_str("operationType").ok() == Some("update"))
+        .collect();
+    assert_eq!(updates.len(), 6);
+    for event in &updates {
+        let id = event
+            .get_document("documentKey")
+            .and_then(|k| k.get_i32("_id"))
+            .expect("documentKey._id");
+        assert_eq!(
+            event.get_document("fullDocumentBeforeChange").ok(),
+            Some(&doc! {"_id": id, "v": 0})
+        );
+        assert_eq!(
+            event.get_document("fullDocument").ok(),
+            Some(&doc! {"_id": id, "v": 1})
+        );
+    }
+    assert_eq!(shards_of(&live, &live.outbox()), BTreeSet::from([0, 1]));
+
+    // The database scope: the sharded collection's events and an unsharded one's, merged.
+    let scope = ["--scope", "database", "--consumer-id", "shop-wide"];
+    support::ok(&live.run(&scope));
+    insert(&live, 10..14);
+    live.wait(live.coll("payments").insert_one(doc! {"_id": "p1"}))
+        .expect("insert a payment");
+    insert(&live, 14..16);
+    let out = support::ok(&live.run(&scope));
+    assert_eq!(out["events_handed_off"], 7, "{out}");
+    let namespaces: Vec<String> = live
+        .outbox()
+        .iter()
+        .filter(|r| r.get_str("consumer").ok() == Some("shop-wide"))
+        .map(|r| {
+            let event = r.get_document("event").expect("event");
+            let ns = event.get_document("ns").expect("ns");
+            ns.get_str("coll").expect("coll").to_string()
+        })
+        .collect();
+    assert_eq!(
+        namespaces,
+        [
+            "orders", "orders", "orders", "orders", "payments", "orders", "orders"
+        ]
+    );
+}
+
+#[test]
+fn lost_history_on_one_shard_is_recovered_through_mongos_with_nothing_missing() {
+    // Forty entries of history per shard.
+    let live = Live::with_config(mongo_sim::Config {
+        shards: 2,
+        history_limit: 40,
+        noop_interval: Duration::from_millis(20),
+        transaction_lifetime: Duration::from_secs(2),
+        ..mongo_sim::Config::default()
+    });
+    live.admin(doc! {"enableSharding": &live.db});
+    live.admin(doc! {"shardCollection": format!("{}.orders", live.db), "key": {"_id": "hashed"}});
+    live.start_consumer();
+    insert(&live, 0..10);
+    assert_eq!(support::ok(&live.run(&[]))["events_handed_off"], 10);
+    // Two hundred writes while no run reads: both shards forget past the checkpoint.
+    let rows: Vec<Document> = (100..300).map(|id| doc! {"_id": id, "v": 0}).collect();
+    live.wait(live.coll("orders").insert_many(rows))
+        .expect("insert");
+    // Most of them gone again: the repair has little to write (an outbox on the primary shard
+    // writes into that shard's history too).
+    live.wait(live.coll("orders").delete_many(doc! {"_id": {"$gte": 105}}))
+        .expect("delete");
+    for id in 0..5 {
+        live.wait(
+            live.coll("orders")
+                .update_one(doc! {"_id": id}, doc! {"$set": {"v": 1}}),
+        )
+        .expect("update");
+    }
+    support::fails(&live.run(&[]), 6, "");
+    let recovered = support::json_stdout(&live.operator(&[
+        "recover",
+        "--reason",
+        "INC-1: both shards forgot",
+        "--json",
+    ]));
+    assert_eq!(recovered["applied"], true, "{recovered}");
+    let missing = recovered["repair"]["missing"]
+        .as_u64()
+        .expect("the repair's count");
+    let stale = recovered["repair"]["stale"]
+        .as_u64()
+        .expect("the repair's count");
+    assert_eq!((missing, stale), (5, 5), "{recovered}");
+    support::ok(&live.run(&[]));
+    let check = live.operator(&["reconcile", "--json"]);
+    let found = support::json_stdout(&check);
+    for kind in ["missing", "orphan", "stale"] {
+        assert_eq!(found[kind]["count"], 0, "{found}");
+    }
+}

@@ -159,7 +159,11 @@ impl Live {
     pub fn with_config(config: Config) -> Live {
         let shards = std::env::var("HANDOFF_TEST_SHARDS")
             .ok()
-            .map(|k| k.trim().parse::<usize>().expect("HANDOFF_TEST_SHARDS is a number"))
+            .map(|k| {
+                k.trim()
+                    .parse::<usize>()
+                    .expect("HANDOFF_TEST_SHARDS is a number")
+            })
             .unwrap_or(0);
         if shards > 0 && config.shards == 0 && !config.standalone {
             return Live::sharded_with(Config { shards, ..config });
