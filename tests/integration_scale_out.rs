@@ -403,12 +403,14 @@ fn the_statefulset_runs_one_follow_partition_per_pod_with_probes_on_its_metrics_
     // Scaled to zero: each pod gets SIGTERM and ends within its grace period, exit 0.
     for pod in &pods {
         probe_until_ok(pod, "/readyz");
+    }
+    let signalled = Instant::now();
+    for pod in &pods {
         support::sigterm(&pod.child);
     }
     for pod in pods {
-        let started = Instant::now();
         let output = pod.child.wait_with_output().expect("the pod ends");
-        assert!(started.elapsed() < Duration::from_secs(grace));
+        assert!(signalled.elapsed() < Duration::from_secs(grace));
         assert_eq!(
             output.status.code(),
             Some(0),

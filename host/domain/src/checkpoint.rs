@@ -279,13 +279,32 @@ pub fn claim(loaded: &Checkpoint, binding: &Binding<'_>) -> Result<Claim> {
     })
 }
 
+/// What the baseline advises when a checkpoint belongs to another replica set.
+pub const OTHER_DEPLOYMENT_ADVICE: &str = "reconcile from a verified snapshot before reset";
+
 /// Checks that a stored checkpoint belongs to the deployment `pin` names: the same replica set
-/// (the baseline's check and message) or the same sharded cluster, never one of the other kind.
-pub fn check_pin<'a>(stored: &Document, pin: impl Into<Pin<'a>>) -> Result<()> {
+/// (the baseline's check; `advice` ends its message) or the same sharded cluster, never one of
+/// the other kind. A checkpoint naming both kinds, or naming one with something other than text,
+/// is malformed.
+pub fn check_pin<'a>(stored: &Document, pin: impl Into<Pin<'a>>, advice: &str) -> Result<()> {
     let pin = pin.into();
-    match stored.get_str(pin.field()).ok() {
-        Some(id) if id == pin.id() => Ok(()),
-        None if stored.contains_key(pin.other_field()) => {
+    let malformed = || {
+        HandoffError::MalformedCheckpoint(
+            "Checkpoint is malformed (replicaSetId and clusterId name its deployment, as text, \
+             one of them); restore a verified checkpoint before retrying"
+                .into(),
+        )
+    };
+    let named = |field: &str| match stored.get(field) {
+        None => Ok(None),
+        Some(Bson::String(id)) => Ok(Some(id.as_str())),
+        Some(_) => Err(malformed()),
+    };
+    let (this, other) = (named(pin.field())?, named(pin.other_field())?);
+    match (this, other) {
+        (Some(_), Some(_)) => Err(malformed()),
+        (Some(id), None) if id == pin.id() => Ok(()),
+        (None, Some(_)) => {
             let other = match pin {
                 Pin::ReplicaSet(_) => Pin::ShardedCluster(""),
                 Pin::ShardedCluster(_) => Pin::ReplicaSet(""),
@@ -300,7 +319,7 @@ pub fn check_pin<'a>(stored: &Document, pin: impl Into<Pin<'a>>) -> Result<()> {
             )))
         }
         _ => Err(HandoffError::Mismatch(format!(
-            "Consumer checkpoint belongs to another {}; reconcile from a verified snapshot before reset",
+            "Consumer checkpoint belongs to another {}; {advice}",
             pin.kind()
         ))),
     }
@@ -317,7 +336,7 @@ pub fn validate<'a>(
             "Consumer checkpoint belongs to another source; use the original source or a new consumer_id".into(),
         ));
     }
-    check_pin(stored, pin)?;
+    check_pin(stored, pin, OTHER_DEPLOYMENT_ADVICE)?;
     let malformed = || {
         HandoffError::MalformedCheckpoint(
             "Checkpoint is malformed; restore a verified token before retrying".into(),

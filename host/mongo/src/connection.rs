@@ -126,12 +126,13 @@ fn cluster(
     Ok(Deployment::sharded_cluster(cluster_id))
 }
 
-/// An ID as the checkpoint stores it: an ObjectId as hex, a string as it is.
+/// An ID as the checkpoint stores it: an ObjectId as hex, a string as it is; anything else names
+/// no deployment.
 fn hex_id(id: &Bson) -> String {
     match id {
         Bson::ObjectId(oid) => oid.to_hex(),
         Bson::String(s) => s.clone(),
-        other => other.to_string(),
+        _ => String::new(),
     }
 }
 

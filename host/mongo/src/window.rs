@@ -4,12 +4,15 @@
 //! (oldest first, then newest), which needs the right to read the `local` database
 //! (`clusterMonitor`, or `read` on `local`); without it the window is unknown and the figures that
 //! need it say so. A sharded cluster's window is its shards' (each shard's oplog, read on the
-//! shard). Nothing here writes.
+//! shard, when `--shard-oplogs` allows it). Nothing here writes.
 
 use std::time::Duration;
 
 use bson::{Bson, Document, Timestamp, doc};
-use mongodb::options::{DatabaseOptions, ReadConcern, ServerAddress};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use futures_util::future::join_all;
+use mongodb::options::{DatabaseOptions, ReadConcern, ServerAddress, Tls};
 use mongodb::{Client, Database};
 
 use super::Connection;
@@ -30,30 +33,68 @@ fn local(client: &Client) -> Database {
     )
 }
 
+/// Whether a sharded cluster's window is read from its shards' own oplogs (off by default: it
+/// connects to every host the cluster's `listShards` names, with the URI's user and options).
+static SHARD_OPLOGS: AtomicBool = AtomicBool::new(false);
+
+/// Lets the shards' oplogs be read (`--shard-oplogs`): the process trusts the hosts the cluster's
+/// `listShards` names with the URI's credentials.
+pub fn read_shard_oplogs(enabled: bool) {
+    SHARD_OPLOGS.store(enabled, Ordering::Relaxed);
+}
+
 /// The oldest and newest entries' times, when the oplog can be read, and the cluster time the
 /// server gossiped on its last reply. Read one after the other: on a run's single connection
 /// they would wait for each other anyway, and a second connection costs more than a round trip.
+/// At most [`READ_WAIT`]: a window that takes longer is unknown.
 ///
-/// A sharded cluster's `mongos` has no oplog: each shard's own is read (see [`shard_windows`]).
+/// A sharded cluster's `mongos` has no oplog: each shard's own is read when allowed (see
+/// [`shard_windows`]), else the window is unknown.
 pub async fn oplog_window(connection: &Connection) -> (Option<Window>, Option<Timestamp>) {
-    match connection.deployment().topology {
-        Topology::ReplicaSet => read_window(connection, &connection.client).await,
-        Topology::ShardedCluster => (shard_windows(connection).await, None),
-    }
+    let read = async {
+        match connection.deployment().topology {
+            Topology::ReplicaSet => read_window(connection, &connection.client).await,
+            Topology::ShardedCluster if SHARD_OPLOGS.load(Ordering::Relaxed) => {
+                (shard_windows(connection).await, None)
+            }
+            Topology::ShardedCluster => (None, None),
+        }
+    };
+    tokio::time::timeout(READ_WAIT, read)
+        .await
+        .unwrap_or((None, None))
+}
+
+/// Says, without values, why a cluster's window is unknown.
+fn unknown(why: &str) -> Option<Window> {
+    tracing::debug!(why, "the sharded cluster's oplog window is unknown");
+    None
 }
 
 /// The window every shard of a cluster still covers, read from each shard's own oplog (the
-/// shards `listShards` names, each as its own replica set, with the URI's user and options):
-/// from the latest of the shards' oldest entries (history before it is lost on some shard, so
-/// the smallest margin is taken) to the newest entry of any shard. Unknown unless every shard
-/// answers: a window of some shards could be wrong.
+/// shards `listShards` names, each as its own replica set, with the URI's user and options), all
+/// at once: from the latest of the shards' oldest entries (history before it is lost on some
+/// shard, so the smallest margin is taken) to the newest entry of any shard. Unknown unless every
+/// shard answers: a window of some shards could be wrong.
 pub async fn shard_windows(connection: &Connection) -> Option<Window> {
+    let tls = match &connection.options.tls {
+        Some(Tls::Enabled(tls)) => tls.allow_invalid_certificates == Some(true),
+        _ => false,
+    };
+    if tls {
+        // The shards' hosts come from the cluster's metadata: the URI's credentials go only to
+        // hosts whose certificates prove their names.
+        return unknown("the URI accepts invalid certificates");
+    }
     let reply = connection
         .database("admin")
         .run_command(doc! { "listShards": 1 })
         .await;
     let shards = match reply {
-        Ok(reply) => reply.get_array("shards").ok()?.clone(),
+        Ok(reply) => match reply.get_array("shards") {
+            Ok(shards) => shards.clone(),
+            Err(_) => return unknown("listShards gave no shards"),
+        },
         Err(error) => {
             let error = connection.redact(&error.to_string());
             tracing::debug!(
@@ -63,27 +104,52 @@ pub async fn shard_windows(connection: &Connection) -> Option<Window> {
             return None;
         }
     };
-    let mut combined: Option<Window> = None;
+    let mut sets = std::collections::BTreeSet::new();
+    let mut clients = Vec::with_capacity(shards.len());
     for shard in &shards {
-        let host = shard.as_document()?.get_str("host").ok()?;
+        let Some(host) = shard.as_document().and_then(|s| s.get_str("host").ok()) else {
+            return unknown("a shard without a host");
+        };
         let (set_name, hosts) = match host.split_once('/') {
             Some((set_name, hosts)) => (Some(set_name.to_string()), hosts),
             None => (None, host),
         };
-        let mut options = connection.options.clone();
-        options.hosts = hosts
+        // Each shard once: two entries of one replica set would leave another shard unread.
+        if !sets.insert(set_name.clone().unwrap_or_else(|| hosts.to_string())) {
+            return unknown("listShards names a shard twice");
+        }
+        let Ok(hosts) = hosts
             .split(',')
             .map(ServerAddress::parse)
             .collect::<Result<Vec<_>, _>>()
-            .ok()?;
+        else {
+            return unknown("a shard's host cannot be read");
+        };
+        let mut options = connection.options.clone();
+        options.hosts = hosts;
         options.repl_set_name = set_name;
         options.direct_connection = None;
-        options.app_name = Some("handoff".into());
+        options.load_balanced = None;
+        options.srv_max_hosts = None;
+        options.min_pool_size = None;
         options.max_pool_size = Some(1);
-        let client = Client::with_options(options).ok()?;
-        let window = read_window(connection, &client).await.0;
+        match Client::with_options(options) {
+            Ok(client) => clients.push(client),
+            Err(_) => return unknown("a shard's client cannot be made"),
+        }
+    }
+    if clients.is_empty() {
+        return unknown("listShards named no shard");
+    }
+    let windows = join_all(clients.iter().map(|client| read_window(connection, client))).await;
+    for client in clients {
         client.shutdown().immediate(true).await;
-        let window = window?;
+    }
+    let mut combined: Option<Window> = None;
+    for (window, _) in windows {
+        let Some(window) = window else {
+            return unknown("a shard's oplog cannot be read");
+        };
         combined = Some(match combined {
             None => window,
             Some(c) => Window {
@@ -206,16 +272,14 @@ pub async fn checkpoint_token(
 /// the cluster time its replies carry (`hello` is asked only when they carry none, as when the
 /// oplog cannot be read).
 pub async fn position(connection: &Connection, token: Option<&Document>) -> Position {
-    let read = async {
-        let (window, gossiped) = oplog_window(connection).await;
-        let now = match gossiped {
-            Some(now) => Some(now),
-            None => cluster_time(connection).await,
-        };
-        (now, window)
+    // Each within its own bound: a window that cannot be read leaves the cluster time known.
+    let (window, gossiped) = oplog_window(connection).await;
+    let now = match gossiped {
+        Some(now) => Some(now),
+        None => tokio::time::timeout(READ_WAIT, cluster_time(connection))
+            .await
+            .ok()
+            .flatten(),
     };
-    match tokio::time::timeout(READ_WAIT, read).await {
-        Ok((now, window)) => Position::of(token, now, window),
-        Err(_) => Position::of(token, None, None),
-    }
+    Position::of(token, now, window)
 }

@@ -285,7 +285,11 @@ pub fn plan(connection: &Connection, target: &Target<'_>, to: To, ahead: Ahead) 
                     escape_untrusted(stored.get_str("source").unwrap_or("none"), 256)
                 )));
             }
-            checkpoint::check_pin(stored, connection.deployment().pin())?;
+            checkpoint::check_pin(
+                stored,
+                connection.deployment().pin(),
+                "a token of this one cannot continue it; use a new consumer id",
+            )?;
         }
         let (to_token, to_mode) = match &to {
             To::Now => (stream_position(connection, target, None).await?, Mode::ResumeAfter),

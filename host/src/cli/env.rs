@@ -43,6 +43,7 @@ pub const SPLIT_LARGE_EVENTS: &str = "HANDOFF_SPLIT_LARGE_EVENTS";
 pub const FOLLOW: &str = "HANDOFF_FOLLOW";
 pub const MAX_DURATION: &str = "HANDOFF_MAX_DURATION";
 pub const METRICS_LISTEN: &str = "HANDOFF_METRICS_LISTEN";
+pub const SHARD_OPLOGS: &str = "HANDOFF_SHARD_OPLOGS";
 
 /// Every variable above.
 #[allow(dead_code)] // read by the test suites (a clean environment) and the binary's tests
@@ -80,6 +81,7 @@ pub const ALL: &[&str] = &[
     FOLLOW,
     MAX_DURATION,
     METRICS_LISTEN,
+    SHARD_OPLOGS,
 ];
 
 /// Names earlier releases read, and the variable each is now. A former name is read when the

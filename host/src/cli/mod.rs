@@ -135,6 +135,21 @@ struct Cli {
     /// stdout (`::{"logs":[…]}::`), levels kept.
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = env::LOG_FORMAT)]
     log_format: LogFormat,
+    /// On a sharded cluster, read each shard's own oplog for the oplog window and margin
+    /// (`status`, a run's figures): connects to every host the cluster's `listShards` names with
+    /// the URI's user and options (the shards must know the user). Off: the window is unknown.
+    #[arg(
+        long,
+        global = true,
+        env = env::SHARD_OPLOGS,
+        default_value = "false",
+        value_name = "BOOL",
+        value_parser = clap::value_parser!(bool),
+        num_args = 0..=1,
+        default_missing_value = "true",
+        action = clap::ArgAction::Set
+    )]
+    shard_oplogs: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -310,6 +325,7 @@ pub fn main() -> ExitCode {
         }
     };
     init_logging(cli.log_format);
+    handoff::backend::mongo::window::read_shard_oplogs(cli.shard_oplogs);
     tracing::debug!(target: "handoff::startup", "arguments parsed");
     for (former, current, adopted) in former_names {
         if adopted {

@@ -383,4 +383,20 @@ fn a_cluster_checkpoint_is_pinned_by_its_cluster_id_and_never_moves_to_another_d
     neither.remove("clusterId");
     assert!(mismatch(&neither, cluster).contains("another sharded cluster"));
     assert!(mismatch(&neither, Pin::ReplicaSet(RS)).contains("another replica set"));
+    // Both kinds named, or one named by something other than text: malformed, whichever this is.
+    let mut both = created.clone();
+    both.insert("replicaSetId", RS);
+    let mut typed = created.clone();
+    typed.insert("clusterId", bson::oid::ObjectId::new());
+    for (name, stored) in [("both", &both), ("typed", &typed)] {
+        for pin in [cluster, Pin::ReplicaSet(RS)] {
+            assert!(
+                matches!(
+                    validate(stored, "db.c", pin),
+                    Err(HandoffError::MalformedCheckpoint(_))
+                ),
+                "{name} {pin:?}"
+            );
+        }
+    }
 }

@@ -36,7 +36,10 @@ pub fn read_all(connection: &Connection, place: &Place<'_>) -> Result<Vec<Status
         let (window, gossiped) = window::oplog_window(connection).await;
         let cluster_now = match gossiped {
             Some(now) => Some(now),
-            None => window::cluster_time(connection).await,
+            None => tokio::time::timeout(window::READ_WAIT, window::cluster_time(connection))
+                .await
+                .ok()
+                .flatten(),
         };
         let mut all = Vec::new();
         for checkpoint in &stored {
