@@ -441,6 +441,7 @@ fn target_of(collection: &str) -> &'static str {
         REGISTRY => "registry collection",
         RUNS => "runs collection",
         "oplog.rs" => "`local.oplog.rs`",
+        "version" => "`config.version`",
         // The cursor of a change stream on the whole database.
         "$cmd.aggregate" => "source database",
         other => panic!("handoff sent a command on {other}"),
@@ -457,6 +458,7 @@ fn resource_of(target: &str) -> Option<Document> {
         "cluster" => Some(doc! {"cluster": true}),
         "source database" => collection(""),
         "`local.oplog.rs`" => Some(doc! {"db": "local", "collection": "oplog.rs"}),
+        "`config.version`" => Some(doc! {"db": "config", "collection": "version"}),
         other => {
             let name = [
                 "orders",
@@ -858,6 +860,24 @@ fn every_writing_command_needs_only_the_documented_privileges() {
                     "wire version {wire_version}: {seen:?}"
                 );
             }
+        }
+
+        // Through a sharded cluster's mongos (a recovery's setup, which makes the replica set
+        // forget the consumer's position, is the replica set's).
+        if case.section != "recover" {
+            let live = Live::sharded(2);
+            (case.setup)(&live);
+            live.server().clear_received_commands();
+            (case.exercise)(&live, &live.uri());
+            let sent = live.received_from_handoff();
+            sent_commands_are_documented(case.section, &documented, &sent);
+            let seen: std::collections::BTreeSet<&str> =
+                sent.iter().map(|c| c.get_str("command").unwrap()).collect();
+            assert!(
+                !seen.contains("replSetGetConfig"),
+                "`{}` through mongos: {seen:?}",
+                case.section
+            );
         }
 
         // On a real replica set: a user holding only the documented role runs the command.
