@@ -259,17 +259,11 @@ fn ten_sigkills_of_follow_runs_under_a_steady_writer_lose_nothing_and_double_not
         "{}",
         support::stderr(&output)
     );
-    let ids: Vec<i32> = live
-        .outbox()
-        .iter()
-        .map(|r| {
-            r.get_document("event")
-                .and_then(|e| e.get_document("documentKey"))
-                .and_then(|k| k.get_i32("_id"))
-                .expect("documentKey._id")
-        })
-        .collect();
-    assert_eq!(ids, (0..WRITES).collect::<Vec<_>>(), "seed {seed}");
+    assert_eq!(
+        keys_of(&live.outbox()),
+        (0..WRITES).collect::<Vec<_>>(),
+        "seed {seed}"
+    );
     eprintln!("{WRITES} writes, {kills} SIGKILLs of follow runs: every write once, in order");
 }
 

@@ -808,6 +808,17 @@ const CASES: [Case; 6] = [
     },
 ];
 
+/// Sets the case up on `live`, runs it, and checks every command it sent against its table;
+/// returns them.
+fn sent_by(case: &Case, documented: &Documented, live: &Live) -> Vec<Document> {
+    (case.setup)(live);
+    live.server().clear_received_commands();
+    (case.exercise)(live, &live.uri());
+    let sent = live.received_from_handoff();
+    sent_commands_are_documented(case.section, documented, &sent);
+    sent
+}
+
 /// Every command each writing command sends is in its README table, on what the table says, and
 /// the README's role for it grants what the table lists and no more. With `MONGODB_URI`, each
 /// command also runs as a user holding only its documented role on a real replica set.
@@ -829,11 +840,7 @@ fn every_writing_command_needs_only_the_documented_privileges() {
                 },
                 ..mongo_sim::Config::default()
             });
-            (case.setup)(&live);
-            live.server().clear_received_commands();
-            (case.exercise)(&live, &live.uri());
-            let sent = live.received_from_handoff();
-            sent_commands_are_documented(case.section, &documented, &sent);
+            let sent = sent_by(case, &documented, &live);
             let seen: std::collections::BTreeSet<&str> =
                 sent.iter().map(|c| c.get_str("command").unwrap()).collect();
             let writes: &[&str] = match (case.section, wire_version) {
@@ -866,11 +873,7 @@ fn every_writing_command_needs_only_the_documented_privileges() {
         // forget the consumer's position, is the replica set's).
         if case.section != "recover" {
             let live = Live::sharded(2);
-            (case.setup)(&live);
-            live.server().clear_received_commands();
-            (case.exercise)(&live, &live.uri());
-            let sent = live.received_from_handoff();
-            sent_commands_are_documented(case.section, &documented, &sent);
+            let sent = sent_by(case, &documented, &live);
             let seen: std::collections::BTreeSet<&str> =
                 sent.iter().map(|c| c.get_str("command").unwrap()).collect();
             assert!(

@@ -55,16 +55,11 @@ fn a_run_through_mongos_hands_off_every_shards_events_once_and_pins_the_checkpoi
     let out = support::ok(&live.run(&[]));
     assert_eq!(out["events_handed_off"], 40, "{out}");
     let outbox = live.outbox();
-    let ids: Vec<i32> = outbox
-        .iter()
-        .map(|r| {
-            r.get_document("event")
-                .and_then(|e| e.get_document("documentKey"))
-                .and_then(|k| k.get_i32("_id"))
-                .expect("documentKey._id")
-        })
-        .collect();
-    assert_eq!(ids, (0..40).collect::<Vec<_>>(), "merged in write order");
+    assert_eq!(
+        keys_of(&outbox),
+        (0..40).collect::<Vec<_>>(),
+        "merged in write order"
+    );
     assert_eq!(shards_of(&live, &outbox), BTreeSet::from([0, 1]));
     let again = support::ok(&live.run(&[]));
     assert_eq!(again["events_handed_off"], 0);
@@ -302,12 +297,7 @@ fn sigkills_during_live_hand_off_from_every_shard_and_of_multi_shard_transaction
     let transaction_inserts: Vec<usize> = outbox
         .iter()
         .enumerate()
-        .filter(|(_, r)| {
-            r.get_document("event")
-                .and_then(|e| e.get_document("documentKey"))
-                .and_then(|k| k.get_i32("_id"))
-                .is_ok_and(|id| id >= 1000)
-        })
+        .filter(|(_, r)| key_of(r) >= 1000)
         .map(|(i, _)| i)
         .collect();
     assert_eq!(transaction_inserts.len(), (STEPS / 10) as usize);
@@ -339,27 +329,28 @@ fn partitions_through_mongos_hand_off_every_event_once() {
     let seed = support::seed("HANDOFF_SHARDED_SEED");
     let live = Live::sharded(3);
     let consumers: Vec<String> = (0..3).map(|i| format!("orders-{i}-of-3")).collect();
-    for (i, consumer) in consumers.iter().enumerate() {
-        let out = live
-            .command()
-            .args(["--partition", &format!("{i}/3")])
-            .env("CONSUMER_ID", consumer)
-            .output()
-            .expect("run");
-        assert_eq!(support::ok(&out)["status"], "IDLE");
+    let run_each = || -> Vec<serde_json::Value> {
+        consumers
+            .iter()
+            .enumerate()
+            .map(|(i, consumer)| {
+                let out = live
+                    .command()
+                    .args(["--partition", &format!("{i}/3")])
+                    .env("CONSUMER_ID", consumer)
+                    .output()
+                    .expect("run");
+                support::ok(&out)
+            })
+            .collect()
+    };
+    for out in run_each() {
+        assert_eq!(out["status"], "IDLE");
     }
     partitions::started(&live, &consumers);
     let writer = live.background(async move |_, db| partitions::write_keys(db, 30, 90, seed).await);
     let expected = writer.join().expect("writer");
-    for (i, consumer) in consumers.iter().enumerate() {
-        let out = live
-            .command()
-            .args(["--partition", &format!("{i}/3")])
-            .env("CONSUMER_ID", consumer)
-            .output()
-            .expect("run");
-        support::ok(&out);
-    }
+    run_each();
     partitions::check_partitioned(&live.outbox(), expected, 3, seed);
     assert_eq!(shards_of(&live, &live.outbox()), BTreeSet::from([0, 1, 2]));
 }

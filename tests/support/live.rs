@@ -492,6 +492,20 @@ impl Drop for Live {
     }
 }
 
+/// The integer `_id` of the document an outbox record's event is about.
+pub fn key_of(record: &Document) -> i32 {
+    record
+        .get_document("event")
+        .and_then(|e| e.get_document("documentKey"))
+        .and_then(|k| k.get_i32("_id"))
+        .expect("an integer documentKey._id")
+}
+
+/// The integer `_id`s of the outbox records' documents, in the outbox's order.
+pub fn keys_of(outbox: &[Document]) -> Vec<i32> {
+    outbox.iter().map(key_of).collect()
+}
+
 /// The default policy's event ID: SHA-256 of the token's canonical text.
 pub fn event_id(event: &Document) -> String {
     let token = event.get_document("_id").expect("event token");
