@@ -548,3 +548,39 @@ fn lost_history_on_every_shard_is_recovered_through_mongos_with_nothing_missing(
         assert_eq!(found[kind]["count"], 0, "{found}");
     }
 }
+
+#[test]
+fn the_window_is_unknown_unless_every_shard_answers() {
+    let live = Live::sharded(2);
+    live.start_consumer();
+    insert(&live, 0..10);
+    support::ok(&live.run(&[]));
+    let margin = |live: &Live| {
+        support::json_stdout(&live.operator(&["status", "--json", "--shard-oplogs"]))
+            ["oplog_margin_seconds"]
+            .clone()
+    };
+    assert!(margin(&live).is_i64());
+    // Shard 1 refuses reads of its oplog (its own fail point; the mongos and shard 0 serve).
+    let uri = live.server().shard_uri(1).expect("a shard's own address");
+    let shard = live
+        .wait(mongodb::Client::with_uri_str(&uri))
+        .expect("client");
+    let fail_point = |mode: Bson| {
+        live.wait(shard.database("admin").run_command(doc! {
+            "configureFailPoint": "failCommand",
+            "mode": mode,
+            "data": {"failCommands": ["find"], "errorCode": 13},
+        }))
+        .expect("configureFailPoint on the shard")
+    };
+    fail_point("alwaysOn".into());
+    let status = support::json_stdout(&live.operator(&["status", "--json", "--shard-oplogs"]));
+    assert!(status["oplog_margin_seconds"].is_null(), "{status}");
+    assert!(status["oldest_oplog_time"].is_null(), "{status}");
+    // The rest of the position stands.
+    assert!(status["cluster_time"].is_object(), "{status}");
+    assert_eq!(support::ok(&live.run(&[]))["status"], "IDLE");
+    fail_point("off".into());
+    assert!(margin(&live).is_i64());
+}

@@ -64,6 +64,9 @@ impl Server {
             history_grew: Default::default(),
             txn_ended: Default::default(),
             failpoints: Mutex::new(FailPoints::default()),
+            shard_failpoints: (0..config.shards)
+                .map(|_| Mutex::new(FailPoints::default()))
+                .collect(),
             next_connection_id: AtomicI64::new(1),
             commands_served: AtomicU64::new(0),
             received: Default::default(),

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use bson::{Bson, Document, doc, oid::ObjectId};
 use tokio::sync::Notify;
 
+use crate::commands::Listener;
 use crate::config::Config;
 use crate::cursor::Cursor;
 use crate::failpoints::FailPoints;
@@ -234,6 +235,8 @@ pub struct Shared {
     /// Woken whenever a transaction ends.
     pub txn_ended: Notify,
     pub failpoints: Mutex<FailPoints>,
+    /// Each shard listener's own fail points (sharded mode), by shard index.
+    pub shard_failpoints: Vec<Mutex<FailPoints>>,
     pub next_connection_id: AtomicI64,
     pub commands_served: AtomicU64,
     /// What the last commands received asked for (see [`Shared::record_command`]).
@@ -257,6 +260,16 @@ impl Shared {
 
     pub fn failpoints(&self) -> MutexGuard<'_, FailPoints> {
         self.failpoints.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The fail points of the listener a connection came in on: the server's, or a shard's own.
+    pub fn failpoints_of(&self, listener: Listener) -> MutexGuard<'_, FailPoints> {
+        match listener {
+            Listener::Shard(i) if i < self.shard_failpoints.len() => self.shard_failpoints[i]
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()),
+            _ => self.failpoints(),
+        }
     }
 
     pub fn is_replica_set(&self) -> bool {

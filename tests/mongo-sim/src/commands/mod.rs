@@ -340,7 +340,7 @@ async fn run_command(
     // Fault injection first, as a real server does.
     let mut write_concern_error = None;
     if name != "configureFailPoint" {
-        let fired = shared.failpoints().check(&name);
+        let fired = shared.failpoints_of(conn.listener).check(&name);
         if let Some(action) = fired {
             write_concern_error = action.write_concern_error;
             if let Some(ms) = action.block_ms {

@@ -133,6 +133,8 @@ pub fn shard_command(ctx: &Ctx<'_>, i: usize) -> CmdResult<Document> {
         "aggregate" if local::targets_oplog(ctx) => local::aggregate(ctx),
         "getMore" if !super::change_stream::is_change_cursor(ctx)? => crud::get_more(ctx),
         "killCursors" => crud::kill_cursors(ctx),
+        // The shard's own fail points, apart from the mongos's.
+        "configureFailPoint" => super::failpoint::configure(ctx),
         other => Err(CommandError::new(
             20,
             format!(

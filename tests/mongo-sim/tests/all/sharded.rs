@@ -872,3 +872,41 @@ async fn stream_options_and_ddl_events_work_through_the_mongos() {
     }
     assert_eq!(ops, ["drop", "dropDatabase", "invalidate"]);
 }
+
+#[tokio::test]
+async fn a_shards_fail_points_are_its_own() {
+    let (server, client) = start_two().await;
+    let shard1 = common::client_for(&server.shard_uri(1).unwrap()).await;
+    let shard0 = common::client_for(&server.shard_uri(0).unwrap()).await;
+    run(
+        &shard1,
+        "admin",
+        doc! {
+            "configureFailPoint": "failCommand",
+            "mode": "alwaysOn",
+            "data": {"failCommands": ["find"], "errorCode": 13},
+        },
+    )
+    .await
+    .unwrap();
+    let oplog = doc! {"find": "oplog.rs", "limit": 1};
+    let refused = run(&shard1, "local", oplog.clone()).await.unwrap_err();
+    assert_eq!(code_of(&refused), Some(13));
+    // Shard 0 and the mongos are untouched.
+    run(&shard0, "local", oplog.clone()).await.unwrap();
+    client
+        .database("d")
+        .collection::<Document>("c")
+        .find_one(doc! {})
+        .await
+        .unwrap();
+    let off = run(
+        &shard1,
+        "admin",
+        doc! {"configureFailPoint": "failCommand", "mode": "off"},
+    )
+    .await
+    .unwrap();
+    assert_eq!(off.get_i64("count").unwrap(), 1);
+    run(&shard1, "local", oplog).await.unwrap();
+}
