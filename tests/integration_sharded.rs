@@ -584,3 +584,61 @@ fn the_window_is_unknown_unless_every_shard_answers() {
     fail_point("off".into());
     assert!(margin(&live).is_i64());
 }
+
+#[test]
+fn a_pipeline_and_the_deployment_scope_work_through_mongos() {
+    let live = Live::sharded(2);
+    let scratch = support::Scratch::new();
+    let file = scratch.path("pipeline.json");
+    std::fs::write(&file, r#"[{"$match": {"operationType": "update"}}]"#).expect("write");
+    let file = file.to_str().expect("a path").to_string();
+    let updates = ["--pipeline", &file, "--consumer-id", "updates"];
+    let everything = ["--scope", "deployment", "--consumer-id", "everything"];
+    support::ok(&live.run(&updates));
+    support::ok(&live.run(&everything));
+    insert(&live, 0..8);
+    for id in 0..8 {
+        live.wait(
+            live.coll("orders")
+                .update_one(doc! {"_id": id}, doc! {"$set": {"v": 1}}),
+        )
+        .expect("update");
+    }
+    let other = live.client.database(&format!("{}_other", live.db));
+    live.wait(
+        other
+            .collection::<Document>("things")
+            .insert_one(doc! {"_id": 1}),
+    )
+    .expect("insert elsewhere");
+    assert_eq!(support::ok(&live.run(&updates))["events_handed_off"], 8);
+    assert_eq!(support::ok(&live.run(&everything))["events_handed_off"], 17);
+    let of = |consumer: &str| -> Vec<Document> {
+        live.outbox()
+            .into_iter()
+            .filter(|r| r.get_str("consumer").ok() == Some(consumer))
+            .collect()
+    };
+    let updated = of("updates");
+    assert!(updated.iter().all(|r| {
+        r.get_document("event")
+            .and_then(|e| e.get_str("operationType"))
+            .ok()
+            == Some("update")
+    }));
+    assert_eq!(shards_of(&live, &updated), BTreeSet::from([0, 1]));
+    let databases: BTreeSet<String> = of("everything")
+        .iter()
+        .map(|r| {
+            r.get_document("event")
+                .and_then(|e| e.get_document("ns"))
+                .and_then(|ns| ns.get_str("db"))
+                .expect("ns.db")
+                .to_string()
+        })
+        .collect();
+    assert_eq!(
+        databases,
+        BTreeSet::from([live.db.clone(), format!("{}_other", live.db)])
+    );
+}
