@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 use bson::{Bson, Document, doc, oid::ObjectId};
 use tokio::sync::Notify;
 
-use crate::commands::Listener;
 use crate::config::Config;
 use crate::cursor::Cursor;
 use crate::failpoints::FailPoints;
@@ -262,10 +261,10 @@ impl Shared {
         self.failpoints.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The fail points of the listener a connection came in on: the server's, or a shard's own.
-    pub fn failpoints_of(&self, listener: Listener) -> MutexGuard<'_, FailPoints> {
-        match listener {
-            Listener::Shard(i) if i < self.shard_failpoints.len() => self.shard_failpoints[i]
+    /// The fail points of a listener: shard `i`'s own, or (`None`) the server's.
+    pub fn failpoints_of(&self, shard: Option<usize>) -> MutexGuard<'_, FailPoints> {
+        match shard {
+            Some(i) if i < self.shard_failpoints.len() => self.shard_failpoints[i]
                 .lock()
                 .unwrap_or_else(|p| p.into_inner()),
             _ => self.failpoints(),

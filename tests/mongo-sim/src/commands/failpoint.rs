@@ -72,7 +72,7 @@ pub fn configure(ctx: &Ctx<'_>) -> CmdResult<Document> {
         }
     };
     let mode = parse_mode(ctx.cmd.get("mode"))?;
-    let mut fps = ctx.shared.failpoints_of(ctx.conn.listener);
+    let mut fps = ctx.shared.failpoints_of(ctx.conn.listener.shard());
     let count = fps.times_entered();
     let Some(mode) = mode else {
         fps.disable(point);

@@ -30,6 +30,16 @@ pub enum Listener {
     Shard(usize),
 }
 
+impl Listener {
+    /// The shard whose port this is.
+    pub fn shard(self) -> Option<usize> {
+        match self {
+            Listener::Main => None,
+            Listener::Shard(i) => Some(i),
+        }
+    }
+}
+
 /// The connection a request arrived on.
 #[derive(Debug, Clone)]
 pub struct ConnInfo {
@@ -340,7 +350,7 @@ async fn run_command(
     // Fault injection first, as a real server does.
     let mut write_concern_error = None;
     if name != "configureFailPoint" {
-        let fired = shared.failpoints_of(conn.listener).check(&name);
+        let fired = shared.failpoints_of(conn.listener.shard()).check(&name);
         if let Some(action) = fired {
             write_concern_error = action.write_concern_error;
             if let Some(ms) = action.block_ms {
