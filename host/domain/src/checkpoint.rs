@@ -304,20 +304,14 @@ pub fn check_pin<'a>(stored: &Document, pin: impl Into<Pin<'a>>, advice: &str) -
     match (this, other) {
         (Some(_), Some(_)) => Err(malformed()),
         (Some(id), None) if id == pin.id() => Ok(()),
-        (None, Some(_)) => {
-            let other = match pin {
-                Pin::ReplicaSet(_) => Pin::ShardedCluster(""),
-                Pin::ShardedCluster(_) => Pin::ReplicaSet(""),
-            };
-            Err(HandoffError::Mismatch(format!(
-                "Consumer checkpoint belongs to a {}, and this deployment is a {}: its resume \
+        (None, Some(_)) => Err(HandoffError::Mismatch(format!(
+            "Consumer checkpoint belongs to a {}, and this deployment is a {}: its resume \
                  tokens mean nothing here, and a checkpoint never moves between a replica set and \
                  a sharded cluster. Point MONGODB_URI at the deployment the checkpoint was \
                  written on, or use a new consumer_id",
-                other.kind(),
-                pin.kind()
-            )))
-        }
+            pin.other_kind(),
+            pin.kind()
+        ))),
         _ => Err(HandoffError::Mismatch(format!(
             "Consumer checkpoint belongs to another {}; {advice}",
             pin.kind()

@@ -99,6 +99,14 @@ impl<'a> Pin<'a> {
             Pin::ShardedCluster(_) => "sharded cluster",
         }
     }
+
+    /// The kind of deployment [`Pin::other_field`] names.
+    pub fn other_kind(self) -> &'static str {
+        match self {
+            Pin::ReplicaSet(_) => "sharded cluster",
+            Pin::ShardedCluster(_) => "replica set",
+        }
+    }
 }
 
 /// Identifies a consumer's checkpoint: the consumer and the namespace it watches.

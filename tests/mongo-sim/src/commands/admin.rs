@@ -2,7 +2,7 @@
 
 use std::sync::atomic::Ordering;
 
-use bson::{Bson, DateTime, Document, doc};
+use bson::{Bson, DateTime, Document, Timestamp, doc};
 use tracing::info;
 
 use super::{Ctx, validate_collection_name};
@@ -141,11 +141,16 @@ pub fn repl_set_get_status(ctx: &Ctx<'_>) -> CmdResult<Document> {
     require_replica_set(ctx)?;
     let s = ctx.shared;
     let ts = s.lock().oplog.cluster_time();
-    // The single member has applied, made durable and majority-committed everything.
+    Ok(single_member_status(&s.config.set_name, &s.me, ts))
+}
+
+/// `replSetGetStatus` of a one-member replica set named `set` whose member `me` has applied,
+/// made durable and majority-committed everything up to `ts` (a replica set, or a shard).
+pub fn single_member_status(set: &str, me: &str, ts: Timestamp) -> Document {
     let optime = doc! {"ts": Bson::Timestamp(ts), "t": 1i64};
     let wall = DateTime::from_millis(i64::from(ts.time) * 1000);
-    Ok(doc! {
-        "set": s.config.set_name.clone(),
+    doc! {
+        "set": set,
         "date": DateTime::now(),
         "myState": 1,
         "term": 1i64,
@@ -164,13 +169,13 @@ pub fn repl_set_get_status(ctx: &Ctx<'_>) -> CmdResult<Document> {
             "lastDurableWallTime": wall,
         },
         "members": [{
-            "_id": 0, "name": s.me.clone(), "health": 1.0, "state": 1, "stateStr": "PRIMARY",
+            "_id": 0, "name": me, "health": 1.0, "state": 1, "stateStr": "PRIMARY",
             "optime": optime.clone(), "optimeDate": wall,
             "optimeDurable": optime, "optimeDurableDate": wall,
             "lastAppliedWallTime": wall, "lastDurableWallTime": wall,
             "self": true,
         }],
-    })
+    }
 }
 
 pub fn server_status(ctx: &Ctx<'_>) -> Document {

@@ -726,6 +726,34 @@ impl FindOptions {
     }
 }
 
+/// A `find` over documents already read (the oplog's or the cluster catalog's): sorted by
+/// `sort`, `skip` and `limit` applied when `windowed` (else the caller applied them), each
+/// projected, then replied as a `find` replies.
+pub(super) fn find_over(
+    ctx: &Ctx<'_>,
+    ns: &Namespace,
+    mut docs: Vec<Document>,
+    sort: &Document,
+    projection: &Document,
+    options: &FindOptions,
+    windowed: bool,
+) -> CmdResult<Document> {
+    if windowed {
+        sort_docs(&mut docs, sort, |d| d);
+        let window = docs.into_iter().skip(options.skip);
+        docs = if options.limit > 0 {
+            window.take(options.limit).collect()
+        } else {
+            window.collect()
+        };
+    }
+    let docs = docs
+        .iter()
+        .map(|d| project(d, projection))
+        .collect::<CmdResult<Vec<_>>>()?;
+    Ok(find_reply(ctx, ns, docs.into(), options, None))
+}
+
 /// A find's reply: the first batch of `all` and a cursor for the rest.
 pub(super) fn find_reply(
     ctx: &Ctx<'_>,

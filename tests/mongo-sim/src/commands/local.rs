@@ -352,34 +352,27 @@ pub fn find(ctx: &Ctx<'_>) -> CmdResult<Document> {
     let projection = opt_doc(&ctx.cmd, "projection")?;
     let options = crud::FindOptions::of(ctx)?;
     let order = natural_order(&sort, ctx.cmd.get("hint"));
-    let docs = {
-        let st = ctx.shared.lock();
-        match order {
-            Some(forward) => entries(
-                history(ctx, &st),
-                &filter,
-                forward,
-                options.skip,
-                options.limit,
-            )?,
-            None => {
-                let mut all = entries(history(ctx, &st), &filter, true, 0, 0)?;
-                drop(st);
-                crud::sort_docs(&mut all, &sort, |d| d);
-                let all = all.into_iter().skip(options.skip);
-                if options.limit > 0 {
-                    all.take(options.limit).collect()
-                } else {
-                    all.collect()
-                }
-            }
-        }
+    let st = ctx.shared.lock();
+    let docs = match order {
+        Some(forward) => entries(
+            history(ctx, &st),
+            &filter,
+            forward,
+            options.skip,
+            options.limit,
+        )?,
+        None => entries(history(ctx, &st), &filter, true, 0, 0)?,
     };
-    let docs = docs
-        .iter()
-        .map(|d| crud::project(d, &projection))
-        .collect::<CmdResult<Vec<_>>>()?;
-    Ok(crud::find_reply(ctx, &ns, docs.into(), &options, None))
+    drop(st);
+    crud::find_over(
+        ctx,
+        &ns,
+        docs,
+        &sort,
+        &projection,
+        &options,
+        order.is_none(),
+    )
 }
 
 /// `count` on `local.oplog.rs`.

@@ -81,31 +81,12 @@ fn shard_applied(ctx: &Ctx<'_>, i: usize) -> bson::Timestamp {
 /// no-op).
 fn shard_status(ctx: &Ctx<'_>, i: usize) -> CmdResult<Document> {
     require_admin(ctx)?;
-    let ts = shard_applied(ctx, i);
     let me = ctx.shared.shard_hosts.get(i).cloned().unwrap_or_default();
-    let optime = doc! {"ts": Bson::Timestamp(ts), "t": 1i64};
-    let wall = DateTime::from_millis(i64::from(ts.time) * 1000);
-    Ok(doc! {
-        "set": shard_name(i),
-        "date": DateTime::now(),
-        "myState": 1,
-        "term": 1i64,
-        "optimes": {
-            "lastCommittedOpTime": optime.clone(),
-            "lastCommittedWallTime": wall,
-            "readConcernMajorityOpTime": optime.clone(),
-            "appliedOpTime": optime.clone(),
-            "durableOpTime": optime.clone(),
-            "lastAppliedWallTime": wall,
-            "lastDurableWallTime": wall,
-        },
-        "members": [{
-            "_id": 0, "name": me, "health": 1.0, "state": 1, "stateStr": "PRIMARY",
-            "optime": optime.clone(), "optimeDate": wall,
-            "optimeDurable": optime, "optimeDurableDate": wall,
-            "self": true,
-        }],
-    })
+    Ok(super::admin::single_member_status(
+        &shard_name(i),
+        &me,
+        shard_applied(ctx, i),
+    ))
 }
 
 fn require_admin(ctx: &Ctx<'_>) -> CmdResult<()> {
@@ -336,19 +317,8 @@ fn config_find(ctx: &Ctx<'_>) -> CmdResult<Document> {
     let sort = opt_doc(&ctx.cmd, "sort")?;
     let projection = opt_doc(&ctx.cmd, "projection")?;
     let options = crud::FindOptions::of(ctx)?;
-    let mut docs = config_docs(ctx, &filter)?;
-    crud::sort_docs(&mut docs, &sort, |d| d);
-    let iter = docs.into_iter().skip(options.skip);
-    let docs: Vec<Document> = if options.limit > 0 {
-        iter.take(options.limit).collect()
-    } else {
-        iter.collect()
-    };
-    let docs = docs
-        .iter()
-        .map(|d| crud::project(d, &projection))
-        .collect::<CmdResult<Vec<_>>>()?;
-    Ok(crud::find_reply(ctx, &ns, docs.into(), &options, None))
+    let docs = config_docs(ctx, &filter)?;
+    crud::find_over(ctx, &ns, docs, &sort, &projection, &options, true)
 }
 
 fn config_count(ctx: &Ctx<'_>) -> CmdResult<Document> {
