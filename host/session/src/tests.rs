@@ -635,6 +635,16 @@ fn transactions_fixture(groups: &[Option<usize>]) -> Arc<Fixture> {
     Arc::new(Fixture::parse(&text).expect("fixture"))
 }
 
+/// A session over `transactions_fixture(groups)` with its stream open, writing to a counting
+/// store: where each source-transaction test begins.
+fn transaction_session(groups: &[Option<usize>]) -> (Arc<Counting>, Session) {
+    let store = Arc::new(Counting::default());
+    let fixture = transactions_fixture(groups);
+    let mut s = session(fixture, store.clone(), None, Mode::ResumeAfter);
+    s.open_stream(Start::Now).unwrap();
+    (store, s)
+}
+
 fn hand_off(tokens: &[String]) -> Vec<Decision> {
     tokens
         .iter()
@@ -644,10 +654,7 @@ fn hand_off(tokens: &[String]) -> Vec<Decision> {
 
 #[test]
 fn a_source_transaction_is_read_whole_and_each_event_knows_its_place() {
-    let store = Arc::new(MemoryStore::new());
-    let fixture = transactions_fixture(&[None, Some(3), Some(2), None]);
-    let mut s = session(fixture, store, None, Mode::ResumeAfter);
-    s.open_stream(Start::Now).unwrap();
+    let (_, mut s) = transaction_session(&[None, Some(3), Some(2), None]);
     let tokens = deliver(&mut s, 2);
     assert_eq!(s.source_transaction_of(&tokens[0]), None);
     let first = s.source_transaction_of(&tokens[1]).expect("placed");
@@ -666,10 +673,7 @@ fn a_source_transaction_is_read_whole_and_each_event_knows_its_place() {
 
 #[test]
 fn a_commit_ending_inside_a_source_transaction_is_held_until_the_one_that_ends_it() {
-    let store = Arc::new(Counting::default());
-    let fixture = transactions_fixture(&[Some(3), None]);
-    let mut s = session(fixture, store.clone(), None, Mode::ResumeAfter);
-    s.open_stream(Start::Now).unwrap();
+    let (store, mut s) = transaction_session(&[Some(3), None]);
     let tokens = deliver(&mut s, 3);
     let ids = hand_off(&tokens);
     s.commit_batch(None, &tokens[0], Mode::ResumeAfter, ids[..1].to_vec())
@@ -692,10 +696,7 @@ fn a_commit_ending_inside_a_source_transaction_is_held_until_the_one_that_ends_i
 
 #[test]
 fn the_held_events_are_written_in_one_transaction_with_the_rest() {
-    let store = Arc::new(Counting::default());
-    let fixture = transactions_fixture(&[Some(3), None]);
-    let mut s = session(fixture, store.clone(), None, Mode::ResumeAfter);
-    s.open_stream(Start::Now).unwrap();
+    let (store, mut s) = transaction_session(&[Some(3), None]);
     let tokens = deliver(&mut s, 3);
     let ids = hand_off(&tokens);
     for k in 0..3 {
@@ -735,10 +736,7 @@ fn report(handed_off: u32, last: &str) -> PolicyReport {
 
 #[test]
 fn a_run_that_ends_inside_a_source_transaction_writes_none_of_it() {
-    let store = Arc::new(Counting::default());
-    let fixture = transactions_fixture(&[None, Some(3)]);
-    let mut s = session(fixture, store.clone(), None, Mode::ResumeAfter);
-    s.open_stream(Start::Now).unwrap();
+    let (store, mut s) = transaction_session(&[None, Some(3)]);
     let tokens = deliver(&mut s, 3);
     let ids = hand_off(&tokens);
     s.commit_batch(None, &tokens[0], Mode::ResumeAfter, ids[..1].to_vec())
@@ -762,10 +760,7 @@ fn a_run_that_ends_inside_a_source_transaction_writes_none_of_it() {
 
 #[test]
 fn a_transaction_larger_than_a_run_is_written_when_it_began_the_run() {
-    let store = Arc::new(Counting::default());
-    let fixture = transactions_fixture(&[Some(4)]);
-    let mut s = session(fixture, store.clone(), None, Mode::ResumeAfter);
-    s.open_stream(Start::Now).unwrap();
+    let (store, mut s) = transaction_session(&[Some(4)]);
     // A policy built before contract 1.5 stops at its max_events, inside the transaction.
     let tokens = deliver(&mut s, 2);
     let ids = hand_off(&tokens);
@@ -780,10 +775,7 @@ fn a_transaction_larger_than_a_run_is_written_when_it_began_the_run() {
 
 #[test]
 fn a_stopped_run_writes_none_of_the_transaction_it_was_inside() {
-    let store = Arc::new(Counting::default());
-    let fixture = transactions_fixture(&[Some(3)]);
-    let mut s = session(fixture, store.clone(), None, Mode::ResumeAfter);
-    s.open_stream(Start::Now).unwrap();
+    let (store, mut s) = transaction_session(&[Some(3)]);
     let tokens = deliver(&mut s, 2);
     s.commit_batch(None, &tokens[1], Mode::ResumeAfter, hand_off(&tokens))
         .unwrap();
@@ -797,10 +789,7 @@ fn a_stopped_run_writes_none_of_the_transaction_it_was_inside() {
 
 #[test]
 fn the_watermark_never_passes_an_event_read_ahead() {
-    let store = Arc::new(Counting::default());
-    let fixture = transactions_fixture(&[Some(2), None]);
-    let mut s = session(fixture, store.clone(), None, Mode::ResumeAfter);
-    s.open_stream(Start::Now).unwrap();
+    let (_, mut s) = transaction_session(&[Some(2), None]);
     let tokens = deliver(&mut s, 2);
     s.commit_batch(None, &tokens[1], Mode::ResumeAfter, hand_off(&tokens))
         .unwrap();
@@ -852,10 +841,7 @@ fn a_split_event_ending_a_transaction_never_lets_the_watermark_skip_what_was_rea
 
 #[test]
 fn what_precedes_a_transaction_in_a_commit_is_written_and_only_the_transaction_held() {
-    let store = Arc::new(Counting::default());
-    let fixture = transactions_fixture(&[None, None, Some(3)]);
-    let mut s = session(fixture, store.clone(), None, Mode::ResumeAfter);
-    s.open_stream(Start::Now).unwrap();
+    let (store, mut s) = transaction_session(&[None, None, Some(3)]);
     let tokens = deliver(&mut s, 4);
     s.commit_batch(None, &tokens[3], Mode::ResumeAfter, hand_off(&tokens))
         .unwrap();

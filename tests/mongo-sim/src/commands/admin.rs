@@ -82,7 +82,8 @@ pub fn build_info(ctx: &Ctx<'_>) -> Document {
     }
 }
 
-fn require_admin(ctx: &Ctx<'_>) -> CmdResult<()> {
+/// Refuses a command sent to another database than `admin`, as MongoDB does (13).
+pub(super) fn require_admin(ctx: &Ctx<'_>) -> CmdResult<()> {
     if ctx.db != "admin" {
         return Err(CommandError::new(
             13,

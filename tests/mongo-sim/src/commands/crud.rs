@@ -726,6 +726,27 @@ impl FindOptions {
     }
 }
 
+/// A `find` command's namespace, filter, sort, projection and options, as sent.
+pub(super) struct FindCommand {
+    pub(super) ns: Namespace,
+    pub(super) filter: Document,
+    pub(super) sort: Document,
+    pub(super) projection: Document,
+    pub(super) options: FindOptions,
+}
+
+impl FindCommand {
+    pub(super) fn of(ctx: &Ctx<'_>) -> CmdResult<FindCommand> {
+        Ok(FindCommand {
+            ns: ctx.ns()?,
+            filter: opt_doc(&ctx.cmd, "filter")?,
+            sort: opt_doc(&ctx.cmd, "sort")?,
+            projection: opt_doc(&ctx.cmd, "projection")?,
+            options: FindOptions::of(ctx)?,
+        })
+    }
+}
+
 /// A `find` over documents already read (the oplog's or the cluster catalog's): sorted by
 /// `sort`, `skip` and `limit` applied when `windowed` (else the caller applied them), each
 /// projected, then replied as a `find` replies.
@@ -779,11 +800,13 @@ pub(super) fn find_reply(
 }
 
 pub fn find(ctx: &Ctx<'_>) -> CmdResult<Document> {
-    let ns = ctx.ns()?;
-    let filter = opt_doc(&ctx.cmd, "filter")?;
-    let sort = opt_doc(&ctx.cmd, "sort")?;
-    let projection = opt_doc(&ctx.cmd, "projection")?;
-    let options = FindOptions::of(ctx)?;
+    let FindCommand {
+        ns,
+        filter,
+        sort,
+        projection,
+        options,
+    } = FindCommand::of(ctx)?;
     let Read { mut docs, at } = read_docs(ctx, &ns, &filter)?;
     sort_docs(&mut docs, &sort, |d| d);
     let iter = docs.into_iter().skip(options.skip);

@@ -345,12 +345,14 @@ fn history<'a>(ctx: &Ctx<'_>, st: &'a State) -> &'a ShardLog {
 
 /// `find` on `local.oplog.rs`.
 pub fn find(ctx: &Ctx<'_>) -> CmdResult<Document> {
-    let ns = ctx.ns()?;
-    let filter = opt_doc(&ctx.cmd, "filter")?;
+    let crud::FindCommand {
+        ns,
+        filter,
+        sort,
+        projection,
+        options,
+    } = crud::FindCommand::of(ctx)?;
     matcher::validate(&filter)?;
-    let sort = opt_doc(&ctx.cmd, "sort")?;
-    let projection = opt_doc(&ctx.cmd, "projection")?;
-    let options = crud::FindOptions::of(ctx)?;
     let order = natural_order(&sort, ctx.cmd.get("hint"));
     let st = ctx.shared.lock();
     let docs = match order {

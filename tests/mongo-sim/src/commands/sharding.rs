@@ -7,6 +7,7 @@
 use bson::{Bson, DateTime, Document, doc};
 use tracing::info;
 
+use super::admin::require_admin;
 use super::crud::{self, opt_doc};
 use super::{Ctx, local};
 use crate::cluster::shard_name;
@@ -87,16 +88,6 @@ fn shard_status(ctx: &Ctx<'_>, i: usize) -> CmdResult<Document> {
         &me,
         shard_applied(ctx, i),
     ))
-}
-
-fn require_admin(ctx: &Ctx<'_>) -> CmdResult<()> {
-    if ctx.db != "admin" {
-        return Err(CommandError::new(
-            13,
-            format!("{} may only be run against the admin database.", ctx.name),
-        ));
-    }
-    Ok(())
 }
 
 /// What shard `i`'s listener answers; everything else is refused (writes and other reads go
@@ -311,14 +302,18 @@ fn config_docs(ctx: &Ctx<'_>, filter: &Document) -> CmdResult<Vec<Document>> {
 }
 
 fn config_find(ctx: &Ctx<'_>) -> CmdResult<Document> {
-    let ns = ctx.ns()?;
-    let filter = opt_doc(&ctx.cmd, "filter")?;
-    matcher::validate(&filter)?;
-    let sort = opt_doc(&ctx.cmd, "sort")?;
-    let projection = opt_doc(&ctx.cmd, "projection")?;
-    let options = crud::FindOptions::of(ctx)?;
-    let docs = config_docs(ctx, &filter)?;
-    crud::find_over(ctx, &ns, docs, &sort, &projection, &options, true)
+    let find = crud::FindCommand::of(ctx)?;
+    matcher::validate(&find.filter)?;
+    let docs = config_docs(ctx, &find.filter)?;
+    crud::find_over(
+        ctx,
+        &find.ns,
+        docs,
+        &find.sort,
+        &find.projection,
+        &find.options,
+        true,
+    )
 }
 
 fn config_count(ctx: &Ctx<'_>) -> CmdResult<Document> {

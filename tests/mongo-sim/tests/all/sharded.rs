@@ -40,6 +40,12 @@ async fn run(client: &Client, db: &str, cmd: Document) -> Result<Document, mongo
     client.database(db).run_command(cmd).await
 }
 
+/// The code of the command error `cmd` is refused with.
+async fn refused(client: &Client, db: &str, cmd: Document) -> i32 {
+    let err = run(client, db, cmd).await.expect_err("refused");
+    code_of(&err).unwrap_or_else(|| panic!("not a command error: {err}"))
+}
+
 /// Shards `db.coll` by `key` through the mongos.
 async fn shard(client: &Client, ns: &str, key: Document) {
     command(client, "admin", doc! {"shardCollection": ns, "key": key}).await;
@@ -141,13 +147,16 @@ async fn answers_as_a_mongos_and_the_driver_sees_a_sharded_cluster() {
     }
 
     for name in ["replSetGetConfig", "replSetGetStatus"] {
-        let err = run(&client, "admin", doc! {name: 1}).await.unwrap_err();
-        assert_eq!(code_of(&err), Some(59), "{name}: {err}");
+        assert_eq!(
+            refused(&client, "admin", doc! {name: 1}).await,
+            59,
+            "{name}"
+        );
     }
-    let err = run(&client, "local", doc! {"find": "oplog.rs"})
-        .await
-        .unwrap_err();
-    assert_eq!(code_of(&err), Some(20), "{err}");
+    assert_eq!(
+        refused(&client, "local", doc! {"find": "oplog.rs"}).await,
+        20
+    );
 
     assert_eq!(server.cluster_id(), cluster_id);
     let version = client
@@ -182,10 +191,7 @@ async fn a_replica_set_is_unchanged() {
     assert_eq!(hello.get_str("setName").unwrap(), "rs0");
     assert!(!hello.contains_key("msg"));
     assert_eq!(server.shard_count(), 0);
-    let err = run(&client, "admin", doc! {"listShards": 1})
-        .await
-        .unwrap_err();
-    assert_eq!(code_of(&err), Some(59));
+    assert_eq!(refused(&client, "admin", doc! {"listShards": 1}).await, 59);
 }
 
 #[tokio::test]
@@ -261,22 +267,24 @@ async fn unsharded_collections_live_on_their_primary_shard() {
     assert_eq!(server.shard_history(0).unwrap().len, before[0]);
     // The create event and the insert.
     assert_eq!(server.shard_history(1).unwrap().len, before[1] + 2);
-    let err = run(
-        &client,
-        "admin",
-        doc! {"enableSharding": "q", "primaryShard": "shard9"},
-    )
-    .await
-    .unwrap_err();
-    assert_eq!(code_of(&err), Some(70));
-    let err = run(
-        &client,
-        "admin",
-        doc! {"shardCollection": "p.bad", "key": {"a": -1}},
-    )
-    .await
-    .unwrap_err();
-    assert_eq!(code_of(&err), Some(2));
+    assert_eq!(
+        refused(
+            &client,
+            "admin",
+            doc! {"enableSharding": "q", "primaryShard": "shard9"}
+        )
+        .await,
+        70
+    );
+    assert_eq!(
+        refused(
+            &client,
+            "admin",
+            doc! {"shardCollection": "p.bad", "key": {"a": -1}}
+        )
+        .await,
+        2
+    );
 }
 
 #[tokio::test]
@@ -738,10 +746,7 @@ async fn each_shard_listener_serves_its_own_oplog() {
         // The database's primary shard (shard0) also notes the sharding as a no-op entry.
         let expected: &[&str] = if i == 0 { &["n", "i"] } else { &["i"] };
         assert_eq!(ops, expected, "shard {i}");
-        let err = run(&shard_client, "o", doc! {"find": "c"})
-            .await
-            .unwrap_err();
-        assert_eq!(code_of(&err), Some(20));
+        assert_eq!(refused(&shard_client, "o", doc! {"find": "c"}).await, 20);
     }
 }
 
@@ -890,8 +895,7 @@ async fn a_shards_fail_points_are_its_own() {
     .await
     .unwrap();
     let oplog = doc! {"find": "oplog.rs", "limit": 1};
-    let refused = run(&shard1, "local", oplog.clone()).await.unwrap_err();
-    assert_eq!(code_of(&refused), Some(13));
+    assert_eq!(refused(&shard1, "local", oplog.clone()).await, 13);
     // Shard 0 and the mongos are untouched.
     run(&shard0, "local", oplog.clone()).await.unwrap();
     client
