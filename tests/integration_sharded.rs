@@ -107,6 +107,21 @@ fn a_cluster_checkpoint_never_continues_on_a_replica_set() {
         "belongs to a sharded cluster, and this deployment is a replica set",
     );
     assert_eq!(live.outbox_len(), 0);
+    // status refuses it as run does: its token's lag against this deployment would mean nothing.
+    support::refused(
+        &live.operator(&["status", "--json"]),
+        4,
+        "belongs to a sharded cluster, and this deployment is a replica set",
+    );
+    // The list of every consumer shows it, its figures unknown.
+    let all = live.operator(&["status", "--all", "--json"]);
+    assert!(all.status.success(), "{}", support::stderr(&all));
+    let all: serde_json::Value = serde_json::from_slice(&all.stdout).expect("json");
+    let listed = &all["consumers"][0];
+    assert_eq!(listed["consumer"], CONSUMER, "{all}");
+    assert!(listed["lag_seconds"].is_null(), "{all}");
+    assert!(listed["checkpoint_cluster_time"].is_null(), "{all}");
+    assert!(all["consumers"][0]["cluster_time"].is_object(), "{all}");
 }
 
 #[test]
@@ -581,6 +596,19 @@ fn the_window_is_unknown_unless_every_shard_answers() {
     // The rest of the position stands.
     assert!(status["cluster_time"].is_object(), "{status}");
     assert_eq!(support::ok(&live.run(&[]))["status"], "IDLE");
+    // A shard that does not answer within the figures' bound: the run's lag stays known.
+    fail_point("off".into());
+    live.wait(shard.database("admin").run_command(doc! {
+        "configureFailPoint": "failCommand",
+        "mode": "alwaysOn",
+        "data": {"failCommands": ["find"], "blockConnection": true, "blockTimeMS": 4000},
+    }))
+    .expect("configureFailPoint on the shard");
+    insert(&live, 10..12);
+    let outputs = support::ok(&live.run(&["--shard-oplogs"]));
+    assert_eq!(outputs["events_handed_off"], 2, "{outputs}");
+    assert!(outputs["oplog_margin_seconds"].is_null(), "{outputs}");
+    assert!(outputs["lag_seconds"].is_i64(), "{outputs}");
     fail_point("off".into());
     assert!(margin(&live).is_i64());
 }

@@ -12,7 +12,7 @@ use bson::{Bson, Document, Timestamp, doc};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures_util::future::join_all;
-use mongodb::options::{DatabaseOptions, ReadConcern, ServerAddress, Tls};
+use mongodb::options::{ClientOptions, DatabaseOptions, ReadConcern, ServerAddress, Tls};
 use mongodb::{Client, Database};
 
 use super::Connection;
@@ -71,20 +71,57 @@ fn unknown(why: &str) -> Option<Window> {
     None
 }
 
+/// Whether the URI's user and options may be taken to the hosts a cluster's metadata names: the
+/// credentials go only where certificates prove the hosts' names, never in the clear and never
+/// where any certificate is accepted. A URI without credentials may go anywhere its options do.
+fn may_connect_to_shards(options: &ClientOptions) -> Result<(), &'static str> {
+    match &options.tls {
+        Some(Tls::Enabled(tls)) if tls.allow_invalid_certificates == Some(true) => {
+            Err("the URI accepts invalid certificates")
+        }
+        Some(Tls::Enabled(_)) => Ok(()),
+        _ if options.credential.is_some() => Err("the URI sends its credentials without TLS"),
+        _ => Ok(()),
+    }
+}
+
+/// A `listShards` host (`SET/HOST:PORT,HOST:PORT`, or `HOST:PORT` for a shard without a replica
+/// set name): the set's name and its hosts, each a TCP address (a local socket is not a shard
+/// another machine's metadata may send credentials to).
+fn shard_hosts(host: &str) -> Result<(Option<String>, Vec<ServerAddress>), &'static str> {
+    let (set_name, hosts) = match host.split_once('/') {
+        Some((set_name, hosts)) => (Some(set_name.to_string()), hosts),
+        None => (None, host),
+    };
+    if set_name.as_deref() == Some("") {
+        return Err("a shard's replica set has no name");
+    }
+    let hosts = hosts
+        .split(',')
+        .map(ServerAddress::parse)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|_| "a shard's host cannot be read")?;
+    if !hosts
+        .iter()
+        .all(|address| matches!(address, ServerAddress::Tcp { .. }))
+    {
+        return Err("a shard's host is not a TCP address");
+    }
+    Ok((set_name, hosts))
+}
+
 /// The window every shard of a cluster still covers, read from each shard's own oplog (the
 /// shards `listShards` names, each as its own replica set, with the URI's user and options), all
 /// at once: from the latest of the shards' oldest entries (history before it is lost on some
 /// shard, so the smallest margin is taken) to the newest entry of any shard. Unknown unless every
 /// shard answers: a window of some shards could be wrong.
 pub async fn shard_windows(connection: &Connection) -> Option<Window> {
-    let tls = match &connection.options.tls {
-        Some(Tls::Enabled(tls)) => tls.allow_invalid_certificates == Some(true),
-        _ => false,
-    };
-    if tls {
-        // The shards' hosts come from the cluster's metadata: the URI's credentials go only to
-        // hosts whose certificates prove their names.
-        return unknown("the URI accepts invalid certificates");
+    if let Err(why) = may_connect_to_shards(&connection.options) {
+        tracing::warn!(
+            why,
+            "--shard-oplogs: the shards' oplogs are not read, the oplog window is unknown"
+        );
+        return None;
     }
     let reply = connection
         .database("admin")
@@ -110,21 +147,14 @@ pub async fn shard_windows(connection: &Connection) -> Option<Window> {
         let Some(host) = shard.as_document().and_then(|s| s.get_str("host").ok()) else {
             return unknown("a shard without a host");
         };
-        let (set_name, hosts) = match host.split_once('/') {
-            Some((set_name, hosts)) => (Some(set_name.to_string()), hosts),
-            None => (None, host),
+        let (set_name, hosts) = match shard_hosts(host) {
+            Ok(shard) => shard,
+            Err(why) => return unknown(why),
         };
         // Each shard once: two entries of one replica set would leave another shard unread.
-        if !sets.insert(set_name.clone().unwrap_or_else(|| hosts.to_string())) {
+        if !sets.insert(set_name.clone().unwrap_or_else(|| host.to_string())) {
             return unknown("listShards names a shard twice");
         }
-        let Ok(hosts) = hosts
-            .split(',')
-            .map(ServerAddress::parse)
-            .collect::<Result<Vec<_>, _>>()
-        else {
-            return unknown("a shard's host cannot be read");
-        };
         let mut options = connection.options.clone();
         options.hosts = hosts;
         options.repl_set_name = set_name;
@@ -268,18 +298,108 @@ pub async fn checkpoint_token(
     found.get_document("token").ok().cloned()
 }
 
-/// The figures of `token` against the deployment, within [`READ_WAIT`]: the oplog's window, and
-/// the cluster time its replies carry (`hello` is asked only when they carry none, as when the
-/// oplog cannot be read).
-pub async fn position(connection: &Connection, token: Option<&Document>) -> Position {
-    // Each within its own bound: a window that cannot be read leaves the cluster time known.
-    let (window, gossiped) = oplog_window(connection).await;
-    let now = match gossiped {
-        Some(now) => Some(now),
-        None => tokio::time::timeout(READ_WAIT, cluster_time(connection))
+/// The deployment's oplog window and cluster time, each within [`READ_WAIT`] (`hello` is asked
+/// for the time only when the oplog's replies carry none, as when the oplog cannot be read): a
+/// window that cannot be read leaves the cluster time known.
+pub async fn figures(connection: &Connection) -> (Option<Window>, Option<Timestamp>) {
+    let now = async {
+        tokio::time::timeout(READ_WAIT, cluster_time(connection))
             .await
             .ok()
-            .flatten(),
+            .flatten()
     };
+    match connection.deployment().topology {
+        // The shards' windows carry no cluster time of the mongos: both are asked at once, so
+        // that a shard that does not answer delays neither beyond the one bound.
+        Topology::ShardedCluster => {
+            let ((window, _), now) = tokio::join!(oplog_window(connection), now);
+            (window, now)
+        }
+        Topology::ReplicaSet => match oplog_window(connection).await {
+            (window, Some(gossiped)) => (window, Some(gossiped)),
+            (window, None) => (window, now.await),
+        },
+    }
+}
+
+/// The figures of `token` against the deployment (see [`figures`]).
+pub async fn position(connection: &Connection, token: Option<&Document>) -> Position {
+    let (window, now) = figures(connection).await;
     Position::of(token, now, window)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mongodb::options::{Credential, TlsOptions};
+
+    fn options(credential: bool, tls: Option<Tls>) -> ClientOptions {
+        let mut options = ClientOptions::default();
+        if credential {
+            options.credential = Some(Credential::builder().username("u".to_string()).build());
+        }
+        options.tls = tls;
+        options
+    }
+
+    fn tls(allow_invalid: Option<bool>) -> Option<Tls> {
+        let mut tls = TlsOptions::default();
+        tls.allow_invalid_certificates = allow_invalid;
+        Some(Tls::Enabled(tls))
+    }
+
+    #[test]
+    fn credentials_go_to_the_shards_only_over_tls_that_checks_certificates() {
+        assert_eq!(
+            may_connect_to_shards(&options(true, tls(Some(true)))),
+            Err("the URI accepts invalid certificates")
+        );
+        assert_eq!(
+            may_connect_to_shards(&options(false, tls(Some(true)))),
+            Err("the URI accepts invalid certificates")
+        );
+        assert_eq!(
+            may_connect_to_shards(&options(true, None)),
+            Err("the URI sends its credentials without TLS")
+        );
+        assert_eq!(
+            may_connect_to_shards(&options(true, Some(Tls::Disabled))),
+            Err("the URI sends its credentials without TLS")
+        );
+        assert_eq!(may_connect_to_shards(&options(true, tls(None))), Ok(()));
+        assert_eq!(
+            may_connect_to_shards(&options(true, tls(Some(false)))),
+            Ok(())
+        );
+        assert_eq!(may_connect_to_shards(&options(false, None)), Ok(()));
+    }
+
+    #[test]
+    fn a_shard_host_is_a_named_set_of_tcp_addresses() {
+        let (set, hosts) = shard_hosts("shard0/a:27018,b:27018").expect("a shard");
+        assert_eq!(set.as_deref(), Some("shard0"));
+        assert_eq!(hosts.len(), 2);
+        let (set, hosts) = shard_hosts("c:27018").expect("a shard without a set name");
+        assert_eq!((set, hosts.len()), (None, 1));
+        for bad in [
+            "shard0/",
+            "",
+            "/a:1",
+            "shard0/a:1,",
+            "shard0/a:port",
+            "s/a:1:2",
+        ] {
+            assert!(shard_hosts(bad).is_err(), "{bad:?}");
+        }
+        // A local socket named by the cluster's metadata would get the URI's credentials in
+        // the clear, whatever the TLS options say.
+        assert_eq!(
+            shard_hosts("shard0//tmp/mongodb-27018.sock"),
+            Err("a shard's host is not a TCP address")
+        );
+        assert_eq!(
+            shard_hosts("shard0/a:1,/tmp/x.sock"),
+            Err("a shard's host is not a TCP address")
+        );
+    }
 }

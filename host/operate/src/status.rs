@@ -6,6 +6,7 @@ pub use all::{MAX_CONSUMERS, Place, read_all, severity, table, to_json};
 use bson::{Bson, Document, Timestamp};
 use serde_json::{Value, json};
 
+use handoff_domain::checkpoint;
 use handoff_domain::config::Scope;
 use handoff_domain::error::{HandoffError, Result};
 use handoff_domain::forecast::{self, Forecast};
@@ -116,6 +117,15 @@ impl Status {
                     target.consumer,
                 )
                 .await);
+            }
+            // A checkpoint of another deployment is refused as `run` refuses it: its token's
+            // figures against this one would mean nothing.
+            if let Some(stored) = &stored {
+                checkpoint::check_pin(
+                    stored,
+                    connection.deployment().pin(),
+                    checkpoint::OTHER_DEPLOYMENT_ADVICE,
+                )?;
             }
             let token = stored.as_ref().and_then(|s| s.get_document("token").ok());
             let position = window::position(connection, token).await;
@@ -353,6 +363,24 @@ pub fn charts(
         eta_seconds: forecast.eta_seconds(),
     });
     history_charts(&points, line.as_ref())
+}
+
+/// A checkpoint's token, when the checkpoint belongs to this deployment: another's token has no
+/// figures here (its consumer's are shown as unknown, with a warning).
+pub fn pinned_token<'a>(stored: &'a Document, connection: &Connection) -> Option<&'a Document> {
+    if let Err(error) = checkpoint::check_pin(
+        stored,
+        connection.deployment().pin(),
+        checkpoint::OTHER_DEPLOYMENT_ADVICE,
+    ) {
+        tracing::warn!(
+            consumer = %escape_untrusted(stored.get_str("_id").unwrap_or("?"), 64),
+            reason = %error,
+            "a checkpoint of another deployment: its figures are unknown here"
+        );
+        return None;
+    }
+    stored.get_document("token").ok()
 }
 
 /// The charts of a consumer's run history as `status` reads them (for another command's

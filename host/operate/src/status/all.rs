@@ -3,7 +3,7 @@
 
 use serde_json::{Value, json};
 
-use super::{CheckpointView, Status, now_seconds, read_history, unavailable};
+use super::{CheckpointView, Status, now_seconds, pinned_token, read_history, unavailable};
 use handoff_domain::error::Result;
 use handoff_domain::forecast::{self, Forecast};
 use handoff_domain::position::Position;
@@ -33,21 +33,14 @@ pub fn read_all(connection: &Connection, place: &Place<'_>) -> Result<Vec<Status
                 "more consumers than are listed: the first {MAX_CONSUMERS} are"
             );
         }
-        let (window, gossiped) = window::oplog_window(connection).await;
-        let cluster_now = match gossiped {
-            Some(now) => Some(now),
-            None => tokio::time::timeout(window::READ_WAIT, window::cluster_time(connection))
-                .await
-                .ok()
-                .flatten(),
-        };
+        let (window, cluster_now) = window::figures(connection).await;
         let mut all = Vec::new();
         for checkpoint in &stored {
             // A document a consumer cannot have written (another `_id` type) is passed over.
             let Ok(consumer) = checkpoint.get_str("_id") else {
                 continue;
             };
-            let token = checkpoint.get_document("token").ok();
+            let token = pinned_token(checkpoint, connection);
             let position = Position::of(token, cluster_now, window);
             let history = read_history(connection, place.database, place.runs, consumer).await;
             all.push(Status {
