@@ -101,12 +101,15 @@ fn a_cluster_checkpoint_never_continues_on_a_replica_set() {
     ))
     .expect("pin the checkpoint to a cluster");
     live.insert(0..2);
-    support::fails(
+    let refused = support::fails(
         &live.run(&[]),
         4,
         "belongs to a sharded cluster, and this deployment is a replica set",
     );
     assert_eq!(live.outbox_len(), 0);
+    // Its token's figures against this deployment would mean nothing: none are given.
+    assert!(refused["lag_seconds"].is_null(), "{refused}");
+    assert!(refused["oplog_margin_seconds"].is_null(), "{refused}");
     // status refuses it as run does: its token's lag against this deployment would mean nothing.
     support::refused(
         &live.operator(&["status", "--json"]),

@@ -15,7 +15,7 @@ use super::transaction::{self, Decision, Failure};
 
 mod release;
 mod writes;
-use handoff_domain::checkpoint::CONFIG_CHANGES_KEPT;
+use handoff_domain::checkpoint::{self, CONFIG_CHANGES_KEPT};
 use handoff_domain::store::{SPLIT_EVENTS_WRITTEN, admit_events, lookups};
 use handoff_domain::{Applied, CheckpointStore, Claim, Collections, Commit, CommitError, Dump};
 use writes::Attempt;
@@ -184,7 +184,14 @@ impl CheckpointStore for MongoStore {
         if checkpoint.get_bool(SPLIT_EVENTS_WRITTEN).unwrap_or(false) {
             self.split_events.store(true, Ordering::Relaxed);
         }
-        self.know(Some(checkpoint.get_document("token").ok().cloned()));
+        // A checkpoint of another deployment (which the run refuses) has no token here: its
+        // figures against this deployment would mean nothing.
+        let pinned = checkpoint::check_pin(&checkpoint, self.connection.deployment().pin(), "");
+        let token = checkpoint
+            .get_document("token")
+            .ok()
+            .filter(|_| pinned.is_ok());
+        self.know(Some(token.cloned()));
         Ok(checkpoint)
     }
 

@@ -17,9 +17,11 @@ use mongodb::{Client, Database};
 
 use super::Connection;
 use handoff_domain::Topology;
+use handoff_domain::checkpoint;
 use handoff_domain::position::{Position, Window};
 
-/// How long reading the figures may take: they describe a run, they never hold it up.
+/// How long reading one of the figures may take (the oplog's window, the cluster time, a
+/// checkpoint's token): they describe a run, they never hold it up.
 pub const READ_WAIT: Duration = Duration::from_secs(2);
 
 /// The `local` database, read with local read concern (the oplog refuses majority reads).
@@ -149,7 +151,13 @@ pub async fn shard_windows(connection: &Connection) -> Option<Window> {
         };
         let (set_name, hosts) = match shard_hosts(host) {
             Ok(shard) => shard,
-            Err(why) => return unknown(why),
+            Err(why) => {
+                tracing::warn!(
+                    why,
+                    "--shard-oplogs: the shards' oplogs are not read, the oplog window is unknown"
+                );
+                return None;
+            }
         };
         // Each shard once: two entries of one replica set would leave another shard unread.
         if !sets.insert(set_name.clone().unwrap_or_else(|| host.to_string())) {
@@ -281,20 +289,22 @@ pub async fn cluster_time(connection: &Connection) -> Option<Timestamp> {
     gossiped.or(operation).or(last_write)
 }
 
-/// A consumer's checkpoint token, as stored (none: no checkpoint, or no token yet).
+/// A consumer's checkpoint token, as stored (none: no checkpoint, no token yet, or a checkpoint
+/// of another deployment, whose token has no figures here), within [`READ_WAIT`].
 pub async fn checkpoint_token(
     connection: &Connection,
     database: &str,
     checkpoints: &str,
     consumer: &str,
 ) -> Option<Document> {
-    let found = connection
+    let collection = connection
         .database(database)
-        .collection::<Document>(checkpoints)
+        .collection::<Document>(checkpoints);
+    let read = collection
         .find_one(doc! { "_id": consumer })
-        .projection(doc! { "token": 1 })
-        .await
-        .ok()??;
+        .projection(doc! { "token": 1, "replicaSetId": 1, "clusterId": 1 });
+    let found = tokio::time::timeout(READ_WAIT, read).await.ok()?.ok()??;
+    checkpoint::check_pin(&found, connection.deployment().pin(), "").ok()?;
     found.get_document("token").ok().cloned()
 }
 
@@ -312,7 +322,8 @@ pub async fn figures(connection: &Connection) -> (Option<Window>, Option<Timesta
         // The shards' windows carry no cluster time of the mongos: both are asked at once, so
         // that a shard that does not answer delays neither beyond the one bound.
         Topology::ShardedCluster => {
-            let ((window, _), now) = tokio::join!(oplog_window(connection), now);
+            // `hello` first: on a run's single connection it goes out before `listShards`.
+            let (now, (window, _)) = tokio::join!(now, oplog_window(connection));
             (window, now)
         }
         Topology::ReplicaSet => match oplog_window(connection).await {

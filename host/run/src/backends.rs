@@ -151,27 +151,26 @@ impl Backends for Mongo {
         let connection = self.connection.clone()?;
         let released = self.store.take().and_then(|store| store.known_token());
         let inputs = &self.inputs;
-        // Each read within its own bound (the position's figures each within theirs): a slow
-        // figure leaves the others known.
+        // Each read within its own bound, a slow figure leaving the others known, and all of
+        // them within two.
         let read = async {
             let token = match released {
                 Some(token) => token,
-                None => tokio::time::timeout(
-                    window::READ_WAIT,
+                None => {
                     window::checkpoint_token(
                         &connection,
                         &inputs.database,
                         &inputs.checkpoint_collection,
                         consumer,
-                    ),
-                )
-                .await
-                .ok()
-                .flatten(),
+                    )
+                    .await
+                }
             };
             window::position(&connection, token.as_ref()).await
         };
-        let position = connection.block_on(read);
+        let position = connection
+            .block_on(async { tokio::time::timeout(2 * window::READ_WAIT, read).await })
+            .ok()?;
         tracing::debug!(
             lag_seconds = position.lag_seconds(),
             oplog_margin_seconds = position.oplog_margin_seconds(),

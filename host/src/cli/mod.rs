@@ -137,8 +137,9 @@ struct Cli {
     log_format: LogFormat,
     /// On a sharded cluster, read each shard's own oplog for the oplog window and margin
     /// (`status`, a run's figures): connects to every host the cluster's `listShards` names with
-    /// the URI's user and options (the shards must know the user), never when the URI accepts
-    /// invalid certificates or sends credentials without TLS. Off: the window is unknown.
+    /// the URI's user and options (the shards must know the user), only TCP hosts, never when the
+    /// URI accepts invalid certificates or sends credentials without TLS. Off: the window is
+    /// unknown.
     #[arg(
         long,
         global = true,
