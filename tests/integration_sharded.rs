@@ -24,6 +24,17 @@ fn insert(live: &Live, ids: std::ops::Range<i32>) {
     }
 }
 
+/// Sets `v: 1` on each of `ids` in the orders.
+fn update(live: &Live, ids: std::ops::Range<i32>) {
+    for id in ids {
+        live.wait(
+            live.coll("orders")
+                .update_one(doc! {"_id": id}, doc! {"$set": {"v": 1}}),
+        )
+        .expect("update");
+    }
+}
+
 /// The shard each outbox record's document lives on.
 fn shards_of(live: &Live, outbox: &[Document]) -> BTreeSet<usize> {
     let server = live.server();
@@ -456,13 +467,7 @@ fn images_and_the_database_scope_work_through_mongos() {
     ];
     support::ok(&live.run(&images));
     insert(&live, 0..6);
-    for id in 0..6 {
-        live.wait(
-            live.coll("orders")
-                .update_one(doc! {"_id": id}, doc! {"$set": {"v": 1}}),
-        )
-        .expect("update");
-    }
+    update(&live, 0..6);
     assert_eq!(support::ok(&live.run(&images))["events_handed_off"], 12);
     let updates: Vec<Document> = live
         .outbox()
@@ -537,13 +542,7 @@ fn lost_history_on_every_shard_is_recovered_through_mongos_with_nothing_missing(
     // writes into that shard's history too).
     live.wait(live.coll("orders").delete_many(doc! {"_id": {"$gte": 105}}))
         .expect("delete");
-    for id in 0..5 {
-        live.wait(
-            live.coll("orders")
-                .update_one(doc! {"_id": id}, doc! {"$set": {"v": 1}}),
-        )
-        .expect("update");
-    }
+    update(&live, 0..5);
     support::fails(&live.run(&[]), 6, "");
     let recovered = support::json_stdout(&live.operator(&[
         "recover",
@@ -628,13 +627,7 @@ fn a_pipeline_and_the_deployment_scope_work_through_mongos() {
     support::ok(&live.run(&updates));
     support::ok(&live.run(&everything));
     insert(&live, 0..8);
-    for id in 0..8 {
-        live.wait(
-            live.coll("orders")
-                .update_one(doc! {"_id": id}, doc! {"$set": {"v": 1}}),
-        )
-        .expect("update");
-    }
+    update(&live, 0..8);
     let other = live.client.database(&format!("{}_other", live.db));
     live.wait(
         other

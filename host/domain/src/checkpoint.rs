@@ -319,6 +319,17 @@ pub fn check_pin<'a>(stored: &Document, pin: impl Into<Pin<'a>>, advice: &str) -
     }
 }
 
+/// A stored checkpoint's token (none yet: `Ok(None)`) when the checkpoint belongs to the
+/// deployment `pin` names; another deployment's is [`check_pin`]'s refusal, its token having no
+/// meaning (no lag, no margin) there.
+pub fn token_on<'d, 'a>(
+    stored: &'d Document,
+    pin: impl Into<Pin<'a>>,
+) -> Result<Option<&'d Document>> {
+    check_pin(stored, pin, OTHER_DEPLOYMENT_ADVICE)?;
+    Ok(stored.get_document("token").ok())
+}
+
 /// Checks a loaded checkpoint in the baseline's order: source, deployment, shape.
 pub fn validate<'a>(
     stored: &Document,

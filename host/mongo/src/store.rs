@@ -186,12 +186,8 @@ impl CheckpointStore for MongoStore {
         }
         // A checkpoint of another deployment (which the run refuses) has no token here: its
         // figures against this deployment would mean nothing.
-        let pinned = checkpoint::check_pin(&checkpoint, self.connection.deployment().pin(), "");
-        let token = checkpoint
-            .get_document("token")
-            .ok()
-            .filter(|_| pinned.is_ok());
-        self.know(Some(token.cloned()));
+        let token = checkpoint::token_on(&checkpoint, self.connection.deployment().pin());
+        self.know(Some(token.ok().flatten().cloned()));
         Ok(checkpoint)
     }
 

@@ -73,6 +73,15 @@ fn unknown(why: &str) -> Option<Window> {
     None
 }
 
+/// Says why `--shard-oplogs` reads no shard, as a warning: the user asked for it.
+fn not_read(why: &str) -> Option<Window> {
+    tracing::warn!(
+        why,
+        "--shard-oplogs: the shards' oplogs are not read, the oplog window is unknown"
+    );
+    None
+}
+
 /// Whether the URI's user and options may be taken to the hosts a cluster's metadata names: the
 /// credentials go only where certificates prove the hosts' names, never in the clear and never
 /// where any certificate is accepted. A URI without credentials may go anywhere its options do.
@@ -119,11 +128,7 @@ fn shard_hosts(host: &str) -> Result<(Option<String>, Vec<ServerAddress>), &'sta
 /// shard answers: a window of some shards could be wrong.
 pub async fn shard_windows(connection: &Connection) -> Option<Window> {
     if let Err(why) = may_connect_to_shards(&connection.options) {
-        tracing::warn!(
-            why,
-            "--shard-oplogs: the shards' oplogs are not read, the oplog window is unknown"
-        );
-        return None;
+        return not_read(why);
     }
     let reply = connection
         .database("admin")
@@ -151,13 +156,7 @@ pub async fn shard_windows(connection: &Connection) -> Option<Window> {
         };
         let (set_name, hosts) = match shard_hosts(host) {
             Ok(shard) => shard,
-            Err(why) => {
-                tracing::warn!(
-                    why,
-                    "--shard-oplogs: the shards' oplogs are not read, the oplog window is unknown"
-                );
-                return None;
-            }
+            Err(why) => return not_read(why),
         };
         // Each shard once: two entries of one replica set would leave another shard unread.
         if !sets.insert(set_name.clone().unwrap_or_else(|| host.to_string())) {
@@ -304,8 +303,9 @@ pub async fn checkpoint_token(
         .find_one(doc! { "_id": consumer })
         .projection(doc! { "token": 1, "replicaSetId": 1, "clusterId": 1 });
     let found = tokio::time::timeout(READ_WAIT, read).await.ok()?.ok()??;
-    checkpoint::check_pin(&found, connection.deployment().pin(), "").ok()?;
-    found.get_document("token").ok().cloned()
+    checkpoint::token_on(&found, connection.deployment().pin())
+        .ok()?
+        .cloned()
 }
 
 /// The deployment's oplog window and cluster time, each within [`READ_WAIT`] (`hello` is asked

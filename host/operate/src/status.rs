@@ -120,14 +120,10 @@ impl Status {
             }
             // A checkpoint of another deployment is refused as `run` refuses it: its token's
             // figures against this one would mean nothing.
-            if let Some(stored) = &stored {
-                checkpoint::check_pin(
-                    stored,
-                    connection.deployment().pin(),
-                    checkpoint::OTHER_DEPLOYMENT_ADVICE,
-                )?;
-            }
-            let token = stored.as_ref().and_then(|s| s.get_document("token").ok());
+            let token = match &stored {
+                Some(stored) => checkpoint::token_on(stored, connection.deployment().pin())?,
+                None => None,
+            };
             let position = window::position(connection, token).await;
             // The outbox figures scan the outbox: on a large one they are given up after
             // OUTBOX_READ_WAIT (shown as unknown) rather than holding the command up.
@@ -368,19 +364,14 @@ pub fn charts(
 /// A checkpoint's token, when the checkpoint belongs to this deployment: another's token has no
 /// figures here (its consumer's are shown as unknown, with a warning).
 pub fn pinned_token<'a>(stored: &'a Document, connection: &Connection) -> Option<&'a Document> {
-    if let Err(error) = checkpoint::check_pin(
-        stored,
-        connection.deployment().pin(),
-        checkpoint::OTHER_DEPLOYMENT_ADVICE,
-    ) {
+    checkpoint::token_on(stored, connection.deployment().pin()).unwrap_or_else(|error| {
         tracing::warn!(
             consumer = %escape_untrusted(stored.get_str("_id").unwrap_or("?"), 64),
             reason = %error,
             "a checkpoint of another deployment: its figures are unknown here"
         );
-        return None;
-    }
-    stored.get_document("token").ok()
+        None
+    })
 }
 
 /// The charts of a consumer's run history as `status` reads them (for another command's

@@ -400,3 +400,22 @@ fn a_cluster_checkpoint_is_pinned_by_its_cluster_id_and_never_moves_to_another_d
         }
     }
 }
+
+#[test]
+fn a_token_is_given_only_for_this_deployments_checkpoint() {
+    let mut own = initial("c", "db.c", RS);
+    assert_eq!(token_on(&own, RS).unwrap(), None, "no token yet");
+    own.insert("token", doc! {"_data": "82"});
+    assert_eq!(token_on(&own, RS).unwrap(), Some(&doc! {"_data": "82"}));
+    let mut other = own.clone();
+    other.insert("replicaSetId", "65f000000000000000000002");
+    assert!(matches!(
+        token_on(&other, RS),
+        Err(HandoffError::Mismatch(_))
+    ));
+    other.remove("replicaSetId");
+    other.insert("clusterId", RS);
+    assert!(
+        matches!(token_on(&other, RS), Err(HandoffError::Mismatch(m)) if m.contains("sharded cluster"))
+    );
+}
