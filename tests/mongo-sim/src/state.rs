@@ -263,11 +263,9 @@ impl Shared {
 
     /// The fail points of a listener: shard `i`'s own, or (`None`) the server's.
     pub fn failpoints_of(&self, shard: Option<usize>) -> MutexGuard<'_, FailPoints> {
-        match shard {
-            Some(i) if i < self.shard_failpoints.len() => self.shard_failpoints[i]
-                .lock()
-                .unwrap_or_else(|p| p.into_inner()),
-            _ => self.failpoints(),
+        match shard.and_then(|i| self.shard_failpoints.get(i)) {
+            Some(points) => points.lock().unwrap_or_else(|p| p.into_inner()),
+            None => self.failpoints(),
         }
     }
 
