@@ -46,6 +46,7 @@ const ROOMS: &[(&str, &[&str])] = &[
             "handoff-run",
         ],
     ),
+    ("deliver", &["handoff-domain", "handoff-mongo"]),
 ];
 
 /// Outside crates and the only crates that may depend on them (`.` is the binary's, `host/`).

@@ -18,11 +18,14 @@
 //!   format;
 //! - [`kit`] (`handoff-kit`): the policy authors' kit (cases, checks, scaffold, recording);
 //! - [`operate`] (`handoff-operate`): the operator's toolkit (status, audited reset, backfill,
-//!   reconcile, progress).
+//!   reconcile, progress, dead records);
+//! - [`deliver`] (`handoff-deliver`): the outbox delivered to sinks through a ledger, one file per
+//!   sink.
 //!
 //! The `handoff` command line lives in this crate's binary (`src/cli`), the only crate that
 //! depends on `clap`, on top of this API.
 
+pub use handoff_deliver as deliver;
 pub use handoff_domain as domain;
 pub use handoff_domain::error;
 pub use handoff_kit as kit;

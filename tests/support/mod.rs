@@ -8,6 +8,7 @@ pub mod http;
 pub mod kestra;
 pub mod live;
 pub mod partitions;
+pub mod receiver;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -79,6 +79,10 @@ pub enum HandoffError {
     /// (`reconcile`: missing, orphan or stale keys).
     #[error("{0}")]
     Attention(String),
+    /// A delivery ended with dead records: effects that failed for good and wait for
+    /// `deliver dead replay` or `deliver dead discard`. Every other record went on.
+    #[error("{0}")]
+    DeadRecords(String),
     /// Anything else: a defect of this tool.
     #[error(transparent)]
     Internal(#[from] anyhow::Error),
@@ -121,6 +125,7 @@ impl HandoffError {
             EventTooLarge(m) => EventTooLarge(add(m)),
             ImageMissing(m) => ImageMissing(add(m)),
             Attention(m) => Attention(add(m)),
+            DeadRecords(m) => DeadRecords(add(m)),
             Internal(e) => Internal(e.context(detail.to_string())),
         }
     }
@@ -142,6 +147,7 @@ impl HandoffError {
             HandoffError::EventTooLarge(_) => 13,
             HandoffError::ImageMissing(_) => 15,
             HandoffError::Attention(_) => 16,
+            HandoffError::DeadRecords(_) => 17,
         }
     }
 
@@ -162,6 +168,7 @@ impl HandoffError {
             HandoffError::EventTooLarge(_) => "event_too_large",
             HandoffError::ImageMissing(_) => "image_missing",
             HandoffError::Attention(_) => "attention",
+            HandoffError::DeadRecords(_) => "dead_records",
         }
     }
 

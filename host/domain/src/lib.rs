@@ -4,6 +4,7 @@
 //! - `checkpoint`: a consumer's checkpoint document, its resume mode, how it is loaded and how a
 //!   run binds it (lease, configuration);
 //! - `config`: the stream's shape (scope, pipeline, pre- and post-images), checked and digested;
+//! - `delivery`: what a delivery takes from the outbox to a sink, and its ledger;
 //! - `deployment`: the replica set, the consumer and where its state lives;
 //! - `stream`: where a stream starts, server errors and their classes, the change-source trait;
 //! - `lease`: which run holds a consumer, and until when;
@@ -24,6 +25,7 @@
 
 pub mod checkpoint;
 pub mod config;
+pub mod delivery;
 pub mod deployment;
 pub mod error;
 pub mod fixture;

@@ -32,7 +32,7 @@ pub const REGISTRY: &str = "kestra_change_registry";
 /// The default names of the state collections: checkpoints, outbox, quarantine, audit records,
 /// backfill signals, backfill positions and run history. Left out of every wide stream in every
 /// database, registered or not (a baseline task writes them without registering them).
-pub const DEFAULT_NAMES: [&str; 7] = [
+pub const DEFAULT_NAMES: [&str; 8] = [
     super::deployment::DEFAULT_CHECKPOINTS,
     super::deployment::DEFAULT_OUTBOX,
     "kestra_change_quarantine",
@@ -40,6 +40,7 @@ pub const DEFAULT_NAMES: [&str; 7] = [
     "kestra_change_signals",
     "kestra_change_backfill",
     super::history::DEFAULT_RUNS,
+    super::delivery::DEFAULT_LEDGER,
 ];
 
 /// The most names one registry is read for: a database holds far fewer collections.

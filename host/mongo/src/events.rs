@@ -78,7 +78,7 @@ impl<'a> Events<'a> {
     }
 
     /// `collection`'s stream through `pipeline`, from now or from `from`.
-    async fn of_collection(
+    pub(crate) async fn of_collection(
         connection: &'a Connection,
         database: &str,
         collection: &str,

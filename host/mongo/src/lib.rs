@@ -37,10 +37,13 @@
 //! - `operator`: the operator's commands' common reads (a checkpoint, a collection's documents
 //!   and size), `status`'s outbox figures and `checkpoint reset`'s position and compare-and-set;
 //! - `backfill`: a backfill's state, watermarks, checkpoint start, chunks and chunk commits;
-//! - `reconcile`: a consumer's outbox records and a repair's correction records.
+//! - `reconcile`: a consumer's outbox records and a repair's correction records;
+//! - `delivery`: a delivery's position, ledger, admissions, claims, settlements, projection
+//!   writes and audited changes of dead entries.
 
 pub mod backfill;
 mod connection;
+pub mod delivery;
 mod errors;
 pub mod events;
 pub mod operator;

@@ -16,6 +16,7 @@
 //! - `reconcile`: the source compared with what the outbox says each document is;
 //! - `recover`: after lost history, the checkpoint moved to now and the outbox repaired, in
 //!   one audited command that a rerun completes when it was killed;
+//! - `dead`: a delivery's dead records listed, replayed or discarded, audited;
 //! - `outbox_view`: what the outbox says each document should be now;
 //! - `audit`: the audit records;
 //! - `progress`: rate and ETA of long work, on a terminal or as structured lines;
@@ -23,6 +24,7 @@
 
 pub mod audit;
 pub mod backfill;
+pub mod dead;
 pub mod lease;
 pub mod outbox_view;
 pub mod progress;

@@ -44,6 +44,10 @@ pub const FOLLOW: &str = "HANDOFF_FOLLOW";
 pub const MAX_DURATION: &str = "HANDOFF_MAX_DURATION";
 pub const METRICS_LISTEN: &str = "HANDOFF_METRICS_LISTEN";
 pub const SHARD_OPLOGS: &str = "HANDOFF_SHARD_OPLOGS";
+pub const DELIVERY: &str = "HANDOFF_DELIVERY";
+pub const LEDGER_COLLECTION: &str = "HANDOFF_LEDGER_COLLECTION";
+pub const SINK: &str = "HANDOFF_SINK";
+pub const SINK_SECRET: &str = "HANDOFF_SINK_SECRET";
 
 /// Every variable above.
 #[allow(dead_code)] // read by the test suites (a clean environment) and the binary's tests
@@ -82,6 +86,10 @@ pub const ALL: &[&str] = &[
     MAX_DURATION,
     METRICS_LISTEN,
     SHARD_OPLOGS,
+    DELIVERY,
+    LEDGER_COLLECTION,
+    SINK,
+    SINK_SECRET,
 ];
 
 /// Names earlier releases read, and the variable each is now. A former name is read when the

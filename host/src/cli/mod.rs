@@ -4,7 +4,8 @@
 //! - `replay`: one bounded run over a recorded change stream, state in an embedded store;
 //! - `inspect`: the checkpoint and outbox of a state store, as Extended JSON lines;
 //! - `policy`: writing, checking and testing policy components;
-//! - `record`: a live change stream captured as a fixture.
+//! - `record`: a live change stream captured as a fixture;
+//! - `deliver`: the outbox delivered to a sink through a ledger, and its dead records.
 //!
 //! Exit codes are those of `HandoffError::exit_code`,
 //! plus 12 for a run stopped by a signal, 14 when the watchdog ends the process
@@ -35,6 +36,7 @@ macro_rules! exit_codes {
   14   watchdog: the run outlived its deadline plus the grace period
   15   image missing: the stream requires a pre-/post-image MongoDB does not hold
   16   attention: a check found something to act on (status --min-margin or --min-forecast; reconcile differences; policy diff IDs changed)
+  17   dead records: a delivery left records that failed for good (deliver dead list; the others went on)
   130, 143  a second SIGINT / SIGTERM ended the process at once"
     };
 }
@@ -50,6 +52,7 @@ macro_rules! out {
 mod args;
 mod backfill;
 mod checkpoint;
+mod deliver;
 pub mod env;
 mod inspect;
 mod lease;
@@ -188,6 +191,9 @@ enum Command {
     Backfill(backfill::BackfillArgs),
     /// Compares the watched collection with what the outbox says each document is.
     Reconcile(reconcile::ReconcileArgs),
+    /// Delivers the consumer's outbox to a sink (a MongoDB projection, a webhook), each effect
+    /// recorded in a ledger; `deliver dead` lists, replays or discards dead records.
+    Deliver(Box<deliver::DeliverArgs>),
     /// After lost history: moves the checkpoint to now and repairs the outbox through the policy,
     /// in one audited command (a rerun completes a stopped one).
     Recover(recover::RecoverArgs),
@@ -346,8 +352,10 @@ pub fn main() -> ExitCode {
     }
     // A run that outlives its deadline (compilation included) plus a grace period ends here;
     // signals stop a run from the start (a second one ends the process at once).
-    if matches!(&cli.command, Command::Run(_) | Command::Replay(_))
-        && let Err(error) = stop_signal()
+    if matches!(
+        &cli.command,
+        Command::Run(_) | Command::Replay(_) | Command::Deliver(_)
+    ) && let Err(error) = stop_signal()
     {
         let _ = writeln!(std::io::stderr(), "error[{}]: {error}", error.kind());
         return error.to_exit_code();
@@ -379,6 +387,7 @@ pub fn main() -> ExitCode {
         Command::Backfill(args) => backfill::run(args).map(|()| Outcome::Done),
         Command::Reconcile(args) => reconcile::run(args).map(|()| Outcome::Done),
         Command::Recover(args) => recover::run(args).map(|()| Outcome::Done),
+        Command::Deliver(args) => deliver::run(*args),
         Command::Completions { shell } => {
             let mut command = <Cli as clap::CommandFactory>::command().bin_name("handoff");
             command.build();

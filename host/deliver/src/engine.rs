@@ -1,0 +1,772 @@
+//! The delivery loop: admit what the outbox stream brings, pick what is due, make the effects,
+//! settle them in the ledger.
+//!
+//! - **Lanes.** Entries of one lane (one source document) are worked in admission order, one
+//!   at a time for an external sink; different lanes go in parallel, `concurrency` workers at
+//!   once. A transactional sink takes a lane's consecutive due entries in one transaction.
+//! - **Retries never stall the stream.** A transient failure is retried after a backoff with
+//!   jitter (at least the sink's `Retry-After`), up to `max_attempts`; then, or at once for a
+//!   permanent failure, the entry is dead. A failed entry waits only in its lane; a dead one
+//!   holds its lane back when `hold_dead_lanes` says so (by default), never another lane.
+//! - **Bounded.** At most `max_in_flight` records and `max_in_flight_bytes` of them are being
+//!   delivered; the ledger is read a window at a time; nothing queues without bound. A slow
+//!   sink slows picking, and the open entries (the delivery's lag) grow where they are seen.
+//! - **Leases.** An external sink's attempt is claimed first (in progress, owner, lease end, one
+//!   attempt more), so a second deliverer never works it; a deliverer killed mid-attempt leaves
+//!   a lease that ends, and the entry is tried again with the same idempotency key.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use bson::{DateTime, Document};
+use handoff_domain::StopSignal;
+use handoff_domain::delivery::{Entry, MAX_ERROR_TEXT, Operation, Request, Status};
+use handoff_domain::error::{HandoffError, Result};
+use handoff_domain::text::escape_untrusted;
+use handoff_mongo::Connection;
+use handoff_mongo::delivery::{self, ClaimOf, Names, Settlement};
+use handoff_mongo::transaction::Failure;
+
+use crate::admit::{Admitter, unavailable};
+use crate::effect::{Effects, default_request};
+use crate::retry::Backoff;
+use crate::sink::{Attempt, Outcome, Sink, SinkFailure};
+
+/// Open entries read per look at the ledger.
+const WINDOW: i64 = 1000;
+/// Entries a transactional sink commits together.
+const GROUP: usize = 100;
+/// The most dead lanes held back at once (beyond, the run fails: too many to hold in memory).
+const MAX_DEAD_LANES: i64 = 100_000;
+/// How long a pass waits for workers when nothing else is to be done.
+const RESULT_WAIT: Duration = Duration::from_millis(20);
+
+/// How a delivery runs.
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub names: Names,
+    /// Keep going until stopped (else: until drained and idle for `max_wait`).
+    pub follow: bool,
+    /// End after this many attempts were settled.
+    pub max_records: Option<u64>,
+    pub max_wait: Duration,
+    pub max_attempts: u32,
+    pub concurrency: usize,
+    pub max_in_flight: usize,
+    pub max_in_flight_bytes: usize,
+    pub lease: Duration,
+    pub hold_dead_lanes: bool,
+    pub backoff: Backoff,
+    /// This deliverer's name in leases.
+    pub owner: String,
+    /// The outbox stream's await bound.
+    pub max_await: Duration,
+    pub deadline: Option<Instant>,
+}
+
+/// Why a delivery ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ended {
+    /// Nothing was due and nothing came for `max_wait`.
+    Drained,
+    MaxRecords,
+    Stopped,
+    Deadline,
+}
+
+impl Ended {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Ended::Drained => "DRAINED",
+            Ended::MaxRecords => "MAX_RECORDS",
+            Ended::Stopped => "STOPPED",
+            Ended::Deadline => "DEADLINE",
+        }
+    }
+}
+
+/// What a delivery did, and where its ledger stands at the end.
+#[derive(Clone, Debug, Default)]
+pub struct Report {
+    pub admitted: u64,
+    pub attempts: u64,
+    /// Effects the sink accepted.
+    pub delivered: u64,
+    /// Of those, writes a newer version made unnecessary (a projection).
+    pub superseded: u64,
+    /// Transient failures, to be tried again.
+    pub retried: u64,
+    /// Entries that went dead in this run.
+    pub dead: u64,
+    pub ignored: u64,
+    /// The most records in flight at once.
+    pub max_in_flight: usize,
+    pub sweeps: u32,
+    /// At the end: entries still open, and dead.
+    pub open: u64,
+    pub dead_total: u64,
+    /// At the end: how long the oldest open entry has waited since its admission.
+    pub lag_seconds: Option<f64>,
+    pub ended: Option<Ended>,
+}
+
+/// One job for a worker.
+struct Job {
+    entry: Entry,
+    event_id: String,
+    request: Request,
+}
+
+/// A worker's answer.
+struct Done {
+    entry: Entry,
+    outcome: Outcome,
+}
+
+/// The record's event ID (`<consumer>/<id>` less the consumer).
+fn event_id(names: &Names, record: &str) -> String {
+    record
+        .strip_prefix(&format!("{}/", names.consumer))
+        .unwrap_or(record)
+        .to_string()
+}
+
+/// Runs a delivery of the consumer's outbox to `sink`.
+pub fn deliver(
+    connection: &Connection,
+    sink: &dyn Sink,
+    effects: Effects,
+    options: &Options,
+    stop: &StopSignal,
+) -> Result<Report> {
+    let names = &options.names;
+    connection
+        .block_on(delivery::ensure_indexes(connection, names))
+        .map_err(unavailable)?;
+    let pin = sink.pin();
+    let position = connection
+        .block_on(delivery::ensure_position(connection, names, &pin))
+        .map_err(unavailable)?;
+    let pinned = position.get_str("sink").unwrap_or_default();
+    if pinned != pin {
+        return Err(HandoffError::Mismatch(format!(
+            "delivery {} of consumer {} delivers to {}, not {}: a delivery keeps its sink (name \
+             another delivery with --delivery for another sink)",
+            escape_untrusted(&names.delivery, 80),
+            escape_untrusted(&names.consumer, 200),
+            escape_untrusted(pinned, 300),
+            escape_untrusted(&pin, 300),
+        )));
+    }
+    let mut admitter = Admitter::start(connection, names, &position, options.max_await)?;
+    let mut run = Run {
+        connection,
+        sink,
+        effects,
+        options,
+        report: Report::default(),
+        flights: HashMap::new(),
+        busy_lanes: HashSet::new(),
+        settled: 0,
+    };
+    let ended = if sink.transactional() {
+        run.inline(&mut admitter, stop)?
+    } else {
+        std::thread::scope(|scope| {
+            let (jobs, inbox) = mpsc::sync_channel::<Job>(options.max_in_flight);
+            let inbox = std::sync::Arc::new(std::sync::Mutex::new(inbox));
+            let (done, results) = mpsc::channel::<Done>();
+            for _ in 0..options.concurrency {
+                let inbox = inbox.clone();
+                let done = done.clone();
+                scope.spawn(move || worker(sink, &inbox, &done, &options.owner));
+            }
+            drop(done);
+            let ended = run.pooled(&mut admitter, stop, &jobs, &results);
+            drop(jobs);
+            ended
+        })?
+    };
+    run.report.admitted = admitter.admitted;
+    run.report.sweeps = admitter.sweeps;
+    run.report.ended = Some(ended);
+    run.finish()?;
+    Ok(run.report)
+}
+
+/// One worker: jobs in, outcomes out, until the jobs end.
+fn worker(
+    sink: &dyn Sink,
+    inbox: &std::sync::Mutex<mpsc::Receiver<Job>>,
+    done: &mpsc::Sender<Done>,
+    owner: &str,
+) {
+    loop {
+        let job = match inbox.lock() {
+            Ok(inbox) => inbox.recv(),
+            Err(_) => return,
+        };
+        let Ok(job) = job else { return };
+        let attempt = Attempt {
+            entry: &job.entry.id,
+            record: &job.entry.record,
+            event_id: &job.event_id,
+            number: job.entry.attempts + 1,
+            owner,
+            request: &job.request,
+        };
+        let outcome = sink.deliver(&attempt);
+        if done
+            .send(Done {
+                entry: job.entry,
+                outcome,
+            })
+            .is_err()
+        {
+            return;
+        }
+    }
+}
+
+/// A record being delivered.
+struct Flight {
+    lane: String,
+    bytes: usize,
+}
+
+/// A picked entry with its record.
+struct Picked {
+    entry: Entry,
+    request: Request,
+    bytes: usize,
+}
+
+struct Run<'a> {
+    connection: &'a Connection,
+    sink: &'a dyn Sink,
+    effects: Effects,
+    options: &'a Options,
+    report: Report,
+    /// In flight, by entry `_id`.
+    flights: HashMap<String, Flight>,
+    busy_lanes: HashSet<String>,
+    /// Attempts settled (for `max_records`).
+    settled: u64,
+}
+
+impl Run<'_> {
+    fn names(&self) -> &Names {
+        &self.options.names
+    }
+
+    /// Why the run should stop taking work now, if it should.
+    fn ending(&self, stop: &StopSignal) -> Option<Ended> {
+        if stop.requested() {
+            return Some(Ended::Stopped);
+        }
+        if self.options.deadline.is_some_and(|d| Instant::now() >= d) {
+            return Some(Ended::Deadline);
+        }
+        if self.options.max_records.is_some_and(|m| self.settled >= m) {
+            return Some(Ended::MaxRecords);
+        }
+        None
+    }
+
+    /// How many more attempts may start (in flight and `max_records`).
+    fn room(&self) -> usize {
+        let flight = self
+            .options
+            .max_in_flight
+            .saturating_sub(self.flights.len());
+        match self.options.max_records {
+            Some(max) => {
+                let left = max.saturating_sub(self.settled + self.flights.len() as u64);
+                flight.min(usize::try_from(left).unwrap_or(usize::MAX))
+            }
+            None => flight,
+        }
+    }
+
+    fn bytes_in_flight(&self) -> usize {
+        self.flights.values().map(|f| f.bytes).sum()
+    }
+
+    /// The entries due now, at most `room`, in admission order: the first open entry of each
+    /// lane not busy here and not held back by a dead entry (`per_lane`: how many consecutive
+    /// due entries of a lane may be taken).
+    fn due(&mut self, room: usize, per_lane: usize) -> Result<Vec<Picked>> {
+        if room == 0 {
+            return Ok(Vec::new());
+        }
+        let names = self.names().clone();
+        let documents = self
+            .connection
+            .block_on(delivery::open_entries(self.connection, &names, WINDOW))
+            .map_err(unavailable)?;
+        let held = self.held_lanes()?;
+        let now = DateTime::now();
+        let owner = self.options.owner.as_str();
+        let mut closed_lanes: HashSet<String> = HashSet::new();
+        let mut taken_of_lane: HashMap<String, usize> = HashMap::new();
+        let mut picked = Vec::new();
+        for document in &documents {
+            let Some(entry) = Entry::from_document(document) else {
+                tracing::warn!("a ledger entry this tool did not write is left as it is");
+                continue;
+            };
+            if closed_lanes.contains(&entry.lane) {
+                continue;
+            }
+            let taken = taken_of_lane.entry(entry.lane.clone()).or_default();
+            let usable = !self.busy_lanes.contains(&entry.lane)
+                && !held.contains(&entry.lane)
+                && !self.flights.contains_key(&entry.id)
+                && entry.is_due(owner, now)
+                && *taken < per_lane;
+            if !usable {
+                closed_lanes.insert(entry.lane.clone());
+                continue;
+            }
+            *taken += 1;
+            picked.push(entry);
+            if picked.len() >= room {
+                break;
+            }
+        }
+        self.with_records(picked)
+    }
+
+    /// The lanes a dead entry holds back.
+    fn held_lanes(&self) -> Result<HashSet<String>> {
+        if !self.options.hold_dead_lanes {
+            return Ok(HashSet::new());
+        }
+        let dead = self
+            .connection
+            .block_on(delivery::entries_of(
+                self.connection,
+                self.names(),
+                Status::Dead,
+                None,
+                MAX_DEAD_LANES,
+            ))
+            .map_err(unavailable)?;
+        Ok(dead
+            .iter()
+            .filter_map(|d| d.get_str("lane").ok().map(str::to_string))
+            .collect())
+    }
+
+    /// The picked entries with their records and requests; an entry whose record is gone is
+    /// settled dead.
+    fn with_records(&mut self, entries: Vec<Entry>) -> Result<Vec<Picked>> {
+        let ids: Vec<&str> = entries.iter().map(|e| e.record.as_str()).collect();
+        let records = self
+            .connection
+            .block_on(delivery::records(self.connection, self.names(), &ids))
+            .map_err(unavailable)?;
+        let mut by_id: HashMap<String, Document> = records
+            .into_iter()
+            .filter_map(|r| Some((r.get_str("_id").ok()?.to_string(), r)))
+            .collect();
+        let mut picked = Vec::new();
+        let mut gone = Vec::new();
+        for entry in entries {
+            match by_id.remove(&entry.record) {
+                Some(record) => {
+                    let bytes =
+                        bson::RawDocumentBuf::try_from(&record).map_or(0, |b| b.as_bytes().len());
+                    let request = default_request(&record, self.effects);
+                    picked.push(Picked {
+                        entry,
+                        request,
+                        bytes,
+                    });
+                }
+                None => gone.push(Settlement {
+                    entry: entry.id.clone(),
+                    status: Status::Dead,
+                    unclaimed_attempts: Some(entry.attempts),
+                    next_attempt: None,
+                    error_class: Some("record_missing".into()),
+                    error: Some("the outbox no longer holds the record".into()),
+                    evidence: None,
+                }),
+            }
+        }
+        if !gone.is_empty() {
+            self.report.dead += gone.len() as u64;
+            self.settled += gone.len() as u64;
+            self.settle(&gone)?;
+        }
+        Ok(picked)
+    }
+
+    fn settle(&self, settlements: &[Settlement]) -> Result<u64> {
+        if settlements.is_empty() {
+            return Ok(0);
+        }
+        self.connection
+            .block_on(delivery::settle(
+                self.connection,
+                self.names(),
+                &self.options.owner,
+                settlements,
+            ))
+            .map_err(|failure| match failure {
+                Failure::Refused(never) => match never {},
+                Failure::Failed(error) | Failure::Unknown(error) => unavailable(error),
+            })
+    }
+
+    /// The settlement of an attempt's outcome (`None`: the sink settled it itself).
+    fn settlement(
+        &mut self,
+        entry: &Entry,
+        outcome: &Outcome,
+        claimed: bool,
+    ) -> Option<Settlement> {
+        self.report.attempts += 1;
+        self.settled += 1;
+        let unclaimed_attempts = (!claimed).then_some(entry.attempts);
+        let attempts = entry.attempts + 1;
+        match outcome {
+            Outcome::Accepted { evidence, settled } => {
+                self.report.delivered += 1;
+                if evidence.outcome.as_deref() == Some("superseded") {
+                    self.report.superseded += 1;
+                }
+                (!settled).then(|| Settlement {
+                    entry: entry.id.clone(),
+                    status: Status::Succeeded,
+                    unclaimed_attempts,
+                    next_attempt: None,
+                    error_class: None,
+                    error: None,
+                    evidence: Some(evidence.document()),
+                })
+            }
+            Outcome::Failed(failure) => {
+                Some(self.failed(entry, failure, attempts, unclaimed_attempts))
+            }
+        }
+    }
+
+    /// A failed attempt: retried later, or dead.
+    fn failed(
+        &mut self,
+        entry: &Entry,
+        failure: &SinkFailure,
+        attempts: u32,
+        unclaimed_attempts: Option<u32>,
+    ) -> Settlement {
+        let text: String = escape_untrusted(&failure.text, MAX_ERROR_TEXT);
+        let permanent = failure.class == crate::sink::FailureClass::Permanent;
+        let out_of_attempts = attempts >= self.options.max_attempts;
+        let (status, next_attempt, error) = if permanent || out_of_attempts {
+            self.report.dead += 1;
+            let error = if permanent {
+                text
+            } else {
+                format!("gave up after {attempts} attempts: {text}")
+            };
+            (Status::Dead, None, error)
+        } else {
+            self.report.retried += 1;
+            let pause = self.options.backoff.pause(attempts, failure.retry_after);
+            let at = DateTime::from_millis(
+                DateTime::now()
+                    .timestamp_millis()
+                    .saturating_add(i64::try_from(pause.as_millis()).unwrap_or(i64::MAX)),
+            );
+            (Status::Failed, Some(at), text)
+        };
+        tracing::info!(
+            entry_seq = entry.seq,
+            attempts,
+            class = failure.class.as_str(),
+            status = status.as_str(),
+            "a delivery attempt failed"
+        );
+        Settlement {
+            entry: entry.id.clone(),
+            status,
+            unclaimed_attempts,
+            next_attempt,
+            error_class: Some(failure.class.as_str().into()),
+            error: Some(error),
+            evidence: Some(failure.evidence.document()),
+        }
+    }
+
+    /// The ignored entries among `picked` settled (no effect), the others returned.
+    fn settle_ignored(&mut self, picked: Vec<Picked>, claimed: bool) -> Result<Vec<Picked>> {
+        let (ignored, rest): (Vec<Picked>, Vec<Picked>) = picked
+            .into_iter()
+            .partition(|p| p.request.operation == Operation::Ignore);
+        let settlements: Vec<Settlement> = ignored
+            .iter()
+            .map(|p| Settlement {
+                entry: p.entry.id.clone(),
+                status: Status::Ignored,
+                unclaimed_attempts: (!claimed).then_some(p.entry.attempts),
+                next_attempt: None,
+                error_class: None,
+                error: None,
+                evidence: None,
+            })
+            .collect();
+        self.report.ignored += settlements.len() as u64;
+        self.settled += settlements.len() as u64;
+        self.settle(&settlements)?;
+        Ok(rest)
+    }
+
+    /// Whether a bounded run has been idle long enough to end.
+    fn idle_over(&self, idle_since: Instant) -> bool {
+        !self.options.follow && idle_since.elapsed() >= self.options.max_wait
+    }
+
+    /// A transactional sink: each pass admits, picks a group and commits it in this thread.
+    fn inline(&mut self, admitter: &mut Admitter<'_>, stop: &StopSignal) -> Result<Ended> {
+        let mut idle_since = Instant::now();
+        let mut backlog = true;
+        loop {
+            if let Some(ended) = self.ending(stop) {
+                return Ok(ended);
+            }
+            let came = if backlog { 0 } else { admitter.poll()? };
+            let room = self.room().min(GROUP);
+            let picked = self.due(room, GROUP)?;
+            backlog = picked.len() >= room && room > 0;
+            if picked.is_empty() && came == 0 {
+                if self.idle_over(idle_since) {
+                    return Ok(Ended::Drained);
+                }
+                if backlog {
+                    // Room was zero: only the end conditions can change that.
+                    backlog = false;
+                }
+                continue;
+            }
+            idle_since = Instant::now();
+            let picked = self.settle_ignored(picked, false)?;
+            if picked.is_empty() {
+                continue;
+            }
+            self.report.max_in_flight = self.report.max_in_flight.max(picked.len());
+            let event_ids: Vec<String> = picked
+                .iter()
+                .map(|p| event_id(self.names(), &p.entry.record))
+                .collect();
+            let attempts: Vec<Attempt<'_>> = picked
+                .iter()
+                .zip(&event_ids)
+                .map(|(p, event_id)| Attempt {
+                    entry: &p.entry.id,
+                    record: &p.entry.record,
+                    event_id,
+                    number: p.entry.attempts + 1,
+                    owner: &self.options.owner,
+                    request: &p.request,
+                })
+                .collect();
+            let outcomes = self.sink.deliver_all(&attempts);
+            drop(attempts);
+            let settlements: Vec<Settlement> = picked
+                .iter()
+                .zip(&outcomes)
+                .filter_map(|(p, outcome)| self.settlement(&p.entry, outcome, false))
+                .collect();
+            self.settle(&settlements)?;
+        }
+    }
+
+    /// An external sink: claimed entries go to the workers; their outcomes are settled as they
+    /// come.
+    fn pooled(
+        &mut self,
+        admitter: &mut Admitter<'_>,
+        stop: &StopSignal,
+        jobs: &mpsc::SyncSender<Job>,
+        results: &mpsc::Receiver<Done>,
+    ) -> Result<Ended> {
+        let mut idle_since = Instant::now();
+        let mut ending = None;
+        let mut backlog = true;
+        loop {
+            // Outcomes first: they free lanes and room.
+            let mut done = Vec::new();
+            let wait = if self.flights.is_empty() {
+                Duration::ZERO
+            } else if self.room() == 0 || ending.is_some() {
+                RESULT_WAIT
+            } else {
+                Duration::ZERO
+            };
+            match results.recv_timeout(wait) {
+                Ok(first) => done.push(first),
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    return Err(HandoffError::Internal(anyhow_lite(
+                        "the delivery workers ended",
+                    )));
+                }
+            }
+            done.extend(results.try_iter());
+            if !done.is_empty() {
+                idle_since = Instant::now();
+                let settlements: Vec<Settlement> = done
+                    .iter()
+                    .filter_map(|d| {
+                        if let Some(flight) = self.flights.remove(&d.entry.id) {
+                            self.busy_lanes.remove(&flight.lane);
+                        }
+                        self.settlement(&d.entry, &d.outcome, true)
+                    })
+                    .collect();
+                let settled = self.settle(&settlements)?;
+                if settled < settlements.len() as u64 {
+                    tracing::warn!(
+                        lost = settlements.len() as u64 - settled,
+                        "outcomes of entries whose lease another deliverer took over were not \
+                         recorded (they are tried again there)"
+                    );
+                }
+            }
+            if ending.is_none() {
+                ending = self.ending(stop);
+            }
+            if let Some(ended) = ending {
+                if self.flights.is_empty() {
+                    return Ok(ended);
+                }
+                continue;
+            }
+            let came = if backlog && !self.flights.is_empty() {
+                0
+            } else {
+                admitter.poll()?
+            };
+            let room = self.room();
+            let mut picked = self.due(room, 1)?;
+            backlog = picked.len() >= room && room > 0;
+            // The byte bound: the first record always goes.
+            let mut bytes = self.bytes_in_flight();
+            let mut kept = 0;
+            for p in &picked {
+                if kept > 0 && bytes + p.bytes > self.options.max_in_flight_bytes {
+                    break;
+                }
+                bytes += p.bytes;
+                kept += 1;
+            }
+            picked.truncate(if self.flights.is_empty() {
+                kept.max(1).min(picked.len())
+            } else {
+                kept
+            });
+            if picked.is_empty() {
+                if came == 0 && self.flights.is_empty() && self.idle_over(idle_since) {
+                    return Ok(Ended::Drained);
+                }
+                if came > 0 {
+                    idle_since = Instant::now();
+                }
+                continue;
+            }
+            idle_since = Instant::now();
+            let picked = self.claimed(picked)?;
+            let picked = self.settle_ignored(picked, true)?;
+            for p in picked {
+                self.busy_lanes.insert(p.entry.lane.clone());
+                self.flights.insert(
+                    p.entry.id.clone(),
+                    Flight {
+                        lane: p.entry.lane.clone(),
+                        bytes: p.bytes,
+                    },
+                );
+                let job = Job {
+                    event_id: event_id(self.names(), &p.entry.record),
+                    entry: p.entry,
+                    request: p.request,
+                };
+                if jobs.send(job).is_err() {
+                    return Err(HandoffError::Internal(anyhow_lite(
+                        "the delivery workers ended",
+                    )));
+                }
+            }
+            self.report.max_in_flight = self.report.max_in_flight.max(self.flights.len());
+        }
+    }
+
+    /// The picked entries this deliverer could claim (one transaction); the others were taken
+    /// by another deliverer or changed since read.
+    fn claimed(&mut self, picked: Vec<Picked>) -> Result<Vec<Picked>> {
+        let claims: Vec<ClaimOf> = picked
+            .iter()
+            .map(|p| ClaimOf {
+                entry: p.entry.id.clone(),
+                attempts: p.entry.attempts,
+            })
+            .collect();
+        let until = DateTime::from_millis(
+            DateTime::now()
+                .timestamp_millis()
+                .saturating_add(i64::try_from(self.options.lease.as_millis()).unwrap_or(i64::MAX)),
+        );
+        let claimed: HashSet<String> = self
+            .connection
+            .block_on(delivery::claim(
+                self.connection,
+                self.names(),
+                &claims,
+                &self.options.owner,
+                until,
+            ))
+            .map_err(|failure| match failure {
+                Failure::Refused(never) => match never {},
+                Failure::Failed(error) | Failure::Unknown(error) => unavailable(error),
+            })?
+            .into_iter()
+            .collect();
+        Ok(picked
+            .into_iter()
+            .filter(|p| claimed.contains(&p.entry.id))
+            .collect())
+    }
+
+    /// The ledger's figures at the end.
+    fn finish(&mut self) -> Result<()> {
+        let names = self.names().clone();
+        let connection = self.connection;
+        let count = |status| {
+            connection
+                .block_on(delivery::count(connection, &names, status))
+                .map_err(unavailable)
+        };
+        self.report.open =
+            count(Status::Pending)? + count(Status::InProgress)? + count(Status::Failed)?;
+        self.report.dead_total = count(Status::Dead)?;
+        let oldest = connection
+            .block_on(delivery::open_entries(connection, &names, 1))
+            .map_err(unavailable)?;
+        self.report.lag_seconds = oldest
+            .first()
+            .and_then(|d| d.get_datetime("createdAt").ok())
+            .map(|created| {
+                let waited = DateTime::now().timestamp_millis() - created.timestamp_millis();
+                waited.max(0) as f64 / 1000.0
+            });
+        Ok(())
+    }
+}
+
+/// An internal error with a fixed text.
+fn anyhow_lite(text: &'static str) -> anyhow::Error {
+    anyhow::Error::msg(text)
+}

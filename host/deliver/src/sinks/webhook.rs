@@ -1,0 +1,593 @@
+//! `--sink http://…` / `https://…`: a webhook signed the Standard Webhooks way (v1).
+//!
+//! Each attempt is one `POST` of the request's body as relaxed Extended JSON with
+//! `webhook-id` (the event ID: stable across retries and restarts, so a receiver drops a
+//! replay), `webhook-timestamp` (Unix seconds) and `webhook-signature` (`v1,` and the base64
+//! HMAC-SHA256 of `<id>.<timestamp>.<body>` under the secret). At least once: an attempt whose
+//! answer is lost is made again under the same ID.
+//!
+//! Timeouts bound every request (connection included); redirects are never followed (a 3xx is a
+//! permanent failure: a signed request does not go where the URL does not say); certificates
+//! are checked against the web's roots. A URL with credentials is refused: the secret signs,
+//! nothing else authenticates. 2xx is accepted; 408, 429 and 5xx (and transport failures) are
+//! transient, honouring `Retry-After`; any other status is permanent.
+
+use std::io::Read as _;
+use std::time::{Duration, SystemTime};
+
+use base64::Engine as _;
+use hmac::{Hmac, KeyInit, Mac};
+use sha2::{Digest as _, Sha256};
+
+use crate::sink::{Attempt, Evidence, FailureClass, Outcome, Sink, SinkFailure};
+
+/// The longest `Retry-After` honoured.
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(3600);
+/// The most bytes of an answer read (and dropped): the status decides.
+const MAX_ANSWER: u64 = 64 * 1024;
+/// The longest failure text kept.
+const MAX_TEXT: usize = 500;
+/// A secret's decoded length, as Standard Webhooks advises (24-64) with room either side.
+const SECRET_BYTES: std::ops::RangeInclusive<usize> = 16..=256;
+/// The longest `webhook-id` taken as it is.
+const MAX_ID: usize = 200;
+/// Headers a policy's request may not set: the signature's, and the transport's own.
+const RESERVED: [&str; 9] = [
+    "webhook-id",
+    "webhook-timestamp",
+    "webhook-signature",
+    "content-type",
+    "content-length",
+    "host",
+    "transfer-encoding",
+    "connection",
+    "user-agent",
+];
+
+/// A webhook endpoint and how requests to it are signed.
+pub struct Webhook {
+    url: String,
+    pin: String,
+    secret: Vec<u8>,
+    agent: ureq::Agent,
+}
+
+/// The secret of `text`: `whsec_` then standard base64 of 16-256 bytes, whitespace around it
+/// ignored. The text is never repeated in an error.
+pub fn parse_secret(text: &str) -> Result<Vec<u8>, String> {
+    let Some(encoded) = text.trim().strip_prefix("whsec_") else {
+        return Err("a secret starts with whsec_ followed by base64".into());
+    };
+    let secret = base64::engine::general_purpose::STANDARD
+        .decode(encoded)
+        .map_err(|_| "the part after whsec_ is not base64".to_string())?;
+    if !SECRET_BYTES.contains(&secret.len()) {
+        return Err(format!(
+            "a secret is {}-{} bytes once decoded",
+            SECRET_BYTES.start(),
+            SECRET_BYTES.end()
+        ));
+    }
+    Ok(secret)
+}
+
+/// The `webhook-id` of a record: its event ID when it is 1-200 characters of
+/// `A-Z a-z 0-9 _ -` (the default policy's IDs are), else `h_` and the hex SHA-256 of the
+/// record's `_id` (the spec's IDs hold no `.`): the same at every attempt.
+pub fn webhook_id(event_id: &str, record: &str) -> String {
+    let plain = !event_id.is_empty()
+        && event_id.len() <= MAX_ID
+        && event_id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    if plain {
+        event_id.to_string()
+    } else {
+        format!("h_{}", hex(&Sha256::digest(record.as_bytes())))
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The `webhook-signature` of a message: `v1,` and the base64 HMAC-SHA256 of
+/// `<id>.<timestamp>.<body>` under `secret`.
+pub fn signature(secret: &[u8], id: &str, timestamp: u64, body: &[u8]) -> String {
+    let mut mac = match <Hmac<Sha256> as KeyInit>::new_from_slice(secret) {
+        Ok(mac) => mac,
+        // HMAC takes a key of any length.
+        Err(_) => return String::new(),
+    };
+    mac.update(format!("{id}.{timestamp}.").as_bytes());
+    mac.update(body);
+    let tag = mac.finalize().into_bytes();
+    format!(
+        "v1,{}",
+        base64::engine::general_purpose::STANDARD.encode(tag)
+    )
+}
+
+impl Webhook {
+    /// The webhook at `url` (http or https, a host, no credentials, no fragment), each request
+    /// bounded by `timeout` (connection included). Errors never repeat the URL or the secret.
+    pub fn new(url: &str, secret: Vec<u8>, timeout: Duration) -> Result<Webhook, String> {
+        let parsed = url::Url::parse(url).map_err(|_| {
+            "the webhook's URL is not one this tool can send to (its text is not repeated: it \
+             may hold a credential)"
+                .to_string()
+        })?;
+        if !matches!(parsed.scheme(), "http" | "https") {
+            return Err("a webhook's URL starts with http:// or https://".into());
+        }
+        if !parsed.username().is_empty() || parsed.password().is_some() {
+            return Err(
+                "a webhook's URL may not carry credentials (user:password@): requests are \
+                 signed with the secret, and a credential in a URL ends up in logs"
+                    .into(),
+            );
+        }
+        let Some(host) = parsed.host_str().filter(|host| !host.is_empty()) else {
+            return Err("a webhook's URL names a host".into());
+        };
+        if parsed.fragment().is_some() {
+            return Err("a webhook's URL has no fragment (#…)".into());
+        }
+        if ureq::http::Uri::try_from(parsed.as_str()).is_err() {
+            return Err("the webhook's URL is not one HTTP can send to".into());
+        }
+        if !SECRET_BYTES.contains(&secret.len()) {
+            return Err(format!(
+                "the webhook secret is {}-{} bytes",
+                SECRET_BYTES.start(),
+                SECRET_BYTES.end()
+            ));
+        }
+        let pin = match parsed.port() {
+            Some(port) => format!("{}://{host}:{port}{}", parsed.scheme(), parsed.path()),
+            None => format!("{}://{host}{}", parsed.scheme(), parsed.path()),
+        };
+        // The default TLS configuration: rustls, certificates checked against webpki's roots.
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .timeout_global(Some(timeout))
+            .timeout_connect(Some(timeout))
+            .max_redirects(0)
+            .max_redirects_will_error(false)
+            .http_status_as_error(false)
+            .user_agent(concat!("handoff/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .into();
+        Ok(Webhook {
+            url: parsed.into(),
+            pin,
+            secret,
+            agent,
+        })
+    }
+
+    fn post(&self, attempt: &Attempt<'_>) -> Outcome {
+        let json = bson::Bson::Document(attempt.request.body.clone()).into_relaxed_extjson();
+        let Ok(body) = serde_json::to_vec(&json) else {
+            return failed(
+                FailureClass::Permanent,
+                "the record cannot be written as JSON".into(),
+                None,
+                None,
+            );
+        };
+        let id = webhook_id(attempt.event_id, attempt.record);
+        let timestamp = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let mut request = self
+            .agent
+            .post(&self.url)
+            .header("content-type", "application/json")
+            .header("webhook-id", &id)
+            .header("webhook-timestamp", timestamp.to_string())
+            .header(
+                "webhook-signature",
+                signature(&self.secret, &id, timestamp, &body),
+            );
+        for (name, value) in &attempt.request.headers {
+            let shown = || handoff_domain::text::escape_untrusted(name, 64);
+            if RESERVED.contains(&name.to_ascii_lowercase().as_str()) {
+                tracing::warn!(
+                    header = %shown(),
+                    "a request header that would replace the webhook's own is left out"
+                );
+                continue;
+            }
+            let (Ok(name), Ok(value)) = (
+                ureq::http::HeaderName::from_bytes(name.as_bytes()),
+                ureq::http::HeaderValue::from_str(value),
+            ) else {
+                return failed(
+                    FailureClass::Permanent,
+                    format!("the request header {} is not valid HTTP", shown()),
+                    None,
+                    None,
+                );
+            };
+            request = request.header(name, value);
+        }
+        match request.send(&body[..]) {
+            Ok(mut response) => {
+                let status = response.status().as_u16();
+                let retry_after = response
+                    .headers()
+                    .get("retry-after")
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| retry_after(v, SystemTime::now()));
+                // Read (bounded) and dropped, so that the connection can serve the next request.
+                let mut answer = Vec::new();
+                let _ = response
+                    .body_mut()
+                    .as_reader()
+                    .take(MAX_ANSWER)
+                    .read_to_end(&mut answer);
+                classify(status, retry_after)
+            }
+            Err(error) => {
+                let (class, text) = transport(&error);
+                failed(class, text, None, None)
+            }
+        }
+    }
+}
+
+/// What a status says.
+fn classify(status: u16, retry_after: Option<Duration>) -> Outcome {
+    match status {
+        200..=299 => Outcome::Accepted {
+            evidence: Evidence {
+                status: Some(status),
+                outcome: Some("accepted".into()),
+            },
+            settled: false,
+        },
+        408 | 429 | 500..=599 => failed(
+            FailureClass::Transient,
+            format!("the receiver answered {status}"),
+            Some(status),
+            retry_after,
+        ),
+        300..=399 => failed(
+            FailureClass::Permanent,
+            format!("the receiver answered {status}: redirects are not followed"),
+            Some(status),
+            None,
+        ),
+        _ => failed(
+            FailureClass::Permanent,
+            format!("the receiver answered {status}"),
+            Some(status),
+            None,
+        ),
+    }
+}
+
+fn failed(
+    class: FailureClass,
+    text: String,
+    status: Option<u16>,
+    retry_after: Option<Duration>,
+) -> Outcome {
+    Outcome::Failed(SinkFailure {
+        class,
+        retry_after,
+        text: text.chars().take(MAX_TEXT).collect(),
+        evidence: Evidence {
+            status,
+            outcome: None,
+        },
+    })
+}
+
+/// A request that got no answer, in plain words (never the URL, which may hold a query).
+/// Transient, unless the request itself cannot be made.
+fn transport(error: &ureq::Error) -> (FailureClass, String) {
+    let transient = |text: String| (FailureClass::Transient, text);
+    match error {
+        ureq::Error::Timeout(phase) => transient(format!("the request timed out ({phase})")),
+        ureq::Error::HostNotFound => transient("the receiver's host was not found".into()),
+        ureq::Error::ConnectionFailed => transient("the connection to the receiver failed".into()),
+        ureq::Error::Io(e) => transient(format!("the connection failed: {}", e.kind())),
+        ureq::Error::Tls(_) | ureq::Error::Rustls(_) => {
+            transient("the TLS handshake failed (certificates are checked)".into())
+        }
+        ureq::Error::Protocol(_) | ureq::Error::LargeResponseHeader(..) => {
+            transient("the receiver's answer is not valid HTTP".into())
+        }
+        ureq::Error::Http(_) | ureq::Error::BadUri(_) => (
+            FailureClass::Permanent,
+            "the request cannot be made (its URL or a header is not valid HTTP)".into(),
+        ),
+        _ => transient("the request failed".into()),
+    }
+}
+
+/// A `Retry-After` value: delta seconds or an HTTP date (a past one is now), at most
+/// [`MAX_RETRY_AFTER`]; `None` when it is neither.
+pub fn retry_after(value: &str, now: SystemTime) -> Option<Duration> {
+    let value = value.trim();
+    let wait = if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) {
+        // More digits than a u64 holds is still "later than the bound".
+        value.parse().map_or(MAX_RETRY_AFTER, Duration::from_secs)
+    } else {
+        let at = httpdate::parse_http_date(value).ok()?;
+        at.duration_since(now).unwrap_or(Duration::ZERO)
+    };
+    Some(wait.min(MAX_RETRY_AFTER))
+}
+
+impl Sink for Webhook {
+    fn pin(&self) -> String {
+        self.pin.clone()
+    }
+
+    fn deliver(&self, attempt: &Attempt<'_>) -> Outcome {
+        self.post(attempt)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bson::{Bson, doc};
+    use handoff_domain::delivery::{Operation, Request};
+    use std::sync::mpsc;
+
+    const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+
+    /// What the test server received.
+    struct Received {
+        headers: Vec<(String, String)>,
+        body: Vec<u8>,
+        path: String,
+    }
+
+    /// A real HTTP server on loopback answering `answer(n)` to its `n`th request.
+    fn serve(
+        answer: impl Fn(usize) -> (u16, Vec<(&'static str, String)>, Duration) + Send + 'static,
+    ) -> (String, mpsc::Receiver<Received>) {
+        let server = tiny_http::Server::http("127.0.0.1:0").expect("listen");
+        let port = server.server_addr().to_ip().expect("ip").port();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for (n, mut request) in server.incoming_requests().enumerate() {
+                let mut body = Vec::new();
+                let _ = request.as_reader().read_to_end(&mut body);
+                let headers = request
+                    .headers()
+                    .iter()
+                    .map(|h| {
+                        (
+                            h.field.to_string().to_ascii_lowercase(),
+                            h.value.to_string(),
+                        )
+                    })
+                    .collect();
+                let _ = tx.send(Received {
+                    headers,
+                    body,
+                    path: request.url().to_string(),
+                });
+                let (status, headers, delay) = answer(n + 1);
+                std::thread::sleep(delay);
+                let mut response = tiny_http::Response::empty(status);
+                for (name, value) in headers {
+                    if let Ok(header) = tiny_http::Header::from_bytes(name, value) {
+                        response.add_header(header);
+                    }
+                }
+                let _ = request.respond(response);
+            }
+        });
+        (format!("http://127.0.0.1:{port}/hook?x=1"), rx)
+    }
+
+    fn request() -> Request {
+        Request {
+            target: Bson::Int32(1),
+            operation: Operation::Post,
+            version: None,
+            body: doc! { "_id": "c/abc", "n": 1_i64, "when": bson::DateTime::from_millis(0) },
+            headers: vec![
+                ("X-Trace".into(), "t-1".into()),
+                ("Webhook-Id".into(), "forged".into()),
+            ],
+        }
+    }
+
+    fn attempt<'a>(request: &'a Request, number: u32) -> Attempt<'a> {
+        Attempt {
+            entry: "d/c/abc",
+            record: "c/abc",
+            event_id: "abc",
+            number,
+            owner: "me",
+            request,
+        }
+    }
+
+    fn webhook(url: &str, timeout: Duration) -> Webhook {
+        Webhook::new(url, parse_secret(SECRET).expect("secret"), timeout).expect("a webhook")
+    }
+
+    fn header<'a>(received: &'a Received, name: &str) -> &'a str {
+        received
+            .headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+            .unwrap_or_else(|| panic!("no {name}"))
+    }
+
+    fn transient(outcome: &Outcome) -> Option<Duration> {
+        match outcome {
+            Outcome::Failed(f) if f.class == FailureClass::Transient => f.retry_after,
+            other => panic!("not transient: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_request_is_signed_over_the_bytes_sent_under_a_stable_id() {
+        let (url, received) = serve(|_| (200, Vec::new(), Duration::ZERO));
+        let hook = webhook(&url, Duration::from_secs(5));
+        let request = request();
+        for number in [1, 2] {
+            let outcome = hook.deliver(&attempt(&request, number));
+            assert!(
+                matches!(outcome, Outcome::Accepted { evidence, settled: false } if evidence.status == Some(200))
+            );
+        }
+        let first = received.recv().expect("first");
+        let second = received.recv().expect("second");
+        assert_eq!(header(&first, "webhook-id"), "abc");
+        assert_eq!(header(&second, "webhook-id"), "abc");
+        assert_eq!(first.path, "/hook?x=1");
+        assert_eq!(header(&first, "content-type"), "application/json");
+        assert_eq!(header(&first, "x-trace"), "t-1");
+        // Recomputed independently of `signature`.
+        let key = parse_secret(SECRET).expect("secret");
+        let timestamp = header(&first, "webhook-timestamp");
+        let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(&key).expect("key");
+        mac.update(format!("abc.{timestamp}.").as_bytes());
+        mac.update(&first.body);
+        let expected =
+            base64::engine::general_purpose::STANDARD.encode(mac.finalize().into_bytes());
+        assert_eq!(
+            header(&first, "webhook-signature"),
+            format!("v1,{expected}")
+        );
+        let body: serde_json::Value = serde_json::from_slice(&first.body).expect("JSON");
+        assert_eq!(body["_id"], "c/abc");
+        assert_eq!(body["n"], 1);
+        assert!(body["when"]["$date"].is_string(), "{body}");
+    }
+
+    #[test]
+    fn statuses_are_classified() {
+        let (url, _received) = serve(|n| match n {
+            1 => (500, Vec::new(), Duration::ZERO),
+            2 => (429, vec![("Retry-After", "7".into())], Duration::ZERO),
+            3 => (400, Vec::new(), Duration::ZERO),
+            4 => (408, Vec::new(), Duration::ZERO),
+            _ => (204, Vec::new(), Duration::ZERO),
+        });
+        let hook = webhook(&url, Duration::from_secs(5));
+        let request = request();
+        assert_eq!(transient(&hook.deliver(&attempt(&request, 1))), None);
+        assert_eq!(
+            transient(&hook.deliver(&attempt(&request, 2))),
+            Some(Duration::from_secs(7))
+        );
+        match hook.deliver(&attempt(&request, 3)) {
+            Outcome::Failed(f) => {
+                assert_eq!(f.class, FailureClass::Permanent);
+                assert_eq!(f.evidence.status, Some(400));
+            }
+            other => panic!("{other:?}"),
+        }
+        transient(&hook.deliver(&attempt(&request, 4)));
+        assert!(matches!(
+            hook.deliver(&attempt(&request, 5)),
+            Outcome::Accepted { .. }
+        ));
+    }
+
+    #[test]
+    fn a_redirect_is_not_followed() {
+        let (target, target_received) = serve(|_| (200, Vec::new(), Duration::ZERO));
+        let (url, _received) =
+            serve(move |_| (301, vec![("Location", target.clone())], Duration::ZERO));
+        let hook = webhook(&url, Duration::from_secs(5));
+        let request = request();
+        match hook.deliver(&attempt(&request, 1)) {
+            Outcome::Failed(f) => {
+                assert_eq!(f.class, FailureClass::Permanent);
+                assert!(f.text.contains("redirect"), "{}", f.text);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            target_received
+                .recv_timeout(Duration::from_millis(300))
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn a_refused_connection_and_a_slow_receiver_are_transient() {
+        let port = {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+            listener.local_addr().expect("addr").port()
+        };
+        let request = request();
+        let refused = webhook(&format!("http://127.0.0.1:{port}/"), Duration::from_secs(2));
+        transient(&refused.deliver(&attempt(&request, 1)));
+        let (url, _received) = serve(|_| (200, Vec::new(), Duration::from_secs(3)));
+        let slow = webhook(&url, Duration::from_millis(500));
+        let started = std::time::Instant::now();
+        match slow.deliver(&attempt(&request, 1)) {
+            Outcome::Failed(f) => {
+                assert_eq!(f.class, FailureClass::Transient);
+                assert!(f.text.contains("timed out"), "{}", f.text);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(started.elapsed() < Duration::from_secs(2));
+    }
+
+    #[test]
+    fn bad_urls_and_secrets_are_refused_without_echoing_them() {
+        let secret = parse_secret(SECRET).expect("secret");
+        for (url, needle) in [
+            ("http://user:hunter2@example.com/x", "credentials"),
+            ("ftp://example.com/x", "http"),
+            ("http://example.com/x#frag", "fragment"),
+            ("not a url hunter2", "not a URL"),
+        ] {
+            let error = Webhook::new(url, secret.clone(), Duration::from_secs(1))
+                .err()
+                .expect("refused");
+            assert!(error.contains(needle), "{url}: {error}");
+            assert!(!error.contains("hunter2"), "{error}");
+        }
+        for bad in ["hunter2", "whsec_!!!hunter2", "whsec_AAAA", ""] {
+            let error = parse_secret(bad).expect_err("refused");
+            assert!(!error.contains("hunter2"), "{error}");
+        }
+        assert_eq!(parse_secret(&format!("  {SECRET}\n")), parse_secret(SECRET));
+        let pinned = Webhook::new(
+            "https://h.example:8443/p/q?token=s3",
+            secret,
+            Duration::from_secs(1),
+        )
+        .expect("a webhook");
+        assert_eq!(pinned.pin(), "https://h.example:8443/p/q");
+    }
+
+    #[test]
+    fn ids_that_the_spec_refuses_are_mapped_to_a_stable_digest() {
+        assert_eq!(webhook_id("abc-1_2", "c/abc-1_2"), "abc-1_2");
+        let mapped = webhook_id("a.b", "c/a.b");
+        assert!(mapped.starts_with("h_") && !mapped.contains('.'));
+        assert_eq!(mapped, webhook_id("a.b", "c/a.b"));
+        assert_ne!(mapped, webhook_id("a.c", "c/a.c"));
+        assert!(webhook_id(&"x".repeat(201), "c/x").starts_with("h_"));
+    }
+
+    #[test]
+    fn retry_after_takes_seconds_and_dates() {
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        assert_eq!(retry_after("7", now), Some(Duration::from_secs(7)));
+        assert_eq!(retry_after("999999", now), Some(MAX_RETRY_AFTER));
+        let later = httpdate::fmt_http_date(now + Duration::from_secs(30));
+        assert_eq!(retry_after(&later, now), Some(Duration::from_secs(30)));
+        let past = httpdate::fmt_http_date(now - Duration::from_secs(30));
+        assert_eq!(retry_after(&past, now), Some(Duration::ZERO));
+        assert_eq!(retry_after("soon", now), None);
+    }
+}

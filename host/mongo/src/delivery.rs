@@ -1,0 +1,794 @@
+//! A delivery's reads and writes: its position, the admission of outbox records into its ledger,
+//! the entries it works, their claims and settlements, a MongoDB projection's versioned writes,
+//! and the audited changes of dead entries. Every write goes through the one transaction runner
+//! ([`transaction::run`]); the vocabulary is [`handoff_domain::delivery`].
+
+use std::collections::HashSet;
+use std::convert::Infallible;
+use std::time::Duration;
+
+use bson::{Bson, DateTime, Document, doc};
+use futures_util::TryStreamExt;
+use mongodb::error::Error as DriverError;
+use mongodb::{ClientSession, Collection};
+
+use super::Connection;
+use super::errors::OperationError;
+use super::events::Resume;
+use super::transaction::{self, Decision, Failure};
+use handoff_domain::checkpoint::Mode;
+use handoff_domain::delivery::{
+    Operation, Request, Status, entry_id, position_id, tombstone_id, version_number,
+};
+
+/// Where a delivery's state and records are.
+#[derive(Clone, Debug)]
+pub struct Names {
+    pub database: String,
+    pub outbox: String,
+    pub ledger: String,
+    pub audit: String,
+    pub consumer: String,
+    pub delivery: String,
+}
+
+impl Names {
+    fn ledger(&self, connection: &Connection) -> Collection<Document> {
+        connection
+            .database(&self.database)
+            .collection::<Document>(&self.ledger)
+    }
+
+    fn outbox(&self, connection: &Connection) -> Collection<Document> {
+        connection
+            .database(&self.database)
+            .collection::<Document>(&self.outbox)
+    }
+
+    /// The filter of this delivery's entries.
+    fn entries(&self) -> Document {
+        doc! { "delivery": &self.delivery, "consumer": &self.consumer }
+    }
+}
+
+/// A transaction that did not commit, told as the operator's commands tell it.
+pub type Failed<E = Infallible> = Failure<E, OperationError>;
+
+/// The statuses of open entries, as stored.
+fn open_statuses() -> Bson {
+    Bson::Array(
+        [Status::Pending, Status::InProgress, Status::Failed]
+            .into_iter()
+            .map(|s| Bson::String(s.as_str().into()))
+            .collect(),
+    )
+}
+
+/// The indexes a delivery's reads use: its open entries by admission order, its dead lanes.
+/// Creating an index that exists changes nothing.
+pub async fn ensure_indexes(connection: &Connection, names: &Names) -> Result<(), OperationError> {
+    let command = doc! {
+        "createIndexes": &names.ledger,
+        "indexes": [
+            { "key": { "delivery": 1, "consumer": 1, "status": 1, "seq": 1 }, "name": "delivery_status_seq" },
+        ],
+        "writeConcern": { "w": "majority" },
+    };
+    connection
+        .database(&names.database)
+        .run_command(command)
+        .await
+        .map(|_| ())
+        .map_err(connection.failed("creating the ledger's index"))
+}
+
+/// The delivery's position, created (token null, `seq` 0, pinned to `pin`) if missing, as
+/// stored.
+pub async fn ensure_position(
+    connection: &Connection,
+    names: &Names,
+    pin: &str,
+) -> Result<Document, OperationError> {
+    let ledger = names.ledger(connection);
+    let id = position_id(&names.delivery, &names.consumer);
+    let now = DateTime::now();
+    ledger
+        .update_one(
+            doc! { "_id": &id },
+            doc! { "$setOnInsert": {
+                "delivery": &names.delivery, "consumer": &names.consumer, "kind": "position",
+                "sink": pin, "token": Bson::Null, "seq": 0_i64, "createdAt": now,
+                "updatedAt": now,
+            } },
+        )
+        .upsert(true)
+        .await
+        .map_err(connection.failed("creating the delivery's position"))?;
+    ledger
+        .find_one(doc! { "_id": &id })
+        .await
+        .map_err(connection.failed("reading the delivery's position"))?
+        .ok_or_else(|| OperationError {
+            what: "reading the delivery's position",
+            command_code: None,
+            code: None,
+            message: "the position written was not found".into(),
+            text: "the position written was not found".into(),
+        })
+}
+
+/// The delivery's position as stored, if any.
+pub async fn position(
+    connection: &Connection,
+    names: &Names,
+) -> Result<Option<Document>, OperationError> {
+    names
+        .ledger(connection)
+        .find_one(doc! { "_id": position_id(&names.delivery, &names.consumer) })
+        .await
+        .map_err(connection.failed("reading the delivery's position"))
+}
+
+/// The outbox stream a delivery admits records from: the consumer's records' inserts, in
+/// commit order, each projected to what admission reads.
+pub struct OutboxStream<'a> {
+    events: super::events::Events<'a>,
+}
+
+impl<'a> OutboxStream<'a> {
+    /// From `after` (a position's token) or from now, each read waiting at most `max_await`.
+    pub async fn open(
+        connection: &'a Connection,
+        names: &Names,
+        after: Option<&Document>,
+        max_await: Duration,
+    ) -> Result<OutboxStream<'a>, OperationError> {
+        let pipeline = vec![
+            doc! { "$match": { "operationType": "insert", "fullDocument.consumer": &names.consumer } },
+            doc! { "$project": {
+                "operationType": 1,
+                "fullDocument._id": 1,
+                "fullDocument.aggregateId": 1,
+                "fullDocument.event.documentKey": 1,
+            } },
+        ];
+        let from = match after {
+            Some(token) => {
+                Some(
+                    Resume::of(token, Mode::ResumeAfter).ok_or_else(|| OperationError {
+                        what: "opening the outbox stream",
+                        command_code: None,
+                        code: None,
+                        message: "the delivery's position holds no usable token".into(),
+                        text: "the delivery's position holds no usable token".into(),
+                    })?,
+                )
+            }
+            None => None,
+        };
+        let events = super::events::Events::of_collection(
+            connection,
+            &names.database,
+            &names.outbox,
+            pipeline,
+            Some(max_await),
+            from,
+            "reading the outbox stream",
+        )
+        .await?;
+        Ok(OutboxStream { events })
+    }
+
+    /// The next admitted record's projection (`{_id, aggregateId?, event: {documentKey}?}`), if
+    /// one comes within the await bound.
+    pub async fn next(&mut self) -> Result<Option<Document>, OperationError> {
+        loop {
+            match self.events.next("reading the outbox stream").await? {
+                None => return Ok(None),
+                Some(event) => {
+                    if let Ok(record) = event.get_document("fullDocument") {
+                        return Ok(Some(record.clone()));
+                    }
+                }
+            }
+        }
+    }
+
+    /// The post-batch token: every record before it was given by [`OutboxStream::next`].
+    pub fn token(&self) -> Option<Document> {
+        match self.events.token() {
+            Some(Bson::Document(token)) => Some(token),
+            _ => None,
+        }
+    }
+}
+
+/// The consumer's outbox records after `after` (by `_id`), at most `limit`, each projected to
+/// what admission reads: a sweep of the whole outbox, for a delivery that starts or lost its
+/// stream's history.
+pub async fn outbox_page(
+    connection: &Connection,
+    names: &Names,
+    after: Option<&str>,
+    limit: i64,
+) -> Result<Vec<Document>, OperationError> {
+    let mut filter = doc! { "consumer": &names.consumer };
+    if let Some(after) = after {
+        filter.insert("_id", doc! { "$gt": after });
+    }
+    names
+        .outbox(connection)
+        .find(filter)
+        .sort(doc! { "_id": 1 })
+        .projection(doc! {
+            "_id": 1, "aggregateId": 1, "clusterTime": 1, "token": 1,
+            "event._id": 1, "event.clusterTime": 1, "event.documentKey": 1,
+        })
+        .limit(limit)
+        .await
+        .map_err(connection.failed("reading the outbox"))?
+        .try_collect()
+        .await
+        .map_err(connection.failed("reading the outbox"))
+}
+
+/// A record to admit: its `_id` and its lane.
+#[derive(Clone, Debug)]
+pub struct Admission {
+    pub record: String,
+    pub lane: String,
+}
+
+/// The position moved under an admission (another deliverer admitted first): nothing was
+/// written.
+#[derive(Debug, Clone, Copy)]
+pub struct PositionMoved;
+
+/// What an admission wrote.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Admitted {
+    pub new: u64,
+    pub present: u64,
+}
+
+/// One admission transaction: every record of `admissions` whose entry the ledger does not
+/// hold gets one (status pending, the next `seq`s in this order), and the position moves to
+/// `token` (when given) — if it is still at `expected` (the token this deliverer read).
+pub async fn admit(
+    connection: &Connection,
+    names: &Names,
+    admissions: &[Admission],
+    expected: Option<&Document>,
+    token: Option<&Document>,
+) -> Result<Admitted, Failed<PositionMoved>> {
+    let ledger = names.ledger(connection);
+    let retries = std::sync::atomic::AtomicU32::new(0);
+    let position = position_id(&names.delivery, &names.consumer);
+    transaction::run(connection, &ledger, &retries, async |session| {
+        let Some(stored) = ledger
+            .find_one(doc! { "_id": &position })
+            .session(&mut *session)
+            .await?
+        else {
+            return Ok(Decision::Refuse(PositionMoved));
+        };
+        let stored_token = stored.get_document("token").ok();
+        if stored_token != expected {
+            return Ok(Decision::Refuse(PositionMoved));
+        }
+        let mut seq = match stored.get("seq") {
+            Some(Bson::Int64(n)) => *n,
+            Some(Bson::Int32(n)) => i64::from(*n),
+            _ => 0,
+        };
+        let ids: Vec<String> = admissions
+            .iter()
+            .map(|a| entry_id(&names.delivery, &a.record))
+            .collect();
+        let held = held_ids(session, &ledger, &ids).await?;
+        let now = DateTime::now();
+        let mut fresh = Vec::new();
+        let mut seen = HashSet::new();
+        for (admission, id) in admissions.iter().zip(&ids) {
+            if held.contains(id) || !seen.insert(id.clone()) {
+                continue;
+            }
+            fresh.push(doc! {
+                "_id": id, "delivery": &names.delivery, "consumer": &names.consumer,
+                "record": &admission.record, "seq": seq, "lane": &admission.lane,
+                "status": Status::Pending.as_str(), "attempts": 0, "createdAt": now,
+                "updatedAt": now,
+            });
+            seq += 1;
+        }
+        if !fresh.is_empty() {
+            ledger
+                .insert_many(&fresh)
+                .ordered(true)
+                .session(&mut *session)
+                .await?;
+        }
+        let mut set = doc! { "seq": seq, "updatedAt": now };
+        if let Some(token) = token {
+            set.insert("token", token.clone());
+        }
+        ledger
+            .update_one(doc! { "_id": &position }, doc! { "$set": set })
+            .session(&mut *session)
+            .await?;
+        Ok(Decision::Commit(Admitted {
+            new: fresh.len() as u64,
+            present: (admissions.len() - fresh.len()) as u64,
+        }))
+    })
+    .await
+    .map_err(|failure| failure.described("admitting outbox records", connection))
+}
+
+/// The `_id`s of `ids` the collection holds, read in the transaction.
+async fn held_ids(
+    session: &mut ClientSession,
+    collection: &Collection<Document>,
+    ids: &[String],
+) -> Result<HashSet<String>, DriverError> {
+    let mut held = HashSet::new();
+    if ids.is_empty() {
+        return Ok(held);
+    }
+    let mut cursor = collection
+        .find(doc! { "_id": { "$in": ids } })
+        .projection(doc! { "_id": 1 })
+        .session(&mut *session)
+        .await?;
+    while let Some(found) = cursor.next(&mut *session).await {
+        if let Some(Bson::String(id)) = found?.get("_id") {
+            held.insert(id.clone());
+        }
+    }
+    Ok(held)
+}
+
+/// The delivery's open entries (pending, in progress, failed) in admission order, at most
+/// `limit`.
+pub async fn open_entries(
+    connection: &Connection,
+    names: &Names,
+    limit: i64,
+) -> Result<Vec<Document>, OperationError> {
+    let mut filter = names.entries();
+    filter.insert("status", doc! { "$in": open_statuses() });
+    names
+        .ledger(connection)
+        .find(filter)
+        .sort(doc! { "seq": 1 })
+        .limit(limit)
+        .await
+        .map_err(connection.failed("reading the ledger"))?
+        .try_collect()
+        .await
+        .map_err(connection.failed("reading the ledger"))
+}
+
+/// The delivery's entries of `status` in admission order, at most `limit` (`after`: only those
+/// of a greater `seq`).
+pub async fn entries_of(
+    connection: &Connection,
+    names: &Names,
+    status: Status,
+    after: Option<i64>,
+    limit: i64,
+) -> Result<Vec<Document>, OperationError> {
+    let mut filter = names.entries();
+    filter.insert("status", status.as_str());
+    if let Some(after) = after {
+        filter.insert("seq", doc! { "$gt": after });
+    }
+    names
+        .ledger(connection)
+        .find(filter)
+        .sort(doc! { "seq": 1 })
+        .limit(limit)
+        .await
+        .map_err(connection.failed("reading the ledger"))?
+        .try_collect()
+        .await
+        .map_err(connection.failed("reading the ledger"))
+}
+
+/// How many of the delivery's entries have `status`.
+pub async fn count(
+    connection: &Connection,
+    names: &Names,
+    status: Status,
+) -> Result<u64, OperationError> {
+    let mut filter = names.entries();
+    filter.insert("status", status.as_str());
+    names
+        .ledger(connection)
+        .count_documents(filter)
+        .await
+        .map_err(connection.failed("counting the ledger's entries"))
+}
+
+/// The outbox records of `ids`, as stored.
+pub async fn records(
+    connection: &Connection,
+    names: &Names,
+    ids: &[&str],
+) -> Result<Vec<Document>, OperationError> {
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    names
+        .outbox(connection)
+        .find(doc! { "_id": { "$in": ids }, "consumer": &names.consumer })
+        .await
+        .map_err(connection.failed("reading outbox records"))?
+        .try_collect()
+        .await
+        .map_err(connection.failed("reading outbox records"))
+}
+
+/// An entry to claim: its `_id` and the attempts it had when read.
+#[derive(Clone, Debug)]
+pub struct ClaimOf {
+    pub entry: String,
+    pub attempts: u32,
+}
+
+/// Claims `entries` for `owner` until `until` in one transaction: each that is still open, due,
+/// at the attempts read and not leased by another owner becomes in progress with one attempt
+/// more. Returns the `_id`s claimed.
+pub async fn claim(
+    connection: &Connection,
+    names: &Names,
+    entries: &[ClaimOf],
+    owner: &str,
+    until: DateTime,
+) -> Result<Vec<String>, Failed> {
+    let ledger = names.ledger(connection);
+    let retries = std::sync::atomic::AtomicU32::new(0);
+    transaction::run(connection, &ledger, &retries, async |session| {
+        let now = DateTime::now();
+        let mut claimed = Vec::new();
+        for entry in entries {
+            let filter = doc! {
+                "_id": &entry.entry,
+                "attempts": i64::from(entry.attempts),
+                "$or": [
+                    { "status": { "$in": [Status::Pending.as_str(), Status::Failed.as_str()] } },
+                    { "status": Status::InProgress.as_str(), "leaseUntil": { "$lte": now } },
+                    { "status": Status::InProgress.as_str(), "owner": owner },
+                ],
+            };
+            let update = doc! {
+                "$set": {
+                    "status": Status::InProgress.as_str(), "owner": owner, "leaseUntil": until,
+                    "updatedAt": now,
+                },
+                "$inc": { "attempts": 1 },
+            };
+            let result = ledger
+                .update_one(filter, update)
+                .session(&mut *session)
+                .await?;
+            if result.modified_count == 1 {
+                claimed.push(entry.entry.clone());
+            }
+        }
+        Ok(Decision::<_, Infallible>::Commit(claimed))
+    })
+    .await
+    .map_err(|failure| failure.described("claiming ledger entries", connection))
+}
+
+/// How an attempt ends in the ledger.
+#[derive(Clone, Debug)]
+pub struct Settlement {
+    pub entry: String,
+    pub status: Status,
+    /// The attempts the entry had before this attempt, for an entry settled without a claim
+    /// (a transactional sink's failure): the settlement counts the attempt. `None`: the entry
+    /// was claimed by the settling owner.
+    pub unclaimed_attempts: Option<u32>,
+    pub next_attempt: Option<DateTime>,
+    pub error_class: Option<String>,
+    pub error: Option<String>,
+    pub evidence: Option<Document>,
+}
+
+/// Settles attempts in one transaction: each entry still claimed by `owner` (or, unclaimed,
+/// still open at the attempts read) takes its new status. Returns how many were settled (an
+/// entry whose lease another deliverer took over is not).
+pub async fn settle(
+    connection: &Connection,
+    names: &Names,
+    owner: &str,
+    settlements: &[Settlement],
+) -> Result<u64, Failed> {
+    let ledger = names.ledger(connection);
+    let retries = std::sync::atomic::AtomicU32::new(0);
+    transaction::run(connection, &ledger, &retries, async |session| {
+        let now = DateTime::now();
+        let mut settled = 0;
+        for settlement in settlements {
+            let (filter, inc) = match settlement.unclaimed_attempts {
+                None => (
+                    doc! { "_id": &settlement.entry, "status": Status::InProgress.as_str(), "owner": owner },
+                    None,
+                ),
+                Some(attempts) => (
+                    doc! {
+                        "_id": &settlement.entry,
+                        "status": { "$in": open_statuses() },
+                        "attempts": i64::from(attempts),
+                    },
+                    Some(doc! { "attempts": 1 }),
+                ),
+            };
+            let update = settlement_update(settlement, now, inc);
+            let result = ledger
+                .update_one(filter, update)
+                .session(&mut *session)
+                .await?;
+            settled += result.modified_count;
+        }
+        Ok(Decision::<_, Infallible>::Commit(settled))
+    })
+    .await
+    .map_err(|failure| failure.described("settling ledger entries", connection))
+}
+
+/// The update that gives an entry its settlement.
+fn settlement_update(settlement: &Settlement, now: DateTime, inc: Option<Document>) -> Document {
+    let mut set = doc! {
+        "status": settlement.status.as_str(),
+        "updatedAt": now,
+        "leaseUntil": now,
+    };
+    let mut unset = doc! { "owner": "" };
+    let mut optional = |key: &str, value: Option<Bson>| match value {
+        Some(value) => {
+            set.insert(key, value);
+        }
+        None => {
+            unset.insert(key, "");
+        }
+    };
+    optional("nextAttemptAt", settlement.next_attempt.map(Bson::DateTime));
+    optional(
+        "lastErrorClass",
+        settlement.error_class.clone().map(Bson::String),
+    );
+    optional("lastError", settlement.error.clone().map(Bson::String));
+    if let Some(evidence) = &settlement.evidence {
+        set.insert("evidence", evidence.clone());
+    }
+    if settlement.status == Status::Succeeded {
+        set.insert("succeededAt", now);
+    }
+    let mut update = doc! { "$set": set, "$unset": unset };
+    if let Some(inc) = inc {
+        update.insert("$inc", inc);
+    }
+    update
+}
+
+/// One projection write: the entry it settles, the attempts it had, and the request.
+#[derive(Clone, Debug)]
+pub struct Projected<'a> {
+    pub entry: &'a str,
+    pub attempts: u32,
+    /// The target key's canonical text (the tombstone's name).
+    pub key: &'a str,
+    pub request: &'a Request,
+}
+
+/// What a projection write did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Projection {
+    /// The document was written (or removed).
+    Applied,
+    /// The projection holds a newer version (or removed a newer one): left as it is.
+    Superseded,
+    /// The entry was settled already (another deliverer, a retried commit): nothing written.
+    Settled,
+}
+
+impl Projection {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Projection::Applied => "applied",
+            Projection::Superseded => "superseded",
+            Projection::Settled => "settled",
+        }
+    }
+}
+
+/// The projection document's version field.
+pub const VERSION_FIELD: &str = "_handoffVersion";
+/// The projection document's field naming the record that wrote it.
+pub const RECORD_FIELD: &str = "_handoffRecord";
+
+/// Projection writes and their entries' success in one transaction, in this order (exactly
+/// once): for each entry still open at the attempts read, the projection's document of the
+/// target key is written (upsert) or removed (delete) unless the projection, or its tombstone,
+/// holds the same or a newer version; the entry becomes succeeded with what was done. A write
+/// the server refuses fails the whole transaction: nothing is written.
+pub async fn project(
+    connection: &Connection,
+    names: &Names,
+    projection: (&str, &str),
+    writes: &[Projected<'_>],
+) -> Result<Vec<Projection>, Failed> {
+    let ledger = names.ledger(connection);
+    let target = connection
+        .database(projection.0)
+        .collection::<Document>(projection.1);
+    let retries = std::sync::atomic::AtomicU32::new(0);
+    transaction::run(connection, &ledger, &retries, async |session| {
+        let now = DateTime::now();
+        let mut done = Vec::with_capacity(writes.len());
+        for write in writes {
+            let open = doc! {
+                "_id": write.entry,
+                "status": { "$in": open_statuses() },
+                "attempts": i64::from(write.attempts),
+            };
+            let held = ledger
+                .find_one(open.clone())
+                .projection(doc! { "_id": 1 })
+                .session(&mut *session)
+                .await?;
+            if held.is_none() {
+                done.push(Projection::Settled);
+                continue;
+            }
+            let outcome = project_one(session, &ledger, &target, names, write, now).await?;
+            let settlement = Settlement {
+                entry: write.entry.to_string(),
+                status: Status::Succeeded,
+                unclaimed_attempts: Some(write.attempts),
+                next_attempt: None,
+                error_class: None,
+                error: None,
+                evidence: Some(doc! { "outcome": outcome.as_str() }),
+            };
+            ledger
+                .update_one(
+                    open,
+                    settlement_update(&settlement, now, Some(doc! { "attempts": 1 })),
+                )
+                .session(&mut *session)
+                .await?;
+            done.push(outcome);
+        }
+        Ok(Decision::<_, Infallible>::Commit(done))
+    })
+    .await
+    .map_err(|failure| failure.described("writing the projection", connection))
+}
+
+/// One versioned write in the transaction.
+async fn project_one(
+    session: &mut ClientSession,
+    ledger: &Collection<Document>,
+    target: &Collection<Document>,
+    names: &Names,
+    write: &Projected<'_>,
+    now: DateTime,
+) -> Result<Projection, DriverError> {
+    let request = write.request;
+    let version = request.version.map(version_number);
+    let key = doc! { "_id": request.target.clone() };
+    let tombstone = tombstone_id(&names.delivery, write.key);
+    let current = target
+        .find_one(key.clone())
+        .projection(doc! { VERSION_FIELD: 1 })
+        .session(&mut *session)
+        .await?
+        .and_then(|d| d.get_i64(VERSION_FIELD).ok());
+    let removed = ledger
+        .find_one(doc! { "_id": &tombstone })
+        .session(&mut *session)
+        .await?
+        .and_then(|d| d.get_i64("version").ok());
+    let newest = current.max(removed);
+    if let (Some(version), Some(newest)) = (version, newest)
+        && version <= newest
+    {
+        return Ok(Projection::Superseded);
+    }
+    match request.operation {
+        Operation::Delete => {
+            target.delete_one(key).session(&mut *session).await?;
+            if let Some(version) = version {
+                ledger
+                    .update_one(
+                        doc! { "_id": &tombstone },
+                        doc! { "$set": {
+                            "kind": "tombstone", "delivery": &names.delivery,
+                            "consumer": &names.consumer, "version": version, "updatedAt": now,
+                        } },
+                    )
+                    .upsert(true)
+                    .session(&mut *session)
+                    .await?;
+            }
+        }
+        _ => {
+            let mut document = request.body.clone();
+            document.insert("_id", request.target.clone());
+            match version {
+                Some(version) => document.insert(VERSION_FIELD, version),
+                None => document.remove(VERSION_FIELD),
+            };
+            document.insert(RECORD_FIELD, write.entry);
+            target
+                .replace_one(key, document)
+                .upsert(true)
+                .session(&mut *session)
+                .await?;
+        }
+    }
+    Ok(Projection::Applied)
+}
+
+/// An audited change of one dead entry: to pending (replay) or ignored (discard).
+#[derive(Clone, Debug)]
+pub struct DeadChange<'a> {
+    pub entry: &'a str,
+    pub to: Status,
+    /// Kept in the entry's `audit` list.
+    pub note: Document,
+}
+
+/// Dead entries changed in one transaction with `audit` (the audit record, inserted once):
+/// each entry still dead takes its new status (replayed: attempts 0, no next attempt, no lease),
+/// its note appended to its `audit`. Returns the `_id`s of those changed.
+pub async fn change_dead(
+    connection: &Connection,
+    names: &Names,
+    changes: &[DeadChange<'_>],
+    audit: &Document,
+) -> Result<Vec<String>, Failed> {
+    let ledger = names.ledger(connection);
+    let audit_records = connection
+        .database(&names.database)
+        .collection::<Document>(&names.audit);
+    let retries = std::sync::atomic::AtomicU32::new(0);
+    transaction::run(connection, &ledger, &retries, async |session| {
+        let now = DateTime::now();
+        let mut changed = Vec::new();
+        for change in changes {
+            let mut set = doc! { "status": change.to.as_str(), "updatedAt": now };
+            if change.to == Status::Pending {
+                set.insert("attempts", 0);
+            }
+            let update = doc! {
+                "$set": set,
+                "$unset": { "nextAttemptAt": "", "owner": "", "leaseUntil": "" },
+                "$push": { "audit": change.note.clone() },
+            };
+            let result = ledger
+                .update_one(
+                    doc! { "_id": change.entry, "status": Status::Dead.as_str() },
+                    update,
+                )
+                .session(&mut *session)
+                .await?;
+            if result.modified_count == 1 {
+                changed.push(change.entry.to_string());
+            }
+        }
+        if !changed.is_empty() {
+            audit_records
+                .insert_one(audit)
+                .session(&mut *session)
+                .await?;
+        }
+        Ok(Decision::<_, Infallible>::Commit(changed))
+    })
+    .await
+    .map_err(|failure| failure.described("changing dead entries", connection))
+}

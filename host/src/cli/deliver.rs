@@ -1,0 +1,506 @@
+//! `handoff deliver`: the consumer's outbox delivered to a sink, and `deliver dead`: its dead
+//! records listed, replayed or discarded.
+
+use std::time::{Duration, Instant};
+
+use clap::{Args, Subcommand};
+use serde_json::json;
+
+use super::args::{AuditArgs, TargetArgs, ViewArgs, reason_text};
+use super::env;
+use handoff::backend::mongo::Connection;
+use handoff::backend::mongo::delivery::Names;
+use handoff::deliver::effect::Effects;
+use handoff::deliver::retry::Backoff;
+use handoff::deliver::sink::Sink;
+use handoff::deliver::sinks::projection::Projection;
+use handoff::deliver::sinks::webhook::{Webhook, parse_secret};
+use handoff::deliver::{Ended, Options, Report};
+use handoff::domain::delivery::{self, DEFAULT_DELIVERY, DEFAULT_LEDGER};
+use handoff::domain::text::escape_untrusted;
+use handoff::error::{HandoffError, Result};
+use handoff::operate::dead::{self, Action, Selection};
+
+#[derive(Args)]
+#[command(
+    args_conflicts_with_subcommands = true,
+    after_help = concat!(
+        "Reads the consumer's outbox in hand-off order and makes each record's effect on one sink, \
+keeping a ledger entry per record (pending, in_progress, failed, dead, succeeded, ignored) in \
+--ledger-collection. Sinks:\n  \
+mongodb:COLLECTION   a projection in the consumer's database (mongodb:DB.COLLECTION for \
+another): the write, the ledger and nothing else in one transaction, exactly once; writes guarded \
+by version (the event's cluster time): an older version never overwrites or revives a newer one\n  \
+http://… https://…   a webhook signed the Standard Webhooks way (webhook-id = the event ID, stable \
+across retries and restarts; webhook-timestamp; webhook-signature with the secret of \
+--sink-secret-file or HANDOFF_SINK_SECRET): at least once, no redirects, certificates checked\n\
+Effects: a projection upserts the change's document by its key, deletes on delete events and \
+ignores what has no document; a webhook posts every record as relaxed Extended JSON.\n\
+Retries: timeouts, refused connections, 5xx, 408 and 429 are tried again with backoff and jitter \
+(at least Retry-After) up to --max-attempts; other 4xx are dead at once. Records of one document \
+key go in order; other keys go on in parallel, and a dead record holds back only its own key.\n\
+A bounded delivery ends when nothing is due and nothing came for --max-wait-seconds (entries \
+waiting for a retry stay for the next run); --follow keeps going until SIGTERM.\n\n\
+Examples:\n  handoff deliver --sink mongodb:orders_view\n  \
+HANDOFF_SINK_SECRET=whsec_… handoff deliver --delivery hooks --sink https://hooks.example.com/orders --follow\n  \
+handoff deliver dead list --delivery hooks\n  \
+handoff deliver dead replay --delivery hooks --all --reason \"receiver fixed\"\n\n",
+        exit_codes!()
+    )
+)]
+pub struct DeliverArgs {
+    #[command(subcommand)]
+    command: Option<DeliverCommand>,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+#[derive(Subcommand)]
+enum DeliverCommand {
+    /// A delivery's dead records: list, replay, discard (audited).
+    #[command(subcommand)]
+    Dead(DeadCommand),
+}
+
+#[derive(Subcommand)]
+enum DeadCommand {
+    /// Lists the dead records (table, or --json).
+    List(ListArgs),
+    /// Makes dead records pending again (attempts from zero): the next delivery tries them.
+    /// Audited.
+    Replay(ActArgs),
+    /// Marks dead records ignored: never delivered. Audited.
+    Discard(ActArgs),
+}
+
+/// Which delivery of which consumer.
+#[derive(Args, Clone)]
+struct DeliveryArgs {
+    #[command(flatten)]
+    target: TargetArgs,
+    /// The delivery's name: one consumer may feed several deliveries, each with its own ledger
+    /// entries and position (1-64 of A-Z a-z 0-9 _ . -).
+    #[arg(long, env = env::DELIVERY, default_value = DEFAULT_DELIVERY)]
+    delivery: String,
+    /// Collection (table) of the delivery ledger, in the consumer's database.
+    #[arg(long, env = env::LEDGER_COLLECTION, default_value = DEFAULT_LEDGER)]
+    ledger_collection: String,
+}
+
+#[derive(Args)]
+struct RunArgs {
+    #[command(flatten)]
+    delivery: DeliveryArgs,
+    /// The sink: mongodb:COLLECTION, mongodb:DATABASE.COLLECTION, http://… or https://….
+    #[arg(long, env = env::SINK)]
+    sink: Option<String>,
+    /// A file holding the webhook secret (`whsec_` and base64, as Standard Webhooks gives it);
+    /// else HANDOFF_SINK_SECRET. Never printed or logged.
+    #[arg(long, value_name = "FILE")]
+    sink_secret_file: Option<std::path::PathBuf>,
+    /// Seconds one webhook request may take, connection included (1-300).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=300))]
+    sink_timeout_seconds: u64,
+    /// Keep delivering until SIGTERM (else: until drained).
+    #[arg(
+        long,
+        env = env::FOLLOW,
+        default_value = "false",
+        value_name = "BOOL",
+        value_parser = clap::value_parser!(bool),
+        num_args = 0..=1,
+        default_missing_value = "true",
+        action = clap::ArgAction::Set
+    )]
+    follow: bool,
+    /// End after this many records were settled (delivered, retried later, dead or ignored).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    max_records: Option<u64>,
+    /// Idle seconds (nothing due, nothing new) before a bounded delivery ends, 1-3600.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    max_wait_seconds: u64,
+    /// End after this long whatever is left (e.g. 10m), the records in flight settled first.
+    #[arg(long, env = env::MAX_DURATION, value_parser = humantime::parse_duration)]
+    max_duration: Option<Duration>,
+    /// Attempts of a record before it is dead, 1-1000.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    max_attempts: u32,
+    /// Records delivered at once (different keys), 1-64.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=64))]
+    concurrency: u64,
+    /// The most records in flight (claimed, not settled), 1-10000.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    max_in_flight: u64,
+    /// The most MiB of records in flight (one record always goes), 1-4096.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    max_in_flight_mib: u64,
+    /// Seconds a claim on a record lasts (a deliverer killed mid-attempt frees it then); more
+    /// than twice --sink-timeout-seconds, at most 3600.
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    lease_seconds: u64,
+    /// Whether a dead record holds back the later records of its key (so that they are never
+    /// applied out of order). Other keys go on either way.
+    #[arg(
+        long,
+        default_value = "true",
+        value_name = "BOOL",
+        value_parser = clap::value_parser!(bool),
+        action = clap::ArgAction::Set
+    )]
+    hold_dead_keys: bool,
+    /// The pause after a record's first failure, in ms (doubling, with jitter), 1-600000.
+    #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u64).range(1..=600_000))]
+    retry_base_ms: u64,
+    /// The longest pause between attempts, in seconds, 1-86400.
+    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    retry_max_seconds: u64,
+}
+
+#[derive(Args)]
+struct ListArgs {
+    #[command(flatten)]
+    delivery: DeliveryArgs,
+    #[command(flatten)]
+    view: ViewArgs,
+    /// The most records listed, 1-10000.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(i64).range(1..=10_000))]
+    limit: i64,
+}
+
+#[derive(Args)]
+struct ActArgs {
+    #[command(flatten)]
+    delivery: DeliveryArgs,
+    #[command(flatten)]
+    audit: AuditArgs,
+    #[command(flatten)]
+    view: ViewArgs,
+    /// A dead record by its outbox `_id` or event ID (repeatable).
+    #[arg(
+        long = "id",
+        value_name = "ID",
+        required_unless_present = "all",
+        conflicts_with = "all"
+    )]
+    ids: Vec<String>,
+    /// Every dead record of the delivery.
+    #[arg(long)]
+    all: bool,
+    /// Why (kept in the audit records), 1-500 printable characters.
+    #[arg(long, value_name = "TEXT")]
+    reason: String,
+}
+
+impl DeliveryArgs {
+    /// The delivery's names, checked: nothing is read before they pass.
+    fn names(&self) -> Result<Names> {
+        let inputs = self.target.inputs()?;
+        delivery::check_name(&self.delivery)
+            .map_err(|why| HandoffError::BadInput(format!("--delivery: {why}")))?;
+        let ledger = &self.ledger_collection;
+        if !handoff::run::inputs::valid_name(ledger) {
+            return Err(HandoffError::BadInput(
+                "--ledger-collection must contain 1-63 letters, digits, underscores or hyphens \
+                 and start with a letter"
+                    .into(),
+            ));
+        }
+        if [
+            &inputs.collection,
+            &inputs.checkpoint_collection,
+            &inputs.outbox_collection,
+            &inputs.quarantine_collection,
+            &inputs.runs_collection,
+        ]
+        .contains(&ledger)
+        {
+            return Err(HandoffError::BadInput(
+                "the ledger collection must be distinct from the source, checkpoint, outbox, \
+                 quarantine and runs collections"
+                    .into(),
+            ));
+        }
+        Ok(Names {
+            database: inputs.database,
+            outbox: inputs.outbox_collection,
+            ledger: ledger.clone(),
+            audit: handoff::operate::audit::DEFAULT_COLLECTION.into(),
+            consumer: inputs.consumer_id,
+            delivery: self.delivery.clone(),
+        })
+    }
+}
+
+/// A sink as the command line names it, checked before anything is read.
+enum SinkSpec {
+    Projection(String),
+    Webhook { url: String, secret: Vec<u8> },
+}
+
+impl RunArgs {
+    fn sink(&self, names: &Names) -> Result<SinkSpec> {
+        let Some(sink) = self.sink.as_deref() else {
+            return Err(HandoffError::BadInput(
+                "--sink (HANDOFF_SINK) names where records go: mongodb:COLLECTION or an \
+                 http(s):// URL"
+                    .into(),
+            ));
+        };
+        if let Some(target) = sink.strip_prefix("mongodb:") {
+            let (database, collection) = match target.split_once('.') {
+                Some((database, collection)) => (database, collection),
+                None => (names.database.as_str(), target),
+            };
+            let database_ok = database == names.database || database_name(database);
+            if !database_ok || !handoff::run::inputs::valid_name(collection) {
+                return Err(HandoffError::BadInput(
+                    "--sink mongodb:COLLECTION (or mongodb:DATABASE.COLLECTION) takes a \
+                     collection of 1-63 letters, digits, underscores or hyphens starting with a \
+                     letter"
+                        .into(),
+                ));
+            }
+            let state = handoff::domain::state::DEFAULT_NAMES.contains(&collection)
+                || [&names.outbox, &names.ledger].contains(&&collection.to_string());
+            if state && database == names.database {
+                return Err(HandoffError::BadInput(
+                    "the projection must be a collection of its own, not one of handoff's state \
+                     collections"
+                        .into(),
+                ));
+            }
+            return Ok(SinkSpec::Projection(format!("{database}.{collection}")));
+        }
+        if sink.starts_with("http://") || sink.starts_with("https://") {
+            let text = match &self.sink_secret_file {
+                Some(path) => std::fs::read_to_string(path).map_err(|e| {
+                    HandoffError::BadInput(format!(
+                        "--sink-secret-file {}: {}",
+                        escape_untrusted(&path.display().to_string(), 200),
+                        e.kind()
+                    ))
+                })?,
+                None => std::env::var(env::SINK_SECRET).map_err(|_| {
+                    HandoffError::BadInput(
+                        "a webhook sink signs every request: give its secret with \
+                         --sink-secret-file FILE or HANDOFF_SINK_SECRET"
+                            .into(),
+                    )
+                })?,
+            };
+            let secret = parse_secret(&text)
+                .map_err(|why| HandoffError::BadInput(format!("the webhook secret: {why}")))?;
+            return Ok(SinkSpec::Webhook {
+                url: sink.to_string(),
+                secret,
+            });
+        }
+        Err(HandoffError::BadInput(
+            "--sink must start with mongodb:, http:// or https:// (the sink's text is not \
+             repeated: it may hold a credential)"
+                .into(),
+        ))
+    }
+
+    fn options(&self, names: Names) -> Result<Options> {
+        if self.lease_seconds <= 2 * self.sink_timeout_seconds {
+            return Err(HandoffError::BadInput(format!(
+                "--lease-seconds ({}) must be more than twice --sink-timeout-seconds ({}): a \
+                 claim must outlast the attempt it covers",
+                self.lease_seconds, self.sink_timeout_seconds
+            )));
+        }
+        let deadline = self.max_duration.map(|d| Instant::now() + d);
+        let owner = handoff::domain::Lease::new(Duration::from_secs(self.lease_seconds)).owner;
+        Ok(Options {
+            names,
+            follow: self.follow,
+            max_records: self.max_records,
+            max_wait: Duration::from_secs(self.max_wait_seconds),
+            max_attempts: self.max_attempts,
+            concurrency: self.concurrency as usize,
+            max_in_flight: self.max_in_flight as usize,
+            max_in_flight_bytes: (self.max_in_flight_mib as usize) << 20,
+            lease: Duration::from_secs(self.lease_seconds),
+            hold_dead_lanes: self.hold_dead_keys,
+            backoff: Backoff {
+                base: Duration::from_millis(self.retry_base_ms),
+                max: Duration::from_secs(self.retry_max_seconds),
+            },
+            owner,
+            max_await: if self.follow {
+                handoff::backend::mongo::FOLLOW_AWAIT
+            } else {
+                Duration::from_millis(50)
+            },
+            deadline,
+        })
+    }
+}
+
+/// A database name MongoDB takes (no `/\. "$` and no NUL, at most 63 bytes).
+fn database_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 63
+        && !name
+            .chars()
+            .any(|c| matches!(c, '/' | '\\' | '.' | ' ' | '"' | '$' | '\0') || c.is_control())
+}
+
+pub fn run(args: DeliverArgs) -> Result<super::Outcome> {
+    match args.command {
+        Some(DeliverCommand::Dead(command)) => dead(command).map(|()| super::Outcome::Done),
+        None => deliver(&args.run),
+    }
+}
+
+fn deliver(args: &RunArgs) -> Result<super::Outcome> {
+    let names = args.delivery.names()?;
+    let spec = args.sink(&names)?;
+    let options = args.options(names.clone())?;
+    let stop = super::stop_signal()?;
+    let connection = Connection::connect(&args.delivery.target.uri)?;
+    let started = Instant::now();
+    let result = (|| {
+        let sink: Box<dyn Sink> = match &spec {
+            SinkSpec::Projection(target) => {
+                let projection = Projection::new(connection.clone(), names.clone(), target);
+                let (database, collection) = projection.namespace();
+                connection.register_state(database, &[collection])?;
+                Box::new(projection)
+            }
+            SinkSpec::Webhook { url, secret } => Box::new(
+                Webhook::new(
+                    url,
+                    secret.clone(),
+                    Duration::from_secs(args.sink_timeout_seconds),
+                )
+                .map_err(HandoffError::BadInput)?,
+            ),
+        };
+        let effects = match spec {
+            SinkSpec::Projection(_) => Effects::Keyed,
+            SinkSpec::Webhook { .. } => Effects::Messages,
+        };
+        connection.register_state(&names.database, &[&names.ledger])?;
+        handoff::deliver::deliver(&connection, sink.as_ref(), effects, &options, &stop)
+    })();
+    connection.close();
+    let report = result?;
+    print_outputs(&report, &names, started.elapsed())?;
+    if report.ended == Some(Ended::Stopped) {
+        return Ok(super::Outcome::Stopped);
+    }
+    if report.dead_total > 0 {
+        return Err(HandoffError::DeadRecords(format!(
+            "{} dead records wait in delivery {} ({} went dead in this run); every other record \
+             went on: `handoff deliver dead list` shows them, `deliver dead replay` or `discard` \
+             settles them",
+            report.dead_total,
+            escape_untrusted(&names.delivery, 80),
+            report.dead
+        )));
+    }
+    Ok(super::Outcome::Done)
+}
+
+/// The outputs line and the metrics line, as `run` prints them for Kestra.
+fn print_outputs(report: &Report, names: &Names, elapsed: Duration) -> Result<()> {
+    let status = report.ended.map_or("DRAINED", Ended::as_str);
+    let outputs = json!({
+        "status": status,
+        "consumer_id": names.consumer,
+        "delivery": names.delivery,
+        "records_admitted": report.admitted,
+        "attempts": report.attempts,
+        "records_delivered": report.delivered,
+        "records_superseded": report.superseded,
+        "records_retried": report.retried,
+        "records_dead": report.dead,
+        "records_ignored": report.ignored,
+        "open_records": report.open,
+        "dead_records": report.dead_total,
+        "delivery_lag_seconds": report.lag_seconds,
+        "max_in_flight": report.max_in_flight,
+        "outbox_sweeps": report.sweeps,
+    });
+    let tags = json!({ "consumer_id": names.consumer, "delivery": names.delivery });
+    let metric = |name: &str, kind: &str, value: serde_json::Value| json!({ "name": name, "type": kind, "value": value, "tags": tags });
+    let metrics = json!({ "metrics": [
+        metric("records_delivered", "counter", json!(report.delivered)),
+        metric("records_retried", "counter", json!(report.retried)),
+        metric("records_dead", "counter", json!(report.dead)),
+        metric("records_ignored", "counter", json!(report.ignored)),
+        metric("delivery_lag", "timer", json!(report.lag_seconds.unwrap_or(0.0))),
+        metric("duration", "timer", json!(elapsed.as_secs_f64())),
+    ] });
+    out!("::{}::\n::{}::", json!({ "outputs": outputs }), metrics)
+}
+
+fn dead(command: DeadCommand) -> Result<()> {
+    match command {
+        DeadCommand::List(args) => {
+            let names = args.delivery.names()?;
+            let connection = Connection::connect(&args.delivery.target.uri)?;
+            let listed = dead::list(&connection, &names, args.limit);
+            connection.close();
+            let entries = listed?;
+            if args.view.json {
+                out!("{}", dead::to_json(&entries))
+            } else {
+                handoff::output::write_stdout(&dead::table(&entries))
+            }
+        }
+        DeadCommand::Replay(args) => act(args, Action::Replay),
+        DeadCommand::Discard(args) => act(args, Action::Discard),
+    }
+}
+
+fn act(args: ActArgs, action: Action) -> Result<()> {
+    let mut names = args.delivery.names()?;
+    let inputs = args.delivery.target.inputs()?;
+    names.audit = args.audit.collection(&inputs)?;
+    let reason = reason_text("--reason", &args.reason)?;
+    let selection = if args.all {
+        Selection::All
+    } else {
+        Selection::Ids(args.ids.clone())
+    };
+    let command = format!(
+        "deliver dead {} --delivery {}{}",
+        action.as_str(),
+        names.delivery,
+        if args.all { " --all" } else { " --id …" }
+    );
+    let connection = Connection::connect(&args.delivery.target.uri)?;
+    let changed = connection
+        .register_state(&names.database, &[&names.ledger, &names.audit])
+        .and_then(|()| dead::change(&connection, &names, &selection, action, &reason, &command));
+    connection.close();
+    let changed = changed?;
+    if args.view.json {
+        out!(
+            "{}",
+            json!({ "action": action.as_str(), "changed": changed.changed, "not_dead": changed.not_dead })
+        )?;
+    } else {
+        out!(
+            "{} dead records {}",
+            changed.changed,
+            match action {
+                Action::Replay => "made pending again (the next delivery tries them)",
+                Action::Discard => "discarded (ignored)",
+            }
+        )?;
+        for record in &changed.not_dead {
+            out!("not dead, left as it is: {record}")?;
+        }
+    }
+    if !changed.not_dead.is_empty() {
+        return Err(HandoffError::Attention(format!(
+            "{} of the records named are not dead (the others were changed)",
+            changed.not_dead.len()
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,744 @@
+//! `handoff deliver` end to end against the test server: a MongoDB projection holds every key
+//! at its latest version with each effect exactly once, through SIGKILLs of a following
+//! delivery under a steady writer; versions guard replays (an older version never overwrites or
+//! revives a newer one); a delivery keeps its sink; bad input delivers nothing. The webhook's
+//! scenarios run against a real HTTP receiver that verifies signatures (`support::receiver`).
+
+use crate::support;
+
+use std::collections::{BTreeMap, HashMap};
+use std::process::{Child, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use bson::{Bson, Document, doc};
+use serde_json::Value;
+use support::live::*;
+
+const LEDGER: &str = "kestra_change_deliveries";
+const VIEW: &str = "orders_view";
+
+/// `handoff deliver EXTRA…` on the test's deployment and database.
+fn deliver_command(live: &Live, extra: &[&str]) -> std::process::Command {
+    let mut command = live.operator_command(&["deliver"]);
+    command
+        .args(extra)
+        .env_remove("HANDOFF_SINK")
+        .env_remove("HANDOFF_SINK_SECRET")
+        .env_remove("HANDOFF_DELIVERY");
+    command
+}
+
+fn deliver(live: &Live, extra: &[&str]) -> Output {
+    deliver_command(live, extra)
+        .output()
+        .expect("run handoff deliver")
+}
+
+/// The outputs of a command's `::{"outputs": …}::` line.
+fn outputs(output: &Output) -> Value {
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let line = stdout
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("::{\"outputs\"")
+                .map(|_| l.trim_start_matches("::").trim_end_matches("::"))
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "no outputs line\nstdout: {stdout}\nstderr: {}",
+                support::stderr(output)
+            )
+        });
+    serde_json::from_str::<Value>(line).expect("outputs JSON")["outputs"].clone()
+}
+
+fn assert_code(output: &Output, code: i32) {
+    assert_eq!(
+        output.status.code(),
+        Some(code),
+        "stdout: {}\nstderr: {}",
+        String::from_utf8_lossy(&output.stdout),
+        support::stderr(output)
+    );
+}
+
+/// Every document of `collection` by `_id`.
+fn by_id(live: &Live, collection: &str) -> BTreeMap<String, Document> {
+    live.records(collection)
+        .into_iter()
+        .map(|d| (format!("{:?}", d.get("_id")), d))
+        .collect()
+}
+
+/// The projection's documents without the fields the delivery adds.
+fn projection(live: &Live) -> BTreeMap<String, Document> {
+    by_id(live, VIEW)
+        .into_iter()
+        .map(|(k, mut d)| {
+            d.remove("_handoffVersion");
+            d.remove("_handoffRecord");
+            (k, d)
+        })
+        .collect()
+}
+
+/// The ledger's entries (not positions or tombstones), by status.
+fn statuses(live: &Live) -> BTreeMap<String, usize> {
+    let mut counts = BTreeMap::new();
+    for entry in live.records(LEDGER) {
+        if let Ok(status) = entry.get_str("status") {
+            *counts.entry(status.to_string()).or_default() += 1;
+        }
+    }
+    counts
+}
+
+fn update(live: &Live, id: i32, qty: i32) {
+    live.wait(
+        live.coll("orders")
+            .update_one(doc! {"_id": id}, doc! {"$set": {"qty": qty}}),
+    )
+    .expect("update");
+}
+
+fn delete(live: &Live, id: i32) {
+    live.wait(live.coll("orders").delete_one(doc! {"_id": id}))
+        .expect("delete");
+}
+
+/// Hands off everything written so far (bounded runs until one hands off nothing).
+fn hand_off(live: &Live) {
+    for _ in 0..20 {
+        let output = live.run(&[]);
+        assert_code(&output, 0);
+        if outputs(&output)["events_handed_off"] == 0 {
+            return;
+        }
+    }
+    panic!("the runs never caught up");
+}
+
+#[test]
+fn a_projection_holds_every_key_at_its_latest_version_each_effect_once() {
+    let live = Live::start();
+    live.start_consumer();
+    live.insert(0..30);
+    for id in 0..10 {
+        update(&live, id, id * 10);
+    }
+    for id in 20..25 {
+        delete(&live, id);
+    }
+    hand_off(&live);
+    let records = live.outbox_len();
+    let sink = format!("mongodb:{VIEW}");
+    let first = deliver(&live, &["--sink", &sink, "--max-wait-seconds", "1"]);
+    assert_code(&first, 0);
+    let report = outputs(&first);
+    assert_eq!(report["records_admitted"], records as u64, "{report}");
+    assert_eq!(report["status"], "DRAINED");
+    assert_eq!(report["open_records"], 0);
+    assert_eq!(report["dead_records"], 0);
+    assert_eq!(projection(&live), by_id(&live, "orders"));
+    assert_eq!(statuses(&live).get("succeeded"), Some(&records));
+    // Every projected document names the record that wrote it: the key's latest.
+    for document in live.records(VIEW) {
+        assert!(document.get_i64("_handoffVersion").is_ok(), "{document}");
+    }
+    // A second delivery admits and writes nothing.
+    let second = deliver(&live, &["--sink", &sink, "--max-wait-seconds", "1"]);
+    assert_code(&second, 0);
+    let report = outputs(&second);
+    assert_eq!(report["records_admitted"], 0, "{report}");
+    assert_eq!(report["records_delivered"], 0, "{report}");
+    // New writes: only they are delivered.
+    update(&live, 29, 290);
+    delete(&live, 28);
+    hand_off(&live);
+    let third = deliver(&live, &["--sink", &sink, "--max-wait-seconds", "1"]);
+    assert_code(&third, 0);
+    let report = outputs(&third);
+    assert_eq!(report["records_admitted"], 2, "{report}");
+    assert_eq!(report["records_delivered"], 2, "{report}");
+    assert_eq!(projection(&live), by_id(&live, "orders"));
+}
+
+#[test]
+fn an_older_version_never_overwrites_or_revives_a_newer_one() {
+    let live = Live::start();
+    live.start_consumer();
+    live.insert(0..3);
+    update(&live, 1, 11);
+    delete(&live, 2);
+    hand_off(&live);
+    let sink = format!("mongodb:{VIEW}");
+    assert_code(
+        &deliver(&live, &["--sink", &sink, "--max-wait-seconds", "1"]),
+        0,
+    );
+    let before = by_id(&live, VIEW);
+    // Every entry is made to be tried again, oldest first (a replay of the whole history): the
+    // projection changes nothing, and the insert of the deleted key does not bring it back.
+    live.wait(live.coll(LEDGER).update_many(
+        doc! {"status": "succeeded"},
+        doc! {"$set": {"status": "dead"}},
+    ))
+    .expect("mark dead");
+    let replay = live.operator(&[
+        "deliver",
+        "dead",
+        "replay",
+        "--all",
+        "--reason",
+        "replay the history",
+    ]);
+    assert_code(&replay, 0);
+    let again = deliver(&live, &["--sink", &sink, "--max-wait-seconds", "1"]);
+    assert_code(&again, 0);
+    let report = outputs(&again);
+    assert_eq!(report["records_delivered"], 5, "{report}");
+    assert_eq!(
+        report["records_superseded"], 5,
+        "same or older versions: {report}"
+    );
+    assert_eq!(by_id(&live, VIEW), before);
+    assert!(!by_id(&live, VIEW).contains_key(&format!("{:?}", Some(&Bson::Int32(2)))));
+}
+
+#[test]
+fn a_delivery_keeps_its_sink_and_another_delivery_has_its_own_position() {
+    let live = Live::start();
+    live.start_consumer();
+    live.insert(0..4);
+    hand_off(&live);
+    assert_code(
+        &deliver(
+            &live,
+            &["--sink", "mongodb:view_a", "--max-wait-seconds", "1"],
+        ),
+        0,
+    );
+    let moved = deliver(
+        &live,
+        &["--sink", "mongodb:view_b", "--max-wait-seconds", "1"],
+    );
+    assert_code(&moved, 4);
+    assert!(live.records("view_b").is_empty());
+    let other = deliver(
+        &live,
+        &[
+            "--delivery",
+            "second",
+            "--sink",
+            "mongodb:view_b",
+            "--max-wait-seconds",
+            "1",
+        ],
+    );
+    assert_code(&other, 0);
+    assert_eq!(outputs(&other)["records_delivered"], 4);
+    assert_eq!(live.records("view_a").len(), 4);
+    assert_eq!(live.records("view_b").len(), 4);
+}
+
+/// A refused delivery's arguments, environment and what its error must say.
+type Refused<'a> = (Vec<&'a str>, Vec<(&'a str, &'a str)>, &'a str);
+
+#[test]
+fn bad_input_gets_a_clear_error_and_delivers_nothing() {
+    let live = Live::start();
+    live.start_consumer();
+    live.insert(0..2);
+    hand_off(&live);
+    let cases: Vec<Refused> = vec![
+        (vec![], vec![], "--sink"),
+        (
+            vec!["--sink", "ftp://example.com/x"],
+            vec![],
+            "must start with",
+        ),
+        (vec!["--sink", "mongodb:"], vec![], "COLLECTION"),
+        (
+            vec!["--sink", "mongodb:kestra_change_outbox"],
+            vec![],
+            "state",
+        ),
+        (vec!["--sink", "http://127.0.0.1:9/hook"], vec![], "secret"),
+        (
+            vec!["--sink", "http://127.0.0.1:9/hook"],
+            vec![("HANDOFF_SINK_SECRET", "not-a-secret")],
+            "secret",
+        ),
+        (
+            vec!["--sink", "http://user:hunter2@127.0.0.1:9/hook"],
+            vec![(
+                "HANDOFF_SINK_SECRET",
+                "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+            )],
+            "credential",
+        ),
+        (
+            vec!["--sink", "mongodb:v", "--delivery", "../x"],
+            vec![],
+            "delivery name",
+        ),
+        (
+            vec!["--sink", "mongodb:v", "--lease-seconds", "5"],
+            vec![],
+            "--lease-seconds",
+        ),
+    ];
+    for (args, envs, needle) in cases {
+        let mut command = deliver_command(&live, &args);
+        for (key, value) in &envs {
+            command.env(key, value);
+        }
+        let output = command.output().expect("run handoff deliver");
+        assert_code(&output, 2);
+        let stderr = support::stderr(&output);
+        assert!(
+            stderr.to_lowercase().contains(&needle.to_lowercase()),
+            "{args:?}: {stderr}"
+        );
+        assert!(!stderr.contains("hunter2"), "{stderr}");
+        assert!(!stderr.contains("not-a-secret"), "{stderr}");
+    }
+    assert!(
+        live.records(LEDGER).is_empty(),
+        "a refused delivery wrote its ledger"
+    );
+    assert!(live.records("v").is_empty());
+}
+
+/// `deliver --follow` to the projection, its output piped.
+fn follow_projection(live: &Live) -> Child {
+    deliver_command(live, &["--sink", &format!("mongodb:{VIEW}"), "--follow"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn deliver --follow")
+}
+
+#[test]
+fn sigkills_of_a_following_delivery_leave_every_key_at_its_latest_version_each_write_once() {
+    let live = Live::for_kills();
+    live.start_consumer();
+    live.insert(0..20);
+    // The projection's own stream: every write the delivery makes to it, counted by record.
+    let watch_from = live
+        .wait(live.client.database("admin").run_command(doc! {"hello": 1}))
+        .expect("hello")
+        .get_document("$clusterTime")
+        .ok()
+        .and_then(|t| t.get_timestamp("clusterTime").ok());
+    let writer = live.background(async |_client, db| {
+        let orders = db.collection::<Document>("orders");
+        for i in 0..300 {
+            let id = i % 20;
+            if i % 37 == 36 {
+                orders.delete_one(doc! {"_id": id}).await.expect("delete");
+                orders
+                    .insert_one(doc! {"_id": id, "qty": i})
+                    .await
+                    .expect("insert");
+            } else {
+                orders
+                    .update_one(doc! {"_id": id}, doc! {"$set": {"qty": i}})
+                    .await
+                    .expect("update");
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    });
+    let mut run = live
+        .command()
+        .arg("--follow")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn run --follow");
+    let mut rng = support::Rng::new(support::seed("HANDOFF_DELIVERY_SEED"));
+    let mut kills = 0;
+    while !writer.is_finished() || kills < 8 {
+        let mut child = follow_projection(&live);
+        std::thread::sleep(Duration::from_millis(150 + rng.below(500)));
+        child.kill().expect("SIGKILL");
+        child.wait().expect("reap");
+        kills += 1;
+        if kills >= 20 {
+            break;
+        }
+    }
+    writer.join().expect("the writer");
+    // SAFETY: a plain kill(2) of the child this test spawned.
+    unsafe { libc::kill(run.id() as i32, libc::SIGTERM) };
+    assert_eq!(run.wait().expect("reap").code(), Some(0));
+    hand_off(&live);
+    let last = deliver(
+        &live,
+        &[
+            "--sink",
+            &format!("mongodb:{VIEW}"),
+            "--max-wait-seconds",
+            "1",
+        ],
+    );
+    assert_code(&last, 0);
+    assert_eq!(
+        projection(&live),
+        by_id(&live, "orders"),
+        "after {kills} SIGKILLs"
+    );
+    let counts = statuses(&live);
+    assert_eq!(
+        counts.get("succeeded").copied().unwrap_or(0) + counts.get("ignored").copied().unwrap_or(0),
+        live.outbox_len(),
+        "{counts:?}"
+    );
+    // Each record wrote the projection at most once, whatever was killed when.
+    let writes = projection_writes(&live, watch_from);
+    let twice: Vec<_> = writes.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "records written twice: {twice:?}");
+    assert!(!writes.is_empty());
+    println!(
+        "projection: {kills} SIGKILLs, {} records, {} writes, 0 twice",
+        live.outbox_len(),
+        writes.len()
+    );
+}
+
+/// How many times each record wrote the projection, from its change stream since `from`.
+fn projection_writes(live: &Live, from: Option<bson::Timestamp>) -> HashMap<String, u32> {
+    live.rt.block_on(async {
+        let view = live.client.database(&live.db).collection::<Document>(VIEW);
+        let mut stream = view
+            .watch()
+            .start_at_operation_time(from.expect("a cluster time"))
+            .max_await_time(Duration::from_millis(300))
+            .await
+            .expect("watch the projection");
+        let mut writes = HashMap::new();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            match stream
+                .next_if_any()
+                .await
+                .expect("read the projection's stream")
+            {
+                Some(event) => {
+                    if let Some(full) = event.full_document
+                        && let Ok(record) = full.get_str("_handoffRecord")
+                    {
+                        *writes.entry(record.to_string()).or_insert(0) += 1;
+                    }
+                }
+                None => break,
+            }
+        }
+        writes
+    })
+}
+
+// --- The webhook, against a real receiver that verifies every signature. ---
+
+const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+
+fn secret_bytes() -> Vec<u8> {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD
+        .decode(SECRET.trim_start_matches("whsec_"))
+        .expect("the test secret")
+}
+
+/// `handoff deliver` to the receiver, with fast retries.
+fn webhook_command(live: &Live, receiver: &Receiver, extra: &[&str]) -> std::process::Command {
+    let mut command = deliver_command(
+        live,
+        &[
+            "--delivery",
+            "hooks",
+            "--sink",
+            &receiver.url(),
+            "--retry-base-ms",
+            "50",
+            "--sink-timeout-seconds",
+            "2",
+            "--lease-seconds",
+            "5",
+            "--max-wait-seconds",
+            "2",
+        ],
+    );
+    command.args(extra).env("HANDOFF_SINK_SECRET", SECRET);
+    command
+}
+
+fn to_webhook(live: &Live, receiver: &Receiver, extra: &[&str]) -> Output {
+    webhook_command(live, receiver, extra)
+        .output()
+        .expect("run handoff deliver")
+}
+
+/// The webhook IDs of the outbox's records (the event IDs), in hand-off order.
+fn webhook_ids(live: &Live) -> Vec<String> {
+    outbox_event_ids(&live.outbox())
+}
+
+use support::receiver::{Receiver, Reply};
+
+#[test]
+fn a_webhook_gets_every_record_signed_once_and_retries_carry_the_same_id() {
+    let live = Live::start();
+    live.start_consumer();
+    live.insert(0..12);
+    hand_off(&live);
+    let receiver = Receiver::start(&secret_bytes());
+    // 500 then 200 for every record; 429 with Retry-After 1 s for one of them first.
+    let throttled = webhook_ids(&live)[3].clone();
+    let slow = throttled.clone();
+    receiver.set_behaviour(move |seen, nth| {
+        if seen.id == slow && nth == 1 {
+            Reply::status(429).header("Retry-After", "1")
+        } else if nth == 1 {
+            Reply::status(500)
+        } else {
+            Reply::status(200)
+        }
+    });
+    let output = to_webhook(&live, &receiver, &[]);
+    assert_code(&output, 0);
+    let report = outputs(&output);
+    assert_eq!(report["records_delivered"], 12, "{report}");
+    assert_eq!(report["records_retried"], 12, "{report}");
+    assert!(receiver.all_signatures_valid());
+    let ids = webhook_ids(&live);
+    let counts = receiver.count_by_id();
+    for id in &ids {
+        assert_eq!(counts.get(id), Some(&2), "{id}: {counts:?}");
+    }
+    let accepted = receiver.accepted_ids();
+    assert_eq!(accepted.len(), 12);
+    // The body is the record: its `_id` is `<consumer>/<webhook-id>`.
+    for seen in receiver.seen() {
+        let id = seen.body["_id"].as_str().expect("the record's _id");
+        assert!(id.ends_with(&seen.id), "{id} vs {}", seen.id);
+    }
+    // Retry-After held the throttled record back a second.
+    let times: Vec<Instant> = receiver
+        .seen()
+        .iter()
+        .filter(|s| s.id == throttled)
+        .map(|s| s.at)
+        .collect();
+    assert!(times[1].duration_since(times[0]) >= Duration::from_millis(950));
+    assert_eq!(statuses(&live).get("succeeded"), Some(&12));
+}
+
+#[test]
+fn a_record_refused_for_good_is_dead_holds_back_only_its_key_and_is_replayed_audited() {
+    let live = Live::start();
+    live.start_consumer();
+    live.insert(0..6);
+    update(&live, 2, 20);
+    hand_off(&live);
+    let ids = webhook_ids(&live);
+    // The insert of key 2 is refused (400) until the receiver is fixed.
+    let poison = ids[2].clone();
+    let receiver = Receiver::start(&secret_bytes());
+    let refused = poison.clone();
+    let fixed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let is_fixed = fixed.clone();
+    receiver.set_behaviour(move |seen, _| {
+        if seen.id == refused && !is_fixed.load(std::sync::atomic::Ordering::SeqCst) {
+            Reply::status(400)
+        } else {
+            Reply::status(204)
+        }
+    });
+    let output = to_webhook(&live, &receiver, &[]);
+    assert_code(&output, 17);
+    let report = outputs(&output);
+    assert_eq!(report["records_dead"], 1, "{report}");
+    assert_eq!(report["records_delivered"], 5, "{report}");
+    assert_eq!(
+        report["open_records"], 1,
+        "key 2's update waits behind it: {report}"
+    );
+    assert_eq!(
+        receiver.count_by_id().get(&poison),
+        Some(&1),
+        "a 400 is not retried"
+    );
+    assert!(
+        !receiver.accepted_ids().contains(&ids[6]),
+        "key 2's update went before its insert"
+    );
+    // Listed, with the receiver's reason.
+    let listed = live.operator(&["deliver", "dead", "list", "--delivery", "hooks", "--json"]);
+    assert_code(&listed, 0);
+    let listed: Value = serde_json::from_slice(&listed.stdout).expect("JSON");
+    assert_eq!(listed["count"], 1);
+    assert!(
+        listed["dead"][0]["record"]
+            .as_str()
+            .unwrap_or_default()
+            .ends_with(&poison)
+    );
+    assert_eq!(listed["dead"][0]["error_class"], "permanent");
+    // Replayed once the receiver is fixed: audited, then delivered, then key 2's update.
+    fixed.store(true, std::sync::atomic::Ordering::SeqCst);
+    let replay = live.operator(&[
+        "deliver",
+        "dead",
+        "replay",
+        "--delivery",
+        "hooks",
+        "--id",
+        &poison,
+        "--reason",
+        "receiver accepts the schema now",
+    ]);
+    assert_code(&replay, 0);
+    let audit = live.records("kestra_change_audit");
+    assert_eq!(audit.len(), 1, "{audit:?}");
+    assert_eq!(
+        audit[0].get_str("reason").ok(),
+        Some("receiver accepts the schema now")
+    );
+    assert!(audit[0].get_str("by").is_ok_and(|by| !by.is_empty()));
+    let output = to_webhook(&live, &receiver, &[]);
+    assert_code(&output, 0);
+    assert_eq!(outputs(&output)["records_delivered"], 2);
+    let accepted = receiver.accepted_ids();
+    let at = |id: &String| accepted.iter().position(|a| a == id).expect("accepted");
+    assert!(at(&poison) < at(&ids[6]), "key 2 in order");
+    // Nothing dead is left; a discard of a record that is not dead changes nothing.
+    let discard = live.operator(&[
+        "deliver",
+        "dead",
+        "discard",
+        "--delivery",
+        "hooks",
+        "--id",
+        &poison,
+        "--reason",
+        "x",
+    ]);
+    assert_code(&discard, 16);
+    assert_eq!(live.records("kestra_change_audit").len(), 1);
+}
+
+#[test]
+fn a_kill_after_the_effect_delivers_again_under_the_same_id_and_one_before_delivers_once() {
+    let live = Live::start();
+    live.start_consumer();
+    live.insert(0..5);
+    hand_off(&live);
+    let ids = webhook_ids(&live);
+    let receiver = Receiver::start(&secret_bytes());
+    // The receiver takes record 2 and kills the deliverer before answering: the effect is made,
+    // the ledger does not know.
+    let victim = std::sync::Arc::new(std::sync::atomic::AtomicI32::new(0));
+    let pid = victim.clone();
+    let target = ids[2].clone();
+    receiver.set_behaviour(move |seen, nth| {
+        if seen.id == target && nth == 1 {
+            let pid = pid.load(std::sync::atomic::Ordering::SeqCst);
+            if pid > 0 {
+                // SAFETY: a plain kill(2) of the child this test spawned.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        }
+        Reply::status(200)
+    });
+    let mut child = webhook_command(
+        &live,
+        &receiver,
+        &["--concurrency", "1", "--max-in-flight", "1"],
+    )
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .expect("spawn");
+    victim.store(child.id() as i32, std::sync::atomic::Ordering::SeqCst);
+    let status = child.wait().expect("reap");
+    assert!(!status.success(), "the deliverer was killed");
+    victim.store(0, std::sync::atomic::Ordering::SeqCst);
+    // A killed deliverer's claim on a record it had not sent yet (planted as it leaves it).
+    let planted = format!("hooks/{CONSUMER}/{}", ids[4]);
+    live.wait(live.coll(LEDGER).update_one(
+        doc! {"_id": &planted, "status": {"$ne": "succeeded"}},
+        doc! {"$set": {"status": "in_progress", "owner": "handoff@gone:1:0.0", "leaseUntil": bson::DateTime::from_millis(bson::DateTime::now().timestamp_millis() + 1500)}},
+    ))
+    .expect("plant a claim");
+    std::thread::sleep(Duration::from_secs(6));
+    let output = to_webhook(&live, &receiver, &[]);
+    assert_code(&output, 0);
+    let counts = receiver.count_by_id();
+    assert_eq!(
+        counts.get(&ids[2]),
+        Some(&2),
+        "the effect made before the kill is made again: {counts:?}"
+    );
+    for id in ids.iter().filter(|id| **id != ids[2]) {
+        assert_eq!(counts.get(id), Some(&1), "{id}: {counts:?}");
+    }
+    assert!(receiver.all_signatures_valid());
+    assert_eq!(statuses(&live).get("succeeded"), Some(&5));
+}
+
+#[test]
+fn a_receiver_down_then_up_gets_everything_and_a_slow_one_never_sees_more_than_the_bound() {
+    let live = Live::start();
+    live.start_consumer();
+    live.insert(0..10);
+    hand_off(&live);
+    let receiver = Receiver::start(&secret_bytes());
+    receiver.stop();
+    let child = webhook_command(
+        &live,
+        &receiver,
+        &[
+            "--follow",
+            "--concurrency",
+            "2",
+            "--max-in-flight",
+            "2",
+            "--retry-max-seconds",
+            "1",
+        ],
+    )
+    .stdout(Stdio::piped())
+    .stderr(Stdio::null())
+    .spawn()
+    .expect("spawn");
+    std::thread::sleep(Duration::from_secs(4));
+    assert!(receiver.seen().is_empty());
+    receiver.set_behaviour(|_, _| Reply::status(200).delay(Duration::from_millis(100)));
+    receiver.restart();
+    live.insert(10..20);
+    hand_off(&live);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while receiver.accepted_ids().len() < 20 {
+        assert!(
+            Instant::now() < deadline,
+            "accepted {:?}",
+            receiver.accepted_ids().len()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // SIGTERM ends the follow run after what is in flight.
+    // SAFETY: a plain kill(2) of the child this test spawned.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let output = child.wait_with_output().expect("reap");
+    assert_eq!(output.status.code(), Some(12), "stopped by SIGTERM");
+    let counts = receiver.count_by_id();
+    assert_eq!(counts.len(), 20);
+    assert!(counts.values().all(|n| *n == 1), "{counts:?}");
+    assert!(
+        receiver.max_concurrent() <= 2,
+        "{}",
+        receiver.max_concurrent()
+    );
+    assert!(receiver.all_signatures_valid());
+}
