@@ -333,7 +333,7 @@ fn sigkills_of_a_following_delivery_leave_every_key_at_its_latest_version_each_w
         .and_then(|t| t.get_timestamp("clusterTime").ok());
     let writer = live.background(async |_client, db| {
         let orders = db.collection::<Document>("orders");
-        for i in 0..300 {
+        for i in 0..600 {
             let id = i % 20;
             if i % 37 == 36 {
                 orders.delete_one(doc! {"_id": id}).await.expect("delete");
@@ -359,15 +359,12 @@ fn sigkills_of_a_following_delivery_leave_every_key_at_its_latest_version_each_w
         .expect("spawn run --follow");
     let mut rng = support::Rng::new(support::seed("HANDOFF_DELIVERY_SEED"));
     let mut kills = 0;
-    while !writer.is_finished() || kills < 8 {
+    while kills < 20 {
         let mut child = follow_projection(&live);
         std::thread::sleep(Duration::from_millis(150 + rng.below(500)));
         child.kill().expect("SIGKILL");
         child.wait().expect("reap");
         kills += 1;
-        if kills >= 20 {
-            break;
-        }
     }
     writer.join().expect("the writer");
     // SAFETY: a plain kill(2) of the child this test spawned.
@@ -706,13 +703,16 @@ fn a_receiver_down_then_up_gets_everything_and_a_slow_one_never_sees_more_than_t
             "2",
             "--retry-max-seconds",
             "1",
+            "--max-attempts",
+            "100",
         ],
     )
     .stdout(Stdio::piped())
     .stderr(Stdio::null())
     .spawn()
     .expect("spawn");
-    std::thread::sleep(Duration::from_secs(4));
+    // Down for 20 s: every attempt is refused and tried again (at most a second apart).
+    std::thread::sleep(Duration::from_secs(20));
     assert!(receiver.seen().is_empty());
     receiver.set_behaviour(|_, _| Reply::status(200).delay(Duration::from_millis(100)));
     receiver.restart();

@@ -347,7 +347,27 @@ mod tests {
         path: String,
     }
 
-    /// A real HTTP server on loopback answering `answer(n)` to its `n`th request.
+    impl Received {
+        /// The values of header `name`, in order.
+        fn all(&self, name: &str) -> Vec<&str> {
+            self.headers
+                .iter()
+                .filter(|(n, _)| n == name)
+                .map(|(_, v)| v.as_str())
+                .collect()
+        }
+
+        /// The one value of header `name`.
+        fn header(&self, name: &str) -> &str {
+            match self.all(name)[..] {
+                [value] => value,
+                ref values => panic!("{name}: {values:?}"),
+            }
+        }
+    }
+
+    /// A real HTTP server on loopback answering `answer(n)` to its `n`th request (status,
+    /// headers, delay before answering); its URL has a query.
     fn serve(
         answer: impl Fn(usize) -> (u16, Vec<(&'static str, String)>, Duration) + Send + 'static,
     ) -> (String, mpsc::Receiver<Received>) {
@@ -384,19 +404,19 @@ mod tests {
                 let _ = request.respond(response);
             }
         });
-        (format!("http://127.0.0.1:{port}/hook?x=1"), rx)
+        (format!("http://127.0.0.1:{port}/hook?token=s3cr3t"), rx)
     }
 
-    fn request() -> Request {
+    fn request(headers: &[(&str, &str)]) -> Request {
         Request {
             target: Bson::Int32(1),
             operation: Operation::Post,
             version: None,
             body: doc! { "_id": "c/abc", "n": 1_i64, "when": bson::DateTime::from_millis(0) },
-            headers: vec![
-                ("X-Trace".into(), "t-1".into()),
-                ("Webhook-Id".into(), "forged".into()),
-            ],
+            headers: headers
+                .iter()
+                .map(|(n, v)| (n.to_string(), v.to_string()))
+                .collect(),
         }
     }
 
@@ -415,56 +435,116 @@ mod tests {
         Webhook::new(url, parse_secret(SECRET).expect("secret"), timeout).expect("a webhook")
     }
 
-    fn header<'a>(received: &'a Received, name: &str) -> &'a str {
-        received
-            .headers
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| v.as_str())
-            .unwrap_or_else(|| panic!("no {name}"))
+    fn failure(outcome: Outcome, class: FailureClass) -> SinkFailure {
+        match outcome {
+            Outcome::Failed(f) if f.class == class => f,
+            other => panic!("not {}: {other:?}", class.as_str()),
+        }
     }
 
-    fn transient(outcome: &Outcome) -> Option<Duration> {
-        match outcome {
-            Outcome::Failed(f) if f.class == FailureClass::Transient => f.retry_after,
-            other => panic!("not transient: {other:?}"),
-        }
+    /// The base64 HMAC-SHA256 of `<id>.<timestamp>.<body>`, computed here.
+    fn expected_signature(id: &str, timestamp: &str, body: &[u8]) -> String {
+        let key = base64::engine::general_purpose::STANDARD
+            .decode(SECRET.trim_start_matches("whsec_"))
+            .expect("the test secret");
+        let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(&key).expect("key");
+        mac.update(id.as_bytes());
+        mac.update(b".");
+        mac.update(timestamp.as_bytes());
+        mac.update(b".");
+        mac.update(body);
+        format!(
+            "v1,{}",
+            base64::engine::general_purpose::STANDARD.encode(mac.finalize().into_bytes())
+        )
     }
 
     #[test]
     fn a_request_is_signed_over_the_bytes_sent_under_a_stable_id() {
         let (url, received) = serve(|_| (200, Vec::new(), Duration::ZERO));
         let hook = webhook(&url, Duration::from_secs(5));
-        let request = request();
+        let request = request(&[("X-Trace", "t-1")]);
         for number in [1, 2] {
-            let outcome = hook.deliver(&attempt(&request, number));
-            assert!(
-                matches!(outcome, Outcome::Accepted { evidence, settled: false } if evidence.status == Some(200))
-            );
+            match hook.deliver(&attempt(&request, number)) {
+                Outcome::Accepted { evidence, settled } => {
+                    assert_eq!(evidence.status, Some(200));
+                    assert_eq!(evidence.outcome.as_deref(), Some("accepted"));
+                    assert!(!settled);
+                }
+                other => panic!("{other:?}"),
+            }
         }
-        let first = received.recv().expect("first");
-        let second = received.recv().expect("second");
-        assert_eq!(header(&first, "webhook-id"), "abc");
-        assert_eq!(header(&second, "webhook-id"), "abc");
-        assert_eq!(first.path, "/hook?x=1");
-        assert_eq!(header(&first, "content-type"), "application/json");
-        assert_eq!(header(&first, "x-trace"), "t-1");
-        // Recomputed independently of `signature`.
-        let key = parse_secret(SECRET).expect("secret");
-        let timestamp = header(&first, "webhook-timestamp");
-        let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(&key).expect("key");
-        mac.update(format!("abc.{timestamp}.").as_bytes());
-        mac.update(&first.body);
-        let expected =
-            base64::engine::general_purpose::STANDARD.encode(mac.finalize().into_bytes());
+        let expected_body =
+            serde_json::to_vec(&Bson::Document(request.body.clone()).into_relaxed_extjson())
+                .expect("JSON");
+        for got in [
+            received.recv().expect("first"),
+            received.recv().expect("second"),
+        ] {
+            assert_eq!(got.header("webhook-id"), "abc");
+            assert_eq!(got.path, "/hook?token=s3cr3t");
+            assert_eq!(got.header("content-type"), "application/json");
+            assert_eq!(got.header("x-trace"), "t-1");
+            assert!(got.header("user-agent").starts_with("handoff/"));
+            let timestamp = got.header("webhook-timestamp");
+            let now = SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .expect("clock")
+                .as_secs();
+            let sent: u64 = timestamp.parse().expect("Unix seconds");
+            assert!(sent.abs_diff(now) < 60, "{sent} vs {now}");
+            assert_eq!(
+                got.header("webhook-signature"),
+                expected_signature("abc", timestamp, &got.body)
+            );
+            assert_eq!(got.body, expected_body);
+            let body: serde_json::Value = serde_json::from_slice(&got.body).expect("JSON");
+            assert_eq!(body["_id"], "c/abc");
+            assert_eq!(body["n"], 1);
+            assert!(body["when"]["$date"].is_string(), "{body}");
+        }
+    }
+
+    #[test]
+    fn a_request_header_never_replaces_the_webhook_own() {
+        let (url, received) = serve(|_| (204, Vec::new(), Duration::ZERO));
+        let hook = webhook(&url, Duration::from_secs(5));
+        let request = request(&[
+            ("Webhook-Id", "forged"),
+            ("webhook-signature", "v1,forged"),
+            ("WEBHOOK-TIMESTAMP", "1"),
+            ("Content-Type", "text/plain"),
+            ("Host", "elsewhere.example"),
+            ("Connection", "close"),
+            ("X-Kept", "yes"),
+        ]);
+        assert!(matches!(
+            hook.deliver(&attempt(&request, 1)),
+            Outcome::Accepted { .. }
+        ));
+        let got = received.recv().expect("a request");
+        assert_eq!(got.header("webhook-id"), "abc");
+        assert_eq!(got.header("content-type"), "application/json");
+        assert_ne!(got.header("webhook-timestamp"), "1");
+        assert!(got.header("host").starts_with("127.0.0.1:"));
+        assert_eq!(got.header("x-kept"), "yes");
+        assert!(got.headers.iter().all(|(_, v)| !v.contains("forged")));
         assert_eq!(
-            header(&first, "webhook-signature"),
-            format!("v1,{expected}")
+            got.header("webhook-signature"),
+            expected_signature("abc", got.header("webhook-timestamp"), &got.body)
         );
-        let body: serde_json::Value = serde_json::from_slice(&first.body).expect("JSON");
-        assert_eq!(body["_id"], "c/abc");
-        assert_eq!(body["n"], 1);
-        assert!(body["when"]["$date"].is_string(), "{body}");
+    }
+
+    #[test]
+    fn a_header_that_is_not_http_is_a_permanent_failure_and_nothing_is_sent() {
+        let (url, received) = serve(|_| (200, Vec::new(), Duration::ZERO));
+        let hook = webhook(&url, Duration::from_secs(5));
+        for bad in [("bad name", "x"), ("X-Bad", "line\nbreak")] {
+            let request = request(&[bad]);
+            let f = failure(hook.deliver(&attempt(&request, 1)), FailureClass::Permanent);
+            assert!(f.text.contains("not valid HTTP"), "{}", f.text);
+        }
+        assert!(received.recv_timeout(Duration::from_millis(200)).is_err());
     }
 
     #[test]
@@ -474,69 +554,80 @@ mod tests {
             2 => (429, vec![("Retry-After", "7".into())], Duration::ZERO),
             3 => (400, Vec::new(), Duration::ZERO),
             4 => (408, Vec::new(), Duration::ZERO),
+            5 => (503, vec![("Retry-After", "soon".into())], Duration::ZERO),
+            6 => (404, Vec::new(), Duration::ZERO),
             _ => (204, Vec::new(), Duration::ZERO),
         });
         let hook = webhook(&url, Duration::from_secs(5));
-        let request = request();
-        assert_eq!(transient(&hook.deliver(&attempt(&request, 1))), None);
+        let request = request(&[]);
+        let deliver = |n| hook.deliver(&attempt(&request, n));
+        let f = failure(deliver(1), FailureClass::Transient);
+        assert_eq!((f.evidence.status, f.retry_after), (Some(500), None));
+        let f = failure(deliver(2), FailureClass::Transient);
         assert_eq!(
-            transient(&hook.deliver(&attempt(&request, 2))),
-            Some(Duration::from_secs(7))
+            (f.evidence.status, f.retry_after),
+            (Some(429), Some(Duration::from_secs(7)))
         );
-        match hook.deliver(&attempt(&request, 3)) {
-            Outcome::Failed(f) => {
-                assert_eq!(f.class, FailureClass::Permanent);
-                assert_eq!(f.evidence.status, Some(400));
-            }
-            other => panic!("{other:?}"),
-        }
-        transient(&hook.deliver(&attempt(&request, 4)));
+        let f = failure(deliver(3), FailureClass::Permanent);
+        assert_eq!(f.evidence.status, Some(400));
+        assert!(f.text.contains("400"), "{}", f.text);
+        let f = failure(deliver(4), FailureClass::Transient);
+        assert_eq!(f.evidence.status, Some(408));
+        let f = failure(deliver(5), FailureClass::Transient);
+        assert_eq!((f.evidence.status, f.retry_after), (Some(503), None));
+        let f = failure(deliver(6), FailureClass::Permanent);
+        assert_eq!(f.evidence.status, Some(404));
         assert!(matches!(
-            hook.deliver(&attempt(&request, 5)),
-            Outcome::Accepted { .. }
+            deliver(7),
+            Outcome::Accepted { evidence, .. } if evidence.status == Some(204)
         ));
     }
 
     #[test]
     fn a_redirect_is_not_followed() {
         let (target, target_received) = serve(|_| (200, Vec::new(), Duration::ZERO));
-        let (url, _received) =
+        let (url, received) =
             serve(move |_| (301, vec![("Location", target.clone())], Duration::ZERO));
         let hook = webhook(&url, Duration::from_secs(5));
-        let request = request();
-        match hook.deliver(&attempt(&request, 1)) {
-            Outcome::Failed(f) => {
-                assert_eq!(f.class, FailureClass::Permanent);
-                assert!(f.text.contains("redirect"), "{}", f.text);
-            }
-            other => panic!("{other:?}"),
-        }
+        let request = request(&[]);
+        let f = failure(hook.deliver(&attempt(&request, 1)), FailureClass::Permanent);
+        assert_eq!(f.evidence.status, Some(301));
+        assert!(f.text.contains("redirects are not followed"), "{}", f.text);
+        assert!(received.recv().is_ok());
         assert!(
             target_received
                 .recv_timeout(Duration::from_millis(300))
-                .is_err()
+                .is_err(),
+            "the Location was requested"
         );
     }
 
     #[test]
     fn a_refused_connection_and_a_slow_receiver_are_transient() {
+        // A port nothing listens on.
         let port = {
             let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
             listener.local_addr().expect("addr").port()
         };
-        let request = request();
-        let refused = webhook(&format!("http://127.0.0.1:{port}/"), Duration::from_secs(2));
-        transient(&refused.deliver(&attempt(&request, 1)));
+        let request = request(&[]);
+        let refused = webhook(
+            &format!("http://127.0.0.1:{port}/hook?token=s3cr3t"),
+            Duration::from_secs(2),
+        );
+        let f = failure(
+            refused.deliver(&attempt(&request, 1)),
+            FailureClass::Transient,
+        );
+        assert!(f.text.contains("connection"), "{}", f.text);
+        assert!(!f.text.contains("s3cr3t"), "{}", f.text);
+        assert_eq!(f.evidence.status, None);
+
         let (url, _received) = serve(|_| (200, Vec::new(), Duration::from_secs(3)));
         let slow = webhook(&url, Duration::from_millis(500));
         let started = std::time::Instant::now();
-        match slow.deliver(&attempt(&request, 1)) {
-            Outcome::Failed(f) => {
-                assert_eq!(f.class, FailureClass::Transient);
-                assert!(f.text.contains("timed out"), "{}", f.text);
-            }
-            other => panic!("{other:?}"),
-        }
+        let f = failure(slow.deliver(&attempt(&request, 1)), FailureClass::Transient);
+        assert!(f.text.contains("timed out"), "{}", f.text);
+        assert!(!f.text.contains("s3cr3t"), "{}", f.text);
         assert!(started.elapsed() < Duration::from_secs(2));
     }
 
@@ -545,49 +636,100 @@ mod tests {
         let secret = parse_secret(SECRET).expect("secret");
         for (url, needle) in [
             ("http://user:hunter2@example.com/x", "credentials"),
+            ("https://hunter2@example.com/x", "credentials"),
+            ("https://:hunter2@example.com/x", "credentials"),
             ("ftp://example.com/x", "http"),
-            ("http://example.com/x#frag", "fragment"),
-            ("not a url hunter2", "not a URL"),
+            ("file:///etc/hunter2", "http"),
+            ("http://example.com/x#hunter2", "fragment"),
+            ("not a url hunter2", "not one"),
+            ("http://user:hunter2@", "not one"),
         ] {
             let error = Webhook::new(url, secret.clone(), Duration::from_secs(1))
                 .err()
-                .expect("refused");
+                .unwrap_or_else(|| panic!("{url} is taken"));
             assert!(error.contains(needle), "{url}: {error}");
             assert!(!error.contains("hunter2"), "{error}");
         }
-        for bad in ["hunter2", "whsec_!!!hunter2", "whsec_AAAA", ""] {
+        let short = Webhook::new("https://example.com/", vec![1; 8], Duration::from_secs(1));
+        assert!(short.is_err());
+
+        let good = parse_secret(SECRET).expect("secret");
+        assert_eq!(good.len(), 24);
+        assert_eq!(parse_secret(&format!("  {SECRET}\n")), Ok(good));
+        let long = format!(
+            "whsec_{}",
+            base64::engine::general_purpose::STANDARD.encode([7u8; 256])
+        );
+        assert_eq!(parse_secret(&long).map(|s| s.len()), Ok(256));
+        let too_long = format!(
+            "whsec_{}",
+            base64::engine::general_purpose::STANDARD.encode([7u8; 257])
+        );
+        for bad in [
+            "hunter2",
+            "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+            "whsec_!!!hunter2",
+            "whsec_hunter2-_",
+            "whsec_AAAA",
+            "whsec_",
+            "",
+            &too_long,
+        ] {
             let error = parse_secret(bad).expect_err("refused");
             assert!(!error.contains("hunter2"), "{error}");
         }
-        assert_eq!(parse_secret(&format!("  {SECRET}\n")), parse_secret(SECRET));
-        let pinned = Webhook::new(
-            "https://h.example:8443/p/q?token=s3",
-            secret,
-            Duration::from_secs(1),
-        )
-        .expect("a webhook");
-        assert_eq!(pinned.pin(), "https://h.example:8443/p/q");
+    }
+
+    #[test]
+    fn the_pin_has_neither_query_nor_credentials() {
+        let secret = parse_secret(SECRET).expect("secret");
+        for (url, pin) in [
+            (
+                "https://h.example:8443/p/q?token=s3",
+                "https://h.example:8443/p/q",
+            ),
+            ("http://h.example", "http://h.example/"),
+            ("https://H.Example:443/a", "https://h.example/a"),
+            ("http://[::1]:9000/x?y", "http://[::1]:9000/x"),
+        ] {
+            let hook = Webhook::new(url, secret.clone(), Duration::from_secs(1)).expect(url);
+            assert_eq!(hook.pin(), pin);
+            assert!(!hook.transactional());
+        }
     }
 
     #[test]
     fn ids_that_the_spec_refuses_are_mapped_to_a_stable_digest() {
         assert_eq!(webhook_id("abc-1_2", "c/abc-1_2"), "abc-1_2");
         let mapped = webhook_id("a.b", "c/a.b");
-        assert!(mapped.starts_with("h_") && !mapped.contains('.'));
+        assert_eq!(mapped, format!("h_{}", hex(&Sha256::digest(b"c/a.b"))));
+        assert_eq!(mapped.len(), 2 + 64);
+        assert!(!mapped.contains('.'));
         assert_eq!(mapped, webhook_id("a.b", "c/a.b"));
         assert_ne!(mapped, webhook_id("a.c", "c/a.c"));
+        assert_eq!(webhook_id(&"x".repeat(200), "c/x"), "x".repeat(200));
         assert!(webhook_id(&"x".repeat(201), "c/x").starts_with("h_"));
+        for odd in ["", "a b", "é", "a/b"] {
+            assert!(webhook_id(odd, "c/odd").starts_with("h_"), "{odd}");
+        }
     }
 
     #[test]
     fn retry_after_takes_seconds_and_dates() {
         let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
         assert_eq!(retry_after("7", now), Some(Duration::from_secs(7)));
+        assert_eq!(retry_after(" 0 ", now), Some(Duration::ZERO));
         assert_eq!(retry_after("999999", now), Some(MAX_RETRY_AFTER));
+        assert_eq!(
+            retry_after("99999999999999999999999", now),
+            Some(MAX_RETRY_AFTER)
+        );
         let later = httpdate::fmt_http_date(now + Duration::from_secs(30));
         assert_eq!(retry_after(&later, now), Some(Duration::from_secs(30)));
         let past = httpdate::fmt_http_date(now - Duration::from_secs(30));
         assert_eq!(retry_after(&past, now), Some(Duration::ZERO));
-        assert_eq!(retry_after("soon", now), None);
+        for bad in ["soon", "-5", "1.5", ""] {
+            assert_eq!(retry_after(bad, now), None, "{bad}");
+        }
     }
 }
