@@ -742,3 +742,99 @@ fn a_receiver_down_then_up_gets_everything_and_a_slow_one_never_sees_more_than_t
     );
     assert!(receiver.all_signatures_valid());
 }
+
+#[test]
+fn reconcile_finds_planted_missing_orphan_and_stale_keys_and_repairs_them_audited() {
+    let live = Live::start();
+    live.start_consumer();
+    live.insert(0..10);
+    hand_off(&live);
+    let sink = format!("mongodb:{VIEW}");
+    assert_code(
+        &deliver(&live, &["--sink", &sink, "--max-wait-seconds", "1"]),
+        0,
+    );
+    let reconcile = |extra: &[&str]| {
+        let mut args = vec!["deliver", "reconcile", "--sink", &sink, "--json"];
+        args.extend_from_slice(extra);
+        live.operator(&args)
+    };
+    let clean = reconcile(&[]);
+    assert_code(&clean, 0);
+    // Planted: key 1 gone from the projection, key 2 changed there, key 99 only there; key 5
+    // changed in the source and handed off, not delivered yet (in flight).
+    let view = live.coll(VIEW);
+    live.wait(view.delete_one(doc! {"_id": 1}))
+        .expect("plant missing");
+    live.wait(view.update_one(doc! {"_id": 2}, doc! {"$set": {"qty": -1}}))
+        .expect("plant stale");
+    live.wait(view.insert_one(doc! {"_id": 99, "qty": 0}))
+        .expect("plant orphan");
+    update(&live, 5, 55);
+    hand_off(&live);
+    // Its record waits for a retry: the entry failed, the projection still has the old version.
+    assert_code(
+        &deliver(&live, &["--sink", &sink, "--max-wait-seconds", "1"]),
+        0,
+    );
+    let later = bson::DateTime::from_millis(bson::DateTime::now().timestamp_millis() + 3_600_000);
+    live.wait(live.coll(LEDGER).update_one(
+        doc! {"lane": "{\"k\": 5}", "status": "succeeded", "attempts": 1, "record": {"$in": live.outbox().iter().rev().take(1).filter_map(|r| r.get_str("_id").ok().map(str::to_string)).collect::<Vec<_>>()}},
+        doc! {"$set": {"status": "failed", "nextAttemptAt": later}},
+    ))
+    .expect("plant a retry");
+    live.wait(view.update_one(
+        doc! {"_id": 5},
+        doc! {"$set": {"qty": 0, "_handoffVersion": 1_i64}},
+    ))
+    .expect("the older version");
+    let found = reconcile(&[]);
+    assert_code(&found, 16);
+    let report: Value = serde_json::from_slice(&found.stdout).expect("JSON");
+    assert_eq!(
+        report["missing"]["keys"],
+        serde_json::json!(["1"]),
+        "{report}"
+    );
+    assert_eq!(
+        report["stale"]["keys"],
+        serde_json::json!(["2"]),
+        "{report}"
+    );
+    assert_eq!(
+        report["orphan"]["keys"],
+        serde_json::json!(["99"]),
+        "{report}"
+    );
+    assert_eq!(report["compared"], 10);
+    assert_eq!(report["in_flight"], 1, "{report}");
+    // Repaired, audited; then nothing differs.
+    let repaired = reconcile(&["--repair", "--reason", "projection restored from a backup"]);
+    assert_code(&repaired, 0);
+    let report: Value = serde_json::from_slice(&repaired.stdout).expect("JSON");
+    assert_eq!(report["repaired"]["written"], 3, "{report}");
+    let audit = live.records("kestra_change_audit");
+    assert_eq!(audit.len(), 1);
+    assert_eq!(
+        audit[0].get_str("reason").ok(),
+        Some("projection restored from a backup")
+    );
+    let after = reconcile(&[]);
+    assert_code(&after, 0);
+    let report: Value = serde_json::from_slice(&after.stdout).expect("JSON");
+    assert_eq!(report["missing"]["count"], 0, "{report}");
+    assert_eq!(report["in_flight"], 1, "{report}");
+    // The retry comes due: the delivery writes the in-flight key, and nothing differs.
+    live.wait(live.coll(LEDGER).update_many(
+        doc! {"status": "failed"},
+        doc! {"$set": {"nextAttemptAt": bson::DateTime::now()}},
+    ))
+    .expect("due now");
+    let last = deliver(&live, &["--sink", &sink, "--max-wait-seconds", "1"]);
+    assert_code(&last, 0);
+    assert_eq!(outputs(&last)["records_delivered"], 1);
+    assert_eq!(projection(&live), by_id(&live, "orders"));
+    let report: Value = serde_json::from_slice(&reconcile(&[]).stdout).expect("JSON");
+    assert_eq!(report["in_flight"], 0, "{report}");
+    assert_eq!(report["stale"]["count"], 0, "{report}");
+}

@@ -1,18 +1,22 @@
-//! A real webhook receiver for the delivery suites: an HTTP server on a free loopback port that
-//! checks every request's Standard Webhooks signature itself (its own HMAC, not the sink's
+//! A real webhook receiver for the delivery suites: an HTTP/1.1 server on a free loopback port
+//! that checks every request's Standard Webhooks signature itself (its own HMAC, not the sink's
 //! code), answers as the test says, and keeps what it saw: each request's `webhook-id`, body,
 //! whether its signature held, what it answered, and how many requests were being handled at
 //! once.
 //!
 //! It can be stopped (the port refuses connections, and the connections already open are cut,
-//! as when a receiver goes down) and started again on the same port. For that, the port is a
-//! relay of its own in front of the HTTP server (tiny_http, on a port nobody else is told of,
-//! for the receiver's whole life): tiny_http cannot close the connections a client keeps alive.
+//! as when a receiver goes down) and started again on the same port.
+//!
+//! The server is the small part of HTTP/1.1 a webhook needs (a request line, headers, a body by
+//! `Content-Length` or chunked, keep-alive), one thread per connection. Not tiny_http: its
+//! thread pool can leave a new connection queued behind kept-alive ones (the client times out,
+//! and the request is handled later, a duplicate the test did not cause), and it cannot cut the
+//! connections a client keeps alive.
 
 use std::collections::{BTreeMap, HashMap};
-use std::io::Read as _;
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::io::{BufRead, BufReader, Read as _, Write as _};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
@@ -21,10 +25,16 @@ use base64::Engine as _;
 use hmac::{Hmac, KeyInit, Mac};
 use sha2_011::Sha256;
 
-/// The most requests handled at once; more wait for one to end.
-const MAX_HANDLERS: usize = 64;
+/// The most connections open at once (a thread each); more wait to be accepted.
+const MAX_CONNECTIONS: usize = 64;
+/// How long a kept-alive connection may stay idle.
+const IDLE: Duration = Duration::from_secs(60);
+/// The longest request line or header line.
+const MAX_LINE: u64 = 16 * 1024;
+/// The most headers of a request.
+const MAX_HEADERS: usize = 100;
 /// The largest body read.
-const MAX_BODY: u64 = 16 << 20;
+const MAX_BODY: usize = 16 << 20;
 /// How far a `webhook-timestamp` may be from now (the tolerance of the spec's libraries).
 const TOLERANCE: Duration = Duration::from_secs(300);
 
@@ -39,14 +49,18 @@ pub struct Seen {
     pub body: serde_json::Value,
     /// The body's bytes.
     pub raw: Vec<u8>,
+    pub method: String,
+    /// The request target: the path and the query.
+    pub path: String,
     /// Every header, names in lower case, in the order sent.
     pub headers: Vec<(String, String)>,
     /// Whether the signature held: a `v1,` signature of the header is the HMAC-SHA256 of
     /// `<id>.<timestamp>.<body>` under the secret, and the timestamp is within 5 minutes of now.
     pub signature_valid: bool,
-    /// The status answered (401 when the signature did not hold).
+    /// The status answered (401 when the signature did not hold), or being answered when a
+    /// stop cut the connection.
     pub status_replied: u16,
-    /// When the request arrived.
+    /// When the request had been read.
     pub at: Instant,
 }
 
@@ -60,7 +74,9 @@ impl Seen {
     }
 }
 
-/// How the receiver answers one request: a status, headers, and how long it waits first.
+/// How the receiver answers one request: a status, headers (other than the framing ones:
+/// `content-length`, `transfer-encoding`, `connection`), and how long it waits first. The body
+/// is always empty.
 #[derive(Clone, Debug)]
 pub struct Reply {
     status: u16,
@@ -92,7 +108,7 @@ impl Reply {
 
 type Behaviour = dyn Fn(&Seen, u32) -> Reply + Send + Sync;
 
-/// What the handlers share.
+/// What the connections share.
 struct Shared {
     secret: Vec<u8>,
     behaviour: Mutex<Arc<Behaviour>>,
@@ -101,52 +117,30 @@ struct Shared {
     arrivals: Mutex<HashMap<String, u32>>,
     handling: AtomicUsize,
     max_handling: AtomicUsize,
+    /// The open connections, so that a stop can cut them.
+    connections: Mutex<HashMap<u64, TcpStream>>,
+    next_connection: AtomicU64,
 }
 
-/// A thread that runs until its flag is raised.
-struct Worker {
+/// The thread accepting connections while the port listens.
+struct Listening {
     stop: Arc<AtomicBool>,
     thread: JoinHandle<()>,
-}
-
-impl Worker {
-    fn spawn(body: impl FnOnce(Arc<AtomicBool>) + Send + 'static) -> Worker {
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = stop.clone();
-        Worker {
-            stop,
-            thread: std::thread::spawn(move || body(flag)),
-        }
-    }
-
-    fn end(self) {
-        self.stop.store(true, Ordering::SeqCst);
-        let _ = self.thread.join();
-    }
-}
-
-/// The public port while it listens: its accepting thread and the connections it relays.
-struct Front {
-    accepting: Worker,
-    connections: Arc<Mutex<HashMap<u64, TcpStream>>>,
 }
 
 /// The receiver.
 pub struct Receiver {
     port: u16,
     shared: Arc<Shared>,
-    /// Where tiny_http listens.
-    backend: SocketAddr,
-    dispatching: Option<Worker>,
-    front: Mutex<Option<Front>>,
+    listening: Mutex<Option<Listening>>,
 }
 
 impl Receiver {
     /// Listening on a free loopback port, answering 200 to every signed request until told
     /// otherwise.
     pub fn start(secret: &[u8]) -> Receiver {
-        let server = tiny_http::Server::http("127.0.0.1:0").expect("the receiver's server");
-        let backend = server.server_addr().to_ip().expect("an IP address");
+        let listener = TcpListener::bind("127.0.0.1:0").expect("the receiver listens");
+        let port = listener.local_addr().expect("an address").port();
         let shared = Arc::new(Shared {
             secret: secret.to_vec(),
             behaviour: Mutex::new(Arc::new(|_: &Seen, _| Reply::status(200))),
@@ -154,19 +148,14 @@ impl Receiver {
             arrivals: Mutex::new(HashMap::new()),
             handling: AtomicUsize::new(0),
             max_handling: AtomicUsize::new(0),
+            connections: Mutex::new(HashMap::new()),
+            next_connection: AtomicU64::new(0),
         });
-        let dispatching = {
-            let shared = shared.clone();
-            Worker::spawn(move |stop| dispatch(&server, &shared, &stop))
-        };
-        let listener = TcpListener::bind("127.0.0.1:0").expect("the receiver listens");
-        let port = listener.local_addr().expect("an address").port();
+        let listening = listen(listener, shared.clone());
         Receiver {
             port,
             shared,
-            backend,
-            dispatching: Some(dispatching),
-            front: Mutex::new(Some(relay(listener, backend))),
+            listening: Mutex::new(Some(listening)),
         }
     }
 
@@ -214,20 +203,27 @@ impl Receiver {
         self.seen().iter().all(|s| s.signature_valid)
     }
 
-    /// The most requests handled at once (from arrival to the answer written).
+    /// The most requests handled at once (from the request read to the answer written).
     pub fn max_concurrent(&self) -> usize {
         self.shared.max_handling.load(Ordering::SeqCst)
     }
 
-    /// Stops listening: connections to the port are refused, and those open are cut, until
-    /// [`Receiver::restart`]. What was seen is kept.
+    /// Stops listening: connections to the port are refused, and those open are cut (a request
+    /// being handled is kept as seen, its answer is lost), until [`Receiver::restart`].
     pub fn stop(&self) {
-        let Some(front) = self.front.lock().expect("front").take() else {
+        let Some(listening) = self.listening.lock().expect("listening").take() else {
             return;
         };
+        listening.stop.store(true, Ordering::SeqCst);
         // The listener is closed once its thread has ended.
-        front.accepting.end();
-        for connection in front.connections.lock().expect("connections").values() {
+        let _ = listening.thread.join();
+        for connection in self
+            .shared
+            .connections
+            .lock()
+            .expect("connections")
+            .values()
+        {
             let _ = connection.shutdown(Shutdown::Both);
         }
     }
@@ -249,135 +245,217 @@ impl Receiver {
                 }
             }
         };
-        *self.front.lock().expect("front") = Some(relay(listener, self.backend));
+        *self.listening.lock().expect("listening") = Some(listen(listener, self.shared.clone()));
     }
 }
 
 impl Drop for Receiver {
     fn drop(&mut self) {
         self.stop();
-        if let Some(dispatching) = self.dispatching.take() {
-            dispatching.end();
-        }
     }
 }
 
-/// Accepts connections on `listener` and relays each to the server at `backend`.
-fn relay(listener: TcpListener, backend: SocketAddr) -> Front {
+/// Accepts connections on `listener` until told to stop, each served on a thread of its own,
+/// at most [`MAX_CONNECTIONS`] at once.
+fn listen(listener: TcpListener, shared: Arc<Shared>) -> Listening {
+    // Non-blocking, so that the thread sees the stop without a connection to wake it.
     listener
         .set_nonblocking(true)
         .expect("a non-blocking listener");
-    let connections = Arc::new(Mutex::new(HashMap::new()));
-    let open = connections.clone();
-    let accepting = Worker::spawn(move |stop| {
-        let mut next = 0;
-        while !stop.load(Ordering::SeqCst) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let stopping = stop.clone();
+    let thread = std::thread::spawn(move || {
+        while !stopping.load(Ordering::SeqCst) {
+            let open = shared.connections.lock().expect("connections").len();
+            if open >= MAX_CONNECTIONS {
+                std::thread::sleep(Duration::from_millis(5));
+                continue;
+            }
             match listener.accept() {
-                Ok((client, _)) => {
-                    next += 1;
-                    connect(client, backend, next, &open);
-                }
+                Ok((stream, _)) => open_connection(stream, &shared),
                 // Nothing waiting (or an accept that failed): look again shortly.
                 Err(_) => std::thread::sleep(Duration::from_millis(5)),
             }
         }
     });
-    Front {
-        accepting,
-        connections,
-    }
+    Listening { stop, thread }
 }
 
-/// Relays `client` to the server, both ways, on two threads; `client` is kept in `open` until
-/// the server's side ends, so that [`Receiver::stop`] can cut it.
-fn connect(
-    client: TcpStream,
-    backend: SocketAddr,
-    key: u64,
-    open: &Arc<Mutex<HashMap<u64, TcpStream>>>,
-) {
-    let Ok(server) = TcpStream::connect(backend) else {
+/// Serves `stream` on a thread of its own, kept among the open connections until it ends.
+fn open_connection(stream: TcpStream, shared: &Arc<Shared>) {
+    let _ = stream.set_nonblocking(false);
+    let _ = stream.set_nodelay(true);
+    let _ = stream.set_read_timeout(Some(IDLE));
+    let Ok(kept) = stream.try_clone() else {
         return;
     };
-    let _ = client.set_nonblocking(false);
-    let _ = client.set_nodelay(true);
-    let _ = server.set_nodelay(true);
-    let (Ok(to_client), Ok(to_server), Ok(kept)) =
-        (client.try_clone(), server.try_clone(), client.try_clone())
-    else {
-        return;
-    };
-    open.lock().expect("connections").insert(key, kept);
-    let open = open.clone();
-    std::thread::spawn(move || pump(client, to_server));
+    let key = shared.next_connection.fetch_add(1, Ordering::SeqCst);
+    shared
+        .connections
+        .lock()
+        .expect("connections")
+        .insert(key, kept);
+    let shared = shared.clone();
     std::thread::spawn(move || {
-        pump(server, to_client);
-        open.lock().expect("connections").remove(&key);
+        converse(stream, &shared);
+        shared.connections.lock().expect("connections").remove(&key);
     });
 }
 
-/// Copies `from` to `to` until either ends, then closes `to` for writing.
-fn pump(mut from: TcpStream, mut to: TcpStream) {
-    let _ = std::io::copy(&mut from, &mut to);
-    let _ = to.shutdown(Shutdown::Write);
+/// Requests and answers on one connection until either side closes it.
+fn converse(stream: TcpStream, shared: &Shared) {
+    let Ok(mut writer) = stream.try_clone() else {
+        return;
+    };
+    let mut reader = BufReader::new(stream);
+    while let Some(request) = read_request(&mut reader) {
+        let keep_alive = request.keep_alive;
+        let written = {
+            let _handling = Handling::count(shared);
+            let reply = handle(shared, request);
+            answer(&mut writer, &reply, keep_alive)
+        };
+        if written.is_err() || !keep_alive {
+            break;
+        }
+    }
+    let _ = writer.shutdown(Shutdown::Both);
 }
 
-/// Hands each request the server receives to a thread of its own, at most [`MAX_HANDLERS`] at
-/// once.
-fn dispatch(server: &tiny_http::Server, shared: &Arc<Shared>, stop: &AtomicBool) {
-    while !stop.load(Ordering::SeqCst) {
-        let request = match server.recv_timeout(Duration::from_millis(20)) {
-            Ok(Some(request)) => request,
-            Ok(None) => continue,
-            Err(_) => return,
-        };
-        while shared.handling.load(Ordering::SeqCst) >= MAX_HANDLERS {
-            std::thread::sleep(Duration::from_millis(1));
-        }
+/// One request being handled, for the gauge: counted in when made, out when dropped (a
+/// behaviour that panics included).
+struct Handling<'a>(&'a AtomicUsize);
+
+impl Handling<'_> {
+    fn count(shared: &Shared) -> Handling<'_> {
         let now = shared.handling.fetch_add(1, Ordering::SeqCst) + 1;
         shared.max_handling.fetch_max(now, Ordering::SeqCst);
-        let shared = shared.clone();
-        std::thread::spawn(move || {
-            // Counted out however the handler ends (a behaviour that panics included).
-            let _handled = Handled(&shared.handling);
-            handle(&shared, request);
-        });
+        Handling(&shared.handling)
     }
 }
 
-/// Counts a request out of the gauge when dropped.
-struct Handled<'a>(&'a AtomicUsize);
-
-impl Drop for Handled<'_> {
+impl Drop for Handling<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
-/// Checks one request, asks the behaviour, records what was seen, then answers.
-fn handle(shared: &Shared, mut request: tiny_http::Request) {
-    let at = Instant::now();
-    let headers: Vec<(String, String)> = request
-        .headers()
-        .iter()
-        .map(|h| {
-            (
-                h.field.as_str().as_str().to_ascii_lowercase(),
-                h.value.as_str().to_string(),
-            )
-        })
-        .collect();
-    let mut raw = Vec::new();
-    let _ = request.as_reader().take(MAX_BODY).read_to_end(&mut raw);
+/// A request as read.
+struct Incoming {
+    method: String,
+    path: String,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+    keep_alive: bool,
+}
+
+/// The next request of a connection; `None` at its end or when what comes is not HTTP/1.x
+/// this server reads (the connection is then closed).
+fn read_request(reader: &mut BufReader<TcpStream>) -> Option<Incoming> {
+    // Empty lines before a request line are allowed.
+    let mut line = read_line(reader)?;
+    while line.is_empty() {
+        line = read_line(reader)?;
+    }
+    let mut parts = line.split(' ');
+    let (method, path, version) = (parts.next()?, parts.next()?, parts.next()?);
+    if parts.next().is_some() || !version.starts_with("HTTP/1.") {
+        return None;
+    }
+    let mut headers = Vec::new();
+    loop {
+        let line = read_line(reader)?;
+        if line.is_empty() {
+            break;
+        }
+        let (name, value) = line.split_once(':')?;
+        headers.push((name.trim().to_ascii_lowercase(), value.trim().to_string()));
+        if headers.len() > MAX_HEADERS {
+            return None;
+        }
+    }
+    let header = |name: &str| {
+        headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    };
+    let has_token = |name: &str, token: &str| {
+        header(name).is_some_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
+    };
+    let keep_alive = match version {
+        "HTTP/1.1" => !has_token("connection", "close"),
+        _ => has_token("connection", "keep-alive"),
+    };
+    if has_token("expect", "100-continue") {
+        reader
+            .get_mut()
+            .write_all(b"HTTP/1.1 100 Continue\r\n\r\n")
+            .ok()?;
+    }
+    let body = if has_token("transfer-encoding", "chunked") {
+        read_chunked(reader)?
+    } else {
+        let length: usize = header("content-length").map_or(Some(0), |v| v.parse().ok())?;
+        if length > MAX_BODY {
+            return None;
+        }
+        let mut body = vec![0; length];
+        reader.read_exact(&mut body).ok()?;
+        body
+    };
+    Some(Incoming {
+        method: method.to_string(),
+        path: path.to_string(),
+        headers,
+        body,
+        keep_alive,
+    })
+}
+
+/// A line without its line break; `None` at the end, on a line too long or not UTF-8.
+fn read_line(reader: &mut impl BufRead) -> Option<String> {
+    let mut line = String::new();
+    reader.by_ref().take(MAX_LINE).read_line(&mut line).ok()?;
+    let line = line.strip_suffix('\n')?;
+    Some(line.strip_suffix('\r').unwrap_or(line).to_string())
+}
+
+/// A chunked body (its trailers dropped).
+fn read_chunked(reader: &mut impl BufRead) -> Option<Vec<u8>> {
+    let mut body = Vec::new();
+    loop {
+        let line = read_line(reader)?;
+        let size = usize::from_str_radix(line.split(';').next()?.trim(), 16).ok()?;
+        if size == 0 {
+            while !read_line(reader)?.is_empty() {}
+            return Some(body);
+        }
+        if body.len() + size > MAX_BODY {
+            return None;
+        }
+        let start = body.len();
+        body.resize(start + size, 0);
+        reader.read_exact(&mut body[start..]).ok()?;
+        if !read_line(reader)?.is_empty() {
+            return None;
+        }
+    }
+}
+
+/// Checks one request, asks the behaviour, and records what was seen, before the answer.
+fn handle(shared: &Shared, request: Incoming) -> Reply {
     let mut seen = Seen {
         id: String::new(),
         timestamp: String::new(),
-        body: serde_json::from_slice(&raw).unwrap_or(serde_json::Value::Null),
-        raw,
-        headers,
+        body: serde_json::from_slice(&request.body).unwrap_or(serde_json::Value::Null),
+        raw: request.body,
+        method: request.method,
+        path: request.path,
+        headers: request.headers,
         signature_valid: false,
         status_replied: 0,
-        at,
+        at: Instant::now(),
     };
     seen.id = seen.header("webhook-id").unwrap_or_default().to_string();
     seen.timestamp = seen
@@ -408,13 +486,58 @@ fn handle(shared: &Shared, mut request: tiny_http::Request) {
     seen.status_replied = reply.status;
     shared.seen.lock().expect("seen").push(seen);
     std::thread::sleep(reply.delay);
-    let mut response = tiny_http::Response::empty(reply.status);
+    reply
+}
+
+/// Writes `reply`: its status line, its headers, and an empty body.
+fn answer(writer: &mut TcpStream, reply: &Reply, keep_alive: bool) -> std::io::Result<()> {
+    let mut head = format!("HTTP/1.1 {} {}\r\n", reply.status, reason(reply.status));
+    // No length on the answers that have no body by definition.
+    if !matches!(reply.status, 100..=199 | 204 | 304) {
+        head.push_str("content-length: 0\r\n");
+    }
     for (name, value) in &reply.headers {
-        if let Ok(header) = tiny_http::Header::from_bytes(name.as_bytes(), value.as_bytes()) {
-            response.add_header(header);
+        let framing = ["content-length", "transfer-encoding", "connection"]
+            .iter()
+            .any(|f| name.eq_ignore_ascii_case(f));
+        let broken = format!("{name}{value}").contains(['\r', '\n']);
+        if !framing && !broken {
+            head.push_str(&format!("{name}: {value}\r\n"));
         }
     }
-    let _ = request.respond(response);
+    if !keep_alive {
+        head.push_str("connection: close\r\n");
+    }
+    head.push_str("\r\n");
+    writer.write_all(head.as_bytes())?;
+    writer.flush()
+}
+
+/// The reason phrase of the statuses the suites answer (optional in HTTP/1.1).
+fn reason(status: u16) -> &'static str {
+    match status {
+        200 => "OK",
+        201 => "Created",
+        202 => "Accepted",
+        204 => "No Content",
+        301 => "Moved Permanently",
+        302 => "Found",
+        307 => "Temporary Redirect",
+        308 => "Permanent Redirect",
+        400 => "Bad Request",
+        401 => "Unauthorized",
+        403 => "Forbidden",
+        404 => "Not Found",
+        408 => "Request Timeout",
+        409 => "Conflict",
+        422 => "Unprocessable Content",
+        429 => "Too Many Requests",
+        500 => "Internal Server Error",
+        502 => "Bad Gateway",
+        503 => "Service Unavailable",
+        504 => "Gateway Timeout",
+        _ => "",
+    }
 }
 
 /// Standard Webhooks v1: one of the space-separated `v1,<base64>` signatures of `header` is the

@@ -792,3 +792,60 @@ pub async fn change_dead(
     .await
     .map_err(|failure| failure.described("changing dead entries", connection))
 }
+
+/// One correction of a projection: the target key's canonical text and the write that makes it
+/// what the source holds now (an upsert of the document, or a delete).
+#[derive(Clone, Debug)]
+pub struct Correction<'a> {
+    pub key: &'a str,
+    pub request: &'a Request,
+}
+
+/// Corrections of a projection in one transaction with `audit` (inserted once), each guarded by
+/// version as a delivery's writes are (one the projection holds a newer version of is left as
+/// it is): `record` names the repair in the documents it writes. Returns what each did.
+pub async fn correct(
+    connection: &Connection,
+    names: &Names,
+    projection: (&str, &str),
+    corrections: &[Correction<'_>],
+    record: &str,
+    audit: Option<&Document>,
+) -> Result<Vec<Projection>, Failed> {
+    let ledger = names.ledger(connection);
+    let target = connection
+        .database(projection.0)
+        .collection::<Document>(projection.1);
+    let audit_records = connection
+        .database(&names.database)
+        .collection::<Document>(&names.audit);
+    let retries = std::sync::atomic::AtomicU32::new(0);
+    transaction::run(connection, &ledger, &retries, async |session| {
+        let now = DateTime::now();
+        if let Some(audit) = audit {
+            let held = audit_records
+                .find_one(doc! { "_id": audit.get("_id").cloned().unwrap_or(Bson::Null) })
+                .session(&mut *session)
+                .await?;
+            if held.is_none() {
+                audit_records
+                    .insert_one(audit)
+                    .session(&mut *session)
+                    .await?;
+            }
+        }
+        let mut done = Vec::with_capacity(corrections.len());
+        for correction in corrections {
+            let write = Projected {
+                entry: record,
+                attempts: 0,
+                key: correction.key,
+                request: correction.request,
+            };
+            done.push(project_one(session, &ledger, &target, names, &write, now).await?);
+        }
+        Ok(Decision::<_, Infallible>::Commit(done))
+    })
+    .await
+    .map_err(|failure| failure.described("correcting the projection", connection))
+}

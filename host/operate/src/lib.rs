@@ -17,6 +17,7 @@
 //! - `recover`: after lost history, the checkpoint moved to now and the outbox repaired, in
 //!   one audited command that a rerun completes when it was killed;
 //! - `dead`: a delivery's dead records listed, replayed or discarded, audited;
+//! - `projection`: a delivery's MongoDB projection compared with its source, and repaired;
 //! - `outbox_view`: what the outbox says each document should be now;
 //! - `audit`: the audit records;
 //! - `progress`: rate and ETA of long work, on a terminal or as structured lines;
@@ -28,6 +29,7 @@ pub mod dead;
 pub mod lease;
 pub mod outbox_view;
 pub mod progress;
+pub mod projection;
 pub mod reconcile;
 pub mod recover;
 pub mod report;

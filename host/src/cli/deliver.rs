@@ -60,6 +60,46 @@ enum DeliverCommand {
     /// A delivery's dead records: list, replay, discard (audited).
     #[command(subcommand)]
     Dead(DeadCommand),
+    /// Compares a MongoDB projection with the watched collection by key, content and version
+    /// (missing, orphan, stale; keys the delivery has not settled are in flight); --repair
+    /// corrects them, audited.
+    #[command(after_help = concat!(
+        "Read-only unless --repair is given. Keys are printed as relaxed Extended JSON, never \
+whole documents. Run the consumer and the delivery first: a change not handed off yet is a \
+difference until it is. A repair writes each document as the source holds it now under the \
+deployment's cluster time as its version (a newer delivery write is left as it is), removes \
+orphans, in transactions of 100 with an audit record.\n\n\
+Examples:\n  handoff deliver reconcile --sink mongodb:orders_view\n  \
+handoff deliver reconcile --sink mongodb:orders_view --repair --reason \"view restored from backup\"\n\n\
+Exit 16 means differences were found; with --repair, exit 0 means they were corrected.\n\n",
+        exit_codes!()
+    ))]
+    Reconcile(ReconcileArgs),
+}
+
+#[derive(Args)]
+struct ReconcileArgs {
+    #[command(flatten)]
+    delivery: DeliveryArgs,
+    #[command(flatten)]
+    audit: AuditArgs,
+    #[command(flatten)]
+    view: ViewArgs,
+    /// The projection: mongodb:COLLECTION or mongodb:DATABASE.COLLECTION.
+    #[arg(long, env = env::SINK)]
+    sink: String,
+    /// Keys listed per kind of difference (counts are always complete).
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(0..=100_000))]
+    limit: u32,
+    /// Documents read per round trip.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    chunk_size: u32,
+    /// Correct every difference found (needs --reason).
+    #[arg(long, requires = "reason")]
+    repair: bool,
+    /// Why the repair is made (1-500 printable characters), kept in the audit record.
+    #[arg(long, requires = "repair", value_name = "TEXT")]
+    reason: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -247,29 +287,7 @@ impl RunArgs {
             ));
         };
         if let Some(target) = sink.strip_prefix("mongodb:") {
-            let (database, collection) = match target.split_once('.') {
-                Some((database, collection)) => (database, collection),
-                None => (names.database.as_str(), target),
-            };
-            let database_ok = database == names.database || database_name(database);
-            if !database_ok || !handoff::run::inputs::valid_name(collection) {
-                return Err(HandoffError::BadInput(
-                    "--sink mongodb:COLLECTION (or mongodb:DATABASE.COLLECTION) takes a \
-                     collection of 1-63 letters, digits, underscores or hyphens starting with a \
-                     letter"
-                        .into(),
-                ));
-            }
-            let state = handoff::domain::state::DEFAULT_NAMES.contains(&collection)
-                || [&names.outbox, &names.ledger].contains(&&collection.to_string());
-            if state && database == names.database {
-                return Err(HandoffError::BadInput(
-                    "the projection must be a collection of its own, not one of handoff's state \
-                     collections"
-                        .into(),
-                ));
-            }
-            return Ok(SinkSpec::Projection(format!("{database}.{collection}")));
+            return projection_target(target, names).map(SinkSpec::Projection);
         }
         if sink.starts_with("http://") || sink.starts_with("https://") {
             let text = match &self.sink_secret_file {
@@ -338,6 +356,32 @@ impl RunArgs {
     }
 }
 
+/// The projection `mongodb:TARGET` names, as `DATABASE.COLLECTION`, checked.
+fn projection_target(target: &str, names: &Names) -> Result<String> {
+    let (database, collection) = match target.split_once('.') {
+        Some((database, collection)) => (database, collection),
+        None => (names.database.as_str(), target),
+    };
+    let database_ok = database == names.database || database_name(database);
+    if !database_ok || !handoff::run::inputs::valid_name(collection) {
+        return Err(HandoffError::BadInput(
+            "--sink mongodb:COLLECTION (or mongodb:DATABASE.COLLECTION) takes a collection of \
+             1-63 letters, digits, underscores or hyphens starting with a letter"
+                .into(),
+        ));
+    }
+    let state = handoff::domain::state::DEFAULT_NAMES.contains(&collection)
+        || [&names.outbox, &names.ledger].contains(&&collection.to_string());
+    if state && database == names.database {
+        return Err(HandoffError::BadInput(
+            "the projection must be a collection of its own, not one of handoff's state \
+             collections"
+                .into(),
+        ));
+    }
+    Ok(format!("{database}.{collection}"))
+}
+
 /// A database name MongoDB takes (no `/\. "$` and no NUL, at most 63 bytes).
 fn database_name(name: &str) -> bool {
     !name.is_empty()
@@ -350,6 +394,7 @@ fn database_name(name: &str) -> bool {
 pub fn run(args: DeliverArgs) -> Result<super::Outcome> {
     match args.command {
         Some(DeliverCommand::Dead(command)) => dead(command).map(|()| super::Outcome::Done),
+        Some(DeliverCommand::Reconcile(args)) => reconcile(args).map(|()| super::Outcome::Done),
         None => deliver(&args.run),
     }
 }
@@ -500,6 +545,63 @@ fn act(args: ActArgs, action: Action) -> Result<()> {
         return Err(HandoffError::Attention(format!(
             "{} of the records named are not dead (the others were changed)",
             changed.not_dead.len()
+        )));
+    }
+    Ok(())
+}
+
+fn reconcile(args: ReconcileArgs) -> Result<()> {
+    let mut names = args.delivery.names()?;
+    let inputs = args.delivery.target.inputs()?;
+    names.audit = args.audit.collection(&inputs)?;
+    let Some(target) = args.sink.strip_prefix("mongodb:") else {
+        return Err(HandoffError::BadInput(
+            "deliver reconcile compares a MongoDB projection: --sink mongodb:COLLECTION".into(),
+        ));
+    };
+    let target = projection_target(target, &names)?;
+    let (database, collection) = target.split_once('.').unwrap_or_default();
+    let repair = match (&args.repair, &args.reason) {
+        (true, Some(reason)) => Some(reason_text("--reason", reason)?),
+        _ => None,
+    };
+    let options = handoff::operate::projection::Options {
+        names: names.clone(),
+        collection: inputs.collection.clone(),
+        projection: (database.to_string(), collection.to_string()),
+        chunk_size: args.chunk_size,
+        limit: args.limit as usize,
+        repair,
+        command: format!(
+            "deliver reconcile --delivery {} --sink mongodb:{target}{}",
+            names.delivery,
+            if args.repair { " --repair" } else { "" }
+        ),
+    };
+    let connection = Connection::connect(&args.delivery.target.uri)?;
+    let result = if options.repair.is_some() {
+        connection
+            .register_state(&names.database, &[&names.ledger, &names.audit])
+            .and_then(|()| connection.register_state(database, &[collection]))
+            .and_then(|()| handoff::operate::projection::reconcile(&connection, &options))
+    } else {
+        handoff::operate::projection::reconcile(&connection, &options)
+    };
+    connection.close();
+    let report = result?;
+    if args.view.json {
+        out!("{}", report.to_json())?;
+    } else {
+        handoff::output::write_stdout(&report.human())?;
+    }
+    if report.differences() > 0 && report.repaired.is_none() {
+        return Err(HandoffError::Attention(format!(
+            "{} keys differ ({} missing, {} orphan, {} stale); `handoff deliver reconcile \
+             --repair --reason TEXT` corrects them",
+            report.differences(),
+            report.missing.count,
+            report.orphan.count,
+            report.stale.count
         )));
     }
     Ok(())

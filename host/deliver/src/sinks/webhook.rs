@@ -10,9 +10,11 @@
 //! permanent failure: a signed request does not go where the URL does not say); certificates
 //! are checked against the web's roots. A URL with credentials is refused: the secret signs,
 //! nothing else authenticates. 2xx is accepted; 408, 429 and 5xx (and transport failures) are
-//! transient, honouring `Retry-After`; any other status is permanent.
+//! transient, honouring `Retry-After`; any other status is permanent. The request's own headers
+//! are sent too, except those that would replace the signature's or the transport's (left out,
+//! with a warning naming the header).
 
-use std::io::Read as _;
+use std::io::{ErrorKind, Read as _};
 use std::time::{Duration, SystemTime};
 
 use base64::Engine as _;
@@ -292,7 +294,15 @@ fn transport(error: &ureq::Error) -> (FailureClass, String) {
         ureq::Error::Timeout(phase) => transient(format!("the request timed out ({phase})")),
         ureq::Error::HostNotFound => transient("the receiver's host was not found".into()),
         ureq::Error::ConnectionFailed => transient("the connection to the receiver failed".into()),
-        ureq::Error::Io(e) => transient(format!("the connection failed: {}", e.kind())),
+        ureq::Error::Io(e) => transient(match e.kind() {
+            ErrorKind::ConnectionRefused => "the receiver refused the connection".into(),
+            ErrorKind::TimedOut | ErrorKind::WouldBlock => "the request timed out".into(),
+            ErrorKind::UnexpectedEof
+            | ErrorKind::ConnectionReset
+            | ErrorKind::ConnectionAborted
+            | ErrorKind::BrokenPipe => "the connection was closed before an answer came".into(),
+            kind => format!("the connection failed: {kind}"),
+        }),
         ureq::Error::Tls(_) | ureq::Error::Rustls(_) => {
             transient("the TLS handshake failed (certificates are checked)".into())
         }
@@ -618,7 +628,7 @@ mod tests {
             refused.deliver(&attempt(&request, 1)),
             FailureClass::Transient,
         );
-        assert!(f.text.contains("connection"), "{}", f.text);
+        assert_eq!(f.text, "the receiver refused the connection");
         assert!(!f.text.contains("s3cr3t"), "{}", f.text);
         assert_eq!(f.evidence.status, None);
 

@@ -56,9 +56,27 @@ type Compared = Option<(Kind, String, Bson, Option<StreamOrder>)>;
 async fn read_source(
     connection: &Connection,
     options: &Options,
+    each: impl FnMut(Vec<Document>) -> Result<()>,
+) -> Result<()> {
+    read_collection(
+        connection,
+        (&options.database, &options.collection),
+        options.chunk_size,
+        "reading the watched collection",
+        each,
+    )
+    .await
+}
+
+/// Reads `collection` in `_id` order, one `_id` type class after the other, `chunk` documents
+/// at a time, calling `each` with every chunk; `what` names the reading in its failure.
+pub(crate) async fn read_collection(
+    connection: &Connection,
+    (database, collection): (&str, &str),
+    chunk: u32,
+    what: &'static str,
     mut each: impl FnMut(Vec<Document>) -> Result<()>,
 ) -> Result<()> {
-    let chunk = options.chunk_size;
     for class in CLASSES {
         let types: Vec<&str> = class.to_vec();
         let mut last: Option<Bson> = None;
@@ -73,11 +91,11 @@ async fn read_source(
             };
             let documents = operator::documents(
                 connection,
-                &options.database,
-                &options.collection,
+                database,
+                collection,
                 doc! { "_id": range },
                 Some(first),
-                "reading the watched collection",
+                what,
             )
             .await
             .map_err(server)?;
