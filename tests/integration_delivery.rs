@@ -838,3 +838,67 @@ fn reconcile_finds_planted_missing_orphan_and_stale_keys_and_repairs_them_audite
     assert_eq!(report["in_flight"], 0, "{report}");
     assert_eq!(report["stale"]["count"], 0, "{report}");
 }
+
+#[test]
+fn status_keeps_every_delivery_apart_and_alerts_on_lag_and_dead_records() {
+    let live = Live::start();
+    live.start_consumer();
+    live.insert(0..4);
+    hand_off(&live);
+    assert_code(
+        &deliver(
+            &live,
+            &[
+                "--sink",
+                &format!("mongodb:{VIEW}"),
+                "--max-wait-seconds",
+                "1",
+            ],
+        ),
+        0,
+    );
+    // A second delivery whose receiver refuses one record for good and never got the rest.
+    let receiver = Receiver::start(&secret_bytes());
+    let poison = webhook_ids(&live)[0].clone();
+    receiver.set_behaviour(move |seen, _| Reply::status(if seen.id == poison { 422 } else { 200 }));
+    assert_code(
+        &to_webhook(
+            &live,
+            &receiver,
+            &["--max-records", "2", "--concurrency", "1"],
+        ),
+        17,
+    );
+    std::thread::sleep(Duration::from_millis(1100));
+    let status = |extra: &[&str]| {
+        let mut args = vec!["deliver", "status", "--json"];
+        args.extend_from_slice(extra);
+        live.operator(&args)
+    };
+    let calm = status(&[]);
+    assert_code(&calm, 0);
+    let report: Value = serde_json::from_slice(&calm.stdout).expect("JSON");
+    let deliveries = report["deliveries"].as_array().expect("deliveries");
+    assert_eq!(deliveries.len(), 2, "{report}");
+    let by_name = |name: &str| {
+        deliveries
+            .iter()
+            .find(|d| d["delivery"] == name)
+            .unwrap_or_else(|| panic!("{name}: {report}"))
+    };
+    assert_eq!(by_name("default")["succeeded"], 4);
+    assert_eq!(by_name("default")["open"], 0);
+    assert!(by_name("default")["lag_seconds"].is_null());
+    assert_eq!(by_name("hooks")["dead"], 1);
+    assert_eq!(by_name("hooks")["succeeded"], 1);
+    assert_eq!(by_name("hooks")["open"], 2);
+    assert!(by_name("hooks")["lag_seconds"].as_f64().expect("a lag") >= 1.0);
+    assert!(
+        by_name("hooks")["sink"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("http://127.0.0.1"))
+    );
+    assert_code(&status(&["--max-lag-seconds", "1"]), 16);
+    assert_code(&status(&["--max-lag-seconds", "3600"]), 0);
+    assert_code(&status(&["--fail-on-dead"]), 16);
+}

@@ -849,3 +849,21 @@ pub async fn correct(
     .await
     .map_err(|failure| failure.described("correcting the projection", connection))
 }
+
+/// The positions of every delivery of `names.consumer` (at most `limit`), as stored.
+pub async fn positions(
+    connection: &Connection,
+    names: &Names,
+    limit: i64,
+) -> Result<Vec<Document>, OperationError> {
+    names
+        .ledger(connection)
+        .find(doc! { "kind": "position", "consumer": &names.consumer })
+        .sort(doc! { "delivery": 1 })
+        .limit(limit)
+        .await
+        .map_err(connection.failed("reading the deliveries"))?
+        .try_collect()
+        .await
+        .map_err(connection.failed("reading the deliveries"))
+}

@@ -16,6 +16,7 @@
 //! - `reconcile`: the source compared with what the outbox says each document is;
 //! - `recover`: after lost history, the checkpoint moved to now and the outbox repaired, in
 //!   one audited command that a rerun completes when it was killed;
+//! - `delivery_status`: every delivery of a consumer with its ledger's figures and lag;
 //! - `dead`: a delivery's dead records listed, replayed or discarded, audited;
 //! - `projection`: a delivery's MongoDB projection compared with its source, and repaired;
 //! - `outbox_view`: what the outbox says each document should be now;
@@ -26,6 +27,7 @@
 pub mod audit;
 pub mod backfill;
 pub mod dead;
+pub mod delivery_status;
 pub mod lease;
 pub mod outbox_view;
 pub mod progress;

@@ -75,6 +75,29 @@ Exit 16 means differences were found; with --repair, exit 0 means they were corr
         exit_codes!()
     ))]
     Reconcile(ReconcileArgs),
+    /// Every delivery of the consumer: records open, dead, delivered and ignored, the sink, and
+    /// the lag (how long the oldest unsettled record has waited). Read-only.
+    #[command(after_help = concat!(
+        "Example:\n  handoff deliver status --max-lag-seconds 300\n\n\
+Exit 16 means a delivery's lag is over --max-lag-seconds, or it holds dead records with \
+--fail-on-dead.\n\n",
+        exit_codes!()
+    ))]
+    Status(StatusArgs),
+}
+
+#[derive(Args)]
+struct StatusArgs {
+    #[command(flatten)]
+    delivery: DeliveryArgs,
+    #[command(flatten)]
+    view: ViewArgs,
+    /// Exit 16 when a delivery's oldest unsettled record has waited longer than this.
+    #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..))]
+    max_lag_seconds: Option<u64>,
+    /// Exit 16 when a delivery holds dead records.
+    #[arg(long)]
+    fail_on_dead: bool,
 }
 
 #[derive(Args)]
@@ -395,6 +418,7 @@ pub fn run(args: DeliverArgs) -> Result<super::Outcome> {
     match args.command {
         Some(DeliverCommand::Dead(command)) => dead(command).map(|()| super::Outcome::Done),
         Some(DeliverCommand::Reconcile(args)) => reconcile(args).map(|()| super::Outcome::Done),
+        Some(DeliverCommand::Status(args)) => status(args).map(|()| super::Outcome::Done),
         None => deliver(&args.run),
     }
 }
@@ -603,6 +627,45 @@ fn reconcile(args: ReconcileArgs) -> Result<()> {
             report.orphan.count,
             report.stale.count
         )));
+    }
+    Ok(())
+}
+
+fn status(args: StatusArgs) -> Result<()> {
+    let names = args.delivery.names()?;
+    let connection = Connection::connect(&args.delivery.target.uri)?;
+    let found = handoff::operate::delivery_status::deliveries(&connection, &names);
+    connection.close();
+    let deliveries = found?;
+    if args.view.json {
+        let items: Vec<serde_json::Value> = deliveries.iter().map(|d| d.to_json()).collect();
+        out!(
+            "{}",
+            json!({ "consumer_id": names.consumer, "deliveries": items })
+        )?;
+    } else {
+        handoff::output::write_stdout(&handoff::operate::delivery_status::table(&deliveries))?;
+    }
+    let mut alerts = Vec::new();
+    for d in &deliveries {
+        if let (Some(max), Some(lag)) = (args.max_lag_seconds, d.lag_seconds)
+            && lag > max as f64
+        {
+            alerts.push(format!(
+                "delivery {} lags {lag:.0} s (more than {max} s)",
+                escape_untrusted(&d.name, 80)
+            ));
+        }
+        if args.fail_on_dead && d.counts.dead > 0 {
+            alerts.push(format!(
+                "delivery {} holds {} dead records",
+                escape_untrusted(&d.name, 80),
+                d.counts.dead
+            ));
+        }
+    }
+    if !alerts.is_empty() {
+        return Err(HandoffError::Attention(alerts.join("; ")));
     }
     Ok(())
 }
