@@ -37,8 +37,9 @@ use crate::sink::{Attempt, Outcome, Sink, SinkFailure};
 const WINDOW: i64 = 1000;
 /// Entries a transactional sink commits together.
 const GROUP: usize = 100;
-/// The most dead lanes held back at once (beyond, the run fails: too many to hold in memory).
-const MAX_DEAD_LANES: i64 = 100_000;
+/// How often the outbox stream is read while the ledger has a backlog (new records are admitted
+/// at least this often).
+const POLL_AT_LEAST: Duration = Duration::from_millis(200);
 /// How long a pass waits for workers when nothing else is to be done.
 const RESULT_WAIT: Duration = Duration::from_millis(20);
 
@@ -301,11 +302,13 @@ impl Run<'_> {
             return Ok(Vec::new());
         }
         let names = self.names().clone();
+        // What is in flight here comes first (open, in admission order), then the rest.
+        let window = (self.flights.len() + 2 * room + 32).min(WINDOW as usize) as i64;
         let documents = self
             .connection
-            .block_on(delivery::open_entries(self.connection, &names, WINDOW))
+            .block_on(delivery::open_entries(self.connection, &names, window))
             .map_err(unavailable)?;
-        let held = self.held_lanes()?;
+        let held = self.held_lanes(&documents)?;
         let now = DateTime::now();
         let owner = self.options.owner.as_str();
         let mut closed_lanes: HashSet<String> = HashSet::new();
@@ -338,25 +341,19 @@ impl Run<'_> {
         self.with_records(picked)
     }
 
-    /// The lanes a dead entry holds back.
-    fn held_lanes(&self) -> Result<HashSet<String>> {
+    /// The lanes of `documents` a dead entry holds back.
+    fn held_lanes(&self, documents: &[Document]) -> Result<HashSet<String>> {
         if !self.options.hold_dead_lanes {
             return Ok(HashSet::new());
         }
-        let dead = self
-            .connection
-            .block_on(delivery::entries_of(
-                self.connection,
-                self.names(),
-                Status::Dead,
-                None,
-                MAX_DEAD_LANES,
-            ))
-            .map_err(unavailable)?;
-        Ok(dead
+        let lanes: HashSet<&str> = documents
             .iter()
-            .filter_map(|d| d.get_str("lane").ok().map(str::to_string))
-            .collect())
+            .filter_map(|d| d.get_str("lane").ok())
+            .collect();
+        let lanes: Vec<&str> = lanes.into_iter().collect();
+        self.connection
+            .block_on(delivery::dead_lanes(self.connection, self.names(), &lanes))
+            .map_err(unavailable)
     }
 
     /// The picked entries with their records and requests; an entry whose record is gone is
@@ -533,14 +530,20 @@ impl Run<'_> {
     fn inline(&mut self, admitter: &mut Admitter<'_>, stop: &StopSignal) -> Result<Ended> {
         let mut idle_since = Instant::now();
         let mut backlog = true;
+        let mut last_poll = Instant::now();
         loop {
             if let Some(ended) = self.ending(stop) {
                 return Ok(ended);
             }
-            let came = if backlog { 0 } else { admitter.poll()? };
+            let came = if backlog && last_poll.elapsed() < POLL_AT_LEAST {
+                0
+            } else {
+                last_poll = Instant::now();
+                admitter.poll()?
+            };
             let room = self.room().min(GROUP);
             let picked = self.due(room, GROUP)?;
-            backlog = picked.len() >= room && room > 0;
+            backlog = room == 0 || picked.len() >= room;
             if picked.is_empty() && came == 0 {
                 if self.idle_over(idle_since) {
                     return Ok(Ended::Drained);
@@ -596,6 +599,7 @@ impl Run<'_> {
         let mut idle_since = Instant::now();
         let mut ending = None;
         let mut backlog = true;
+        let mut last_poll = Instant::now();
         loop {
             // Outcomes first: they free lanes and room.
             let mut done = Vec::new();
@@ -645,14 +649,15 @@ impl Run<'_> {
                 }
                 continue;
             }
-            let came = if backlog && !self.flights.is_empty() {
+            let came = if backlog && last_poll.elapsed() < POLL_AT_LEAST {
                 0
             } else {
+                last_poll = Instant::now();
                 admitter.poll()?
             };
             let room = self.room();
             let mut picked = self.due(room, 1)?;
-            backlog = picked.len() >= room && room > 0;
+            backlog = room == 0 || picked.len() >= room;
             // The byte bound: the first record always goes.
             let mut bytes = self.bytes_in_flight();
             let mut kept = 0;
@@ -711,7 +716,6 @@ impl Run<'_> {
             .iter()
             .map(|p| ClaimOf {
                 entry: p.entry.id.clone(),
-                attempts: p.entry.attempts,
             })
             .collect();
         let until = DateTime::from_millis(
@@ -719,7 +723,7 @@ impl Run<'_> {
                 .timestamp_millis()
                 .saturating_add(i64::try_from(self.options.lease.as_millis()).unwrap_or(i64::MAX)),
         );
-        let claimed: HashSet<String> = self
+        let claimed: HashMap<String, u32> = self
             .connection
             .block_on(delivery::claim(
                 self.connection,
@@ -736,7 +740,11 @@ impl Run<'_> {
             .collect();
         Ok(picked
             .into_iter()
-            .filter(|p| claimed.contains(&p.entry.id))
+            .filter_map(|mut p| {
+                // The attempts as claimed (another deliverer may have tried it since it was read).
+                p.entry.attempts = *claimed.get(&p.entry.id)?;
+                Some(p)
+            })
             .collect())
     }
 

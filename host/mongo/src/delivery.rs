@@ -429,51 +429,70 @@ pub async fn records(
         .map_err(connection.failed("reading outbox records"))
 }
 
-/// An entry to claim: its `_id` and the attempts it had when read.
+/// An entry to claim.
 #[derive(Clone, Debug)]
 pub struct ClaimOf {
     pub entry: String,
-    pub attempts: u32,
 }
 
-/// Claims `entries` for `owner` until `until` in one transaction: each that is still open, due,
-/// at the attempts read and not leased by another owner becomes in progress with one attempt
-/// more. Returns the `_id`s claimed.
+/// Claims `entries` for `owner` until `until` in one transaction: each that is still pending
+/// or failed and due, or in progress under a lease that has ended, becomes in progress with one
+/// attempt more (one statement for all). Returns the `_id`s claimed with their attempts before
+/// this one.
 pub async fn claim(
     connection: &Connection,
     names: &Names,
     entries: &[ClaimOf],
     owner: &str,
     until: DateTime,
-) -> Result<Vec<String>, Failed> {
+) -> Result<Vec<(String, u32)>, Failed> {
     let ledger = names.ledger(connection);
     let retries = std::sync::atomic::AtomicU32::new(0);
+    let ids: Vec<&str> = entries.iter().map(|e| e.entry.as_str()).collect();
     transaction::run(connection, &ledger, &retries, async |session| {
         let now = DateTime::now();
-        let mut claimed = Vec::new();
-        for entry in entries {
-            let filter = doc! {
-                "_id": &entry.entry,
-                "attempts": i64::from(entry.attempts),
-                "$or": [
+        let filter = doc! {
+            "_id": { "$in": &ids },
+            "$and": [
+                { "$or": [
                     { "status": { "$in": [Status::Pending.as_str(), Status::Failed.as_str()] } },
                     { "status": Status::InProgress.as_str(), "leaseUntil": { "$lte": now } },
-                    { "status": Status::InProgress.as_str(), "owner": owner },
-                ],
+                ] },
+                { "$or": [
+                    { "nextAttemptAt": { "$exists": false } },
+                    { "nextAttemptAt": { "$lte": now } },
+                ] },
+            ],
+        };
+        let update = doc! {
+            "$set": {
+                "status": Status::InProgress.as_str(), "owner": owner, "leaseUntil": until,
+                "updatedAt": now,
+            },
+            "$inc": { "attempts": 1 },
+        };
+        ledger
+            .update_many(filter, update)
+            .session(&mut *session)
+            .await?;
+        let mut claimed = Vec::new();
+        let mut cursor = ledger
+            .find(doc! {
+                "_id": { "$in": &ids }, "status": Status::InProgress.as_str(), "owner": owner,
+                "leaseUntil": until,
+            })
+            .projection(doc! { "_id": 1, "attempts": 1 })
+            .session(&mut *session)
+            .await?;
+        while let Some(found) = cursor.next(&mut *session).await {
+            let found = found?;
+            let attempts = match found.get("attempts") {
+                Some(Bson::Int32(n)) => u32::try_from(*n).ok(),
+                Some(Bson::Int64(n)) => u32::try_from(*n).ok(),
+                _ => None,
             };
-            let update = doc! {
-                "$set": {
-                    "status": Status::InProgress.as_str(), "owner": owner, "leaseUntil": until,
-                    "updatedAt": now,
-                },
-                "$inc": { "attempts": 1 },
-            };
-            let result = ledger
-                .update_one(filter, update)
-                .session(&mut *session)
-                .await?;
-            if result.modified_count == 1 {
-                claimed.push(entry.entry.clone());
+            if let (Ok(id), Some(attempts)) = (found.get_str("_id"), attempts) {
+                claimed.push((id.to_string(), attempts.saturating_sub(1)));
             }
         }
         Ok(Decision::<_, Infallible>::Commit(claimed))
@@ -614,7 +633,8 @@ pub const RECORD_FIELD: &str = "_handoffRecord";
 /// once): for each entry still open at the attempts read, the projection's document of the
 /// target key is written (upsert) or removed (delete) unless the projection, or its tombstone,
 /// holds the same or a newer version; the entry becomes succeeded with what was done. A write
-/// the server refuses fails the whole transaction: nothing is written.
+/// the server refuses fails the whole transaction: nothing is written. The entries, documents and
+/// tombstones are read with one query each; each write is one statement.
 pub async fn project(
     connection: &Connection,
     names: &Names,
@@ -628,110 +648,194 @@ pub async fn project(
     let retries = std::sync::atomic::AtomicU32::new(0);
     transaction::run(connection, &ledger, &retries, async |session| {
         let now = DateTime::now();
-        let mut done = Vec::with_capacity(writes.len());
-        for write in writes {
-            let open = doc! {
-                "_id": write.entry,
-                "status": { "$in": open_statuses() },
-                "attempts": i64::from(write.attempts),
+        let ids: Vec<&str> = writes.iter().map(|w| w.entry).collect();
+        let mut open = std::collections::HashMap::new();
+        let mut cursor = ledger
+            .find(doc! { "_id": { "$in": &ids }, "status": { "$in": open_statuses() } })
+            .projection(doc! { "_id": 1, "attempts": 1 })
+            .session(&mut *session)
+            .await?;
+        while let Some(found) = cursor.next(&mut *session).await {
+            let found = found?;
+            let attempts = match found.get("attempts") {
+                Some(Bson::Int32(n)) => i64::from(*n),
+                Some(Bson::Int64(n)) => *n,
+                _ => continue,
             };
-            let held = ledger
-                .find_one(open.clone())
-                .projection(doc! { "_id": 1 })
-                .session(&mut *session)
-                .await?;
-            if held.is_none() {
-                done.push(Projection::Settled);
+            if let Ok(id) = found.get_str("_id") {
+                open.insert(id.to_string(), attempts);
+            }
+        }
+        drop(cursor);
+        let due: Vec<&Projected<'_>> = writes
+            .iter()
+            .filter(|w| open.get(w.entry) == Some(&i64::from(w.attempts)))
+            .collect();
+        let outcomes = apply_versioned(session, &ledger, &target, names, &due, now).await?;
+        let mut by_outcome: [(Projection, Vec<&str>); 2] = [
+            (Projection::Applied, Vec::new()),
+            (Projection::Superseded, Vec::new()),
+        ];
+        for (write, outcome) in due.iter().zip(&outcomes) {
+            for (kind, entries) in by_outcome.iter_mut() {
+                if kind == outcome {
+                    entries.push(write.entry);
+                }
+            }
+        }
+        for (kind, entries) in &by_outcome {
+            if entries.is_empty() {
                 continue;
             }
-            let outcome = project_one(session, &ledger, &target, names, write, now).await?;
             let settlement = Settlement {
-                entry: write.entry.to_string(),
+                entry: String::new(),
                 status: Status::Succeeded,
-                unclaimed_attempts: Some(write.attempts),
+                unclaimed_attempts: None,
                 next_attempt: None,
                 error_class: None,
                 error: None,
-                evidence: Some(doc! { "outcome": outcome.as_str() }),
+                evidence: Some(doc! { "outcome": kind.as_str() }),
             };
             ledger
-                .update_one(
-                    open,
+                .update_many(
+                    doc! { "_id": { "$in": entries }, "status": { "$in": open_statuses() } },
                     settlement_update(&settlement, now, Some(doc! { "attempts": 1 })),
                 )
                 .session(&mut *session)
                 .await?;
-            done.push(outcome);
         }
+        let mut outcomes = outcomes.into_iter();
+        let done = writes
+            .iter()
+            .map(|w| {
+                if open.get(w.entry) == Some(&i64::from(w.attempts)) {
+                    outcomes.next().unwrap_or(Projection::Settled)
+                } else {
+                    Projection::Settled
+                }
+            })
+            .collect();
         Ok(Decision::<_, Infallible>::Commit(done))
     })
     .await
     .map_err(|failure| failure.described("writing the projection", connection))
 }
 
-/// One versioned write in the transaction.
-async fn project_one(
+/// The versions a projection holds for `keys` (by `_id` value) and the delivery's tombstones
+/// of them, by key text: the newest of each.
+async fn versions(
     session: &mut ClientSession,
     ledger: &Collection<Document>,
     target: &Collection<Document>,
     names: &Names,
-    write: &Projected<'_>,
-    now: DateTime,
-) -> Result<Projection, DriverError> {
-    let request = write.request;
-    let version = request.version.map(version_number);
-    let key = doc! { "_id": request.target.clone() };
-    let tombstone = tombstone_id(&names.delivery, write.key);
-    let current = target
-        .find_one(key.clone())
-        .projection(doc! { VERSION_FIELD: 1 })
+    writes: &[&Projected<'_>],
+) -> Result<std::collections::HashMap<String, i64>, DriverError> {
+    let mut newest: std::collections::HashMap<String, i64> = std::collections::HashMap::new();
+    let mut keep = |key: String, version: i64| {
+        let slot = newest.entry(key).or_insert(version);
+        *slot = (*slot).max(version);
+    };
+    let targets: Vec<Bson> = writes.iter().map(|w| w.request.target.clone()).collect();
+    let mut cursor = target
+        .find(doc! { "_id": { "$in": &targets } })
+        .projection(doc! { "_id": 1, VERSION_FIELD: 1 })
         .session(&mut *session)
-        .await?
-        .and_then(|d| d.get_i64(VERSION_FIELD).ok());
-    let removed = ledger
-        .find_one(doc! { "_id": &tombstone })
-        .session(&mut *session)
-        .await?
-        .and_then(|d| d.get_i64("version").ok());
-    let newest = current.max(removed);
-    if let (Some(version), Some(newest)) = (version, newest)
-        && version <= newest
-    {
-        return Ok(Projection::Superseded);
+        .await?;
+    while let Some(found) = cursor.next(&mut *session).await {
+        let found = found?;
+        if let (Some(key), Ok(version)) = (found.get("_id"), found.get_i64(VERSION_FIELD)) {
+            keep(
+                handoff_domain::token::canonical_text(&doc! { "k": key.clone() }),
+                version,
+            );
+        }
     }
-    match request.operation {
-        Operation::Delete => {
-            target.delete_one(key).session(&mut *session).await?;
-            if let Some(version) = version {
-                ledger
-                    .update_one(
-                        doc! { "_id": &tombstone },
-                        doc! { "$set": {
-                            "kind": "tombstone", "delivery": &names.delivery,
-                            "consumer": &names.consumer, "version": version, "updatedAt": now,
-                        } },
-                    )
+    drop(cursor);
+    let tombstones: Vec<String> = writes
+        .iter()
+        .map(|w| tombstone_id(&names.delivery, w.key))
+        .collect();
+    let mut cursor = ledger
+        .find(doc! { "_id": { "$in": &tombstones } })
+        .session(&mut *session)
+        .await?;
+    while let Some(found) = cursor.next(&mut *session).await {
+        let found = found?;
+        if let (Ok(key), Ok(version)) = (found.get_str("key"), found.get_i64("version")) {
+            keep(key.to_string(), version);
+        }
+    }
+    Ok(newest)
+}
+
+/// Versioned writes in the transaction, in order (a key written twice sees its first write).
+async fn apply_versioned(
+    session: &mut ClientSession,
+    ledger: &Collection<Document>,
+    target: &Collection<Document>,
+    names: &Names,
+    writes: &[&Projected<'_>],
+    now: DateTime,
+) -> Result<Vec<Projection>, DriverError> {
+    if writes.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut newest = versions(session, ledger, target, names, writes).await?;
+    let mut done = Vec::with_capacity(writes.len());
+    for write in writes {
+        let request = write.request;
+        let version = request.version.map(version_number);
+        if let (Some(version), Some(newest)) = (version, newest.get(write.key))
+            && version <= *newest
+        {
+            done.push(Projection::Superseded);
+            continue;
+        }
+        let key = doc! { "_id": request.target.clone() };
+        match request.operation {
+            Operation::Delete => {
+                target.delete_one(key).session(&mut *session).await?;
+                if let Some(version) = version {
+                    ledger
+                        .update_one(
+                            doc! { "_id": tombstone_id(&names.delivery, write.key) },
+                            doc! { "$set": {
+                                "kind": "tombstone", "delivery": &names.delivery,
+                                "consumer": &names.consumer, "key": write.key,
+                                "version": version, "updatedAt": now,
+                            } },
+                        )
+                        .upsert(true)
+                        .session(&mut *session)
+                        .await?;
+                }
+            }
+            _ => {
+                let mut document = request.body.clone();
+                document.insert("_id", request.target.clone());
+                match version {
+                    Some(version) => document.insert(VERSION_FIELD, version),
+                    None => document.remove(VERSION_FIELD),
+                };
+                document.insert(RECORD_FIELD, write.entry);
+                target
+                    .replace_one(key, document)
                     .upsert(true)
                     .session(&mut *session)
                     .await?;
             }
         }
-        _ => {
-            let mut document = request.body.clone();
-            document.insert("_id", request.target.clone());
-            match version {
-                Some(version) => document.insert(VERSION_FIELD, version),
-                None => document.remove(VERSION_FIELD),
-            };
-            document.insert(RECORD_FIELD, write.entry);
-            target
-                .replace_one(key, document)
-                .upsert(true)
-                .session(&mut *session)
-                .await?;
+        match version {
+            Some(version) => {
+                newest.insert(write.key.to_string(), version);
+            }
+            None => {
+                newest.remove(write.key);
+            }
         }
+        done.push(Projection::Applied);
     }
-    Ok(Projection::Applied)
+    Ok(done)
 }
 
 /// An audited change of one dead entry: to pending (replay) or ignored (discard).
@@ -834,16 +938,17 @@ pub async fn correct(
                     .await?;
             }
         }
-        let mut done = Vec::with_capacity(corrections.len());
-        for correction in corrections {
-            let write = Projected {
+        let writes: Vec<Projected<'_>> = corrections
+            .iter()
+            .map(|correction| Projected {
                 entry: record,
                 attempts: 0,
                 key: correction.key,
                 request: correction.request,
-            };
-            done.push(project_one(session, &ledger, &target, names, &write, now).await?);
-        }
+            })
+            .collect();
+        let writes: Vec<&Projected<'_>> = writes.iter().collect();
+        let done = apply_versioned(session, &ledger, &target, names, &writes, now).await?;
         Ok(Decision::<_, Infallible>::Commit(done))
     })
     .await
@@ -866,4 +971,31 @@ pub async fn positions(
         .try_collect()
         .await
         .map_err(connection.failed("reading the deliveries"))
+}
+
+/// Which of `lanes` hold a dead entry of the delivery.
+pub async fn dead_lanes(
+    connection: &Connection,
+    names: &Names,
+    lanes: &[&str],
+) -> Result<HashSet<String>, OperationError> {
+    if lanes.is_empty() {
+        return Ok(HashSet::new());
+    }
+    let mut filter = names.entries();
+    filter.insert("status", Status::Dead.as_str());
+    filter.insert("lane", doc! { "$in": lanes });
+    let found: Vec<Document> = names
+        .ledger(connection)
+        .find(filter)
+        .projection(doc! { "lane": 1 })
+        .await
+        .map_err(connection.failed("reading the ledger's dead lanes"))?
+        .try_collect()
+        .await
+        .map_err(connection.failed("reading the ledger's dead lanes"))?;
+    Ok(found
+        .iter()
+        .filter_map(|d| d.get_str("lane").ok().map(str::to_string))
+        .collect())
 }
