@@ -20,6 +20,8 @@ use crate::effect::lane_of;
 
 /// Records admitted per transaction.
 pub const ADMIT_BATCH: usize = 500;
+/// How long a poll gathers records once the first has come.
+const GATHER: Duration = Duration::from_millis(2);
 /// Outbox records read per page of a sweep.
 const SWEEP_PAGE: i64 = 1000;
 /// How often a caught-up stream's newer position is saved although it brought no record (a
@@ -212,7 +214,7 @@ impl<'a> Admitter<'a> {
     }
 
     /// Reads what the stream has (up to [`ADMIT_BATCH`] records, waiting at most the await
-    /// bound for the first) and admits it. Returns how many records the stream gave.
+    /// bound for the first and [`GATHER`] more for the rest) and admits it. Returns how many records the stream gave.
     pub fn poll(&mut self) -> Result<usize> {
         if self.stream.is_none() {
             self.open()?;
@@ -222,9 +224,16 @@ impl<'a> Admitter<'a> {
         let Some(stream) = self.stream.as_mut() else {
             return Ok(0);
         };
+        let mut first: Option<Instant> = None;
         loop {
+            // What has come is admitted at once: a steady stream would otherwise keep the read
+            // going until the batch is full.
+            if first.is_some_and(|at| at.elapsed() >= GATHER) {
+                break;
+            }
             match connection.block_on(stream.next()) {
                 Ok(Some(record)) => {
+                    first.get_or_insert_with(Instant::now);
                     if let Ok(id) = record.get_str("_id") {
                         admissions.push(Admission {
                             record: id.to_string(),
