@@ -108,8 +108,13 @@ fn delete(live: &Live, id: i32) {
 
 /// Hands off everything written so far (bounded runs until one hands off nothing).
 fn hand_off(live: &Live) {
+    hand_off_with(live, &[]);
+}
+
+/// [`hand_off`] with the run's extra arguments (another policy).
+fn hand_off_with(live: &Live, extra: &[&str]) {
     for _ in 0..20 {
-        let output = live.run(&[]);
+        let output = live.run(extra);
         assert_code(&output, 0);
         if outputs(&output)["events_handed_off"] == 0 {
             return;
@@ -901,4 +906,157 @@ fn status_keeps_every_delivery_apart_and_alerts_on_lag_and_dead_records() {
     assert_code(&status(&["--max-lag-seconds", "1"]), 16);
     assert_code(&status(&["--max-lag-seconds", "3600"]), 0);
     assert_code(&status(&["--fail-on-dead"]), 16);
+}
+
+/// Records with no `_id` string in the receiver's view: the bodies it saw, by `webhook-id`.
+fn bodies(receiver: &Receiver) -> BTreeMap<String, (Value, BTreeMap<String, String>)> {
+    receiver
+        .seen()
+        .into_iter()
+        .map(|s| (s.id.clone(), (s.body.clone(), s.headers.clone())))
+        .collect()
+}
+
+#[test]
+fn the_policy_shapes_what_a_webhook_gets_refuses_what_it_cannot_shape_and_ignores_a_conflict() {
+    let domain_events = ["--policy", handoff_test_policies::DOMAIN_EVENTS];
+    let live = Live::start();
+    assert_code(&live.run(&domain_events), 0);
+    live.insert(0..6);
+    hand_off_with(&live, &domain_events);
+    let receiver = Receiver::start(&secret_bytes());
+    // The receiver holds the event of aggregate 2 already: 409 Conflict, which the policy
+    // classifies as ignored (the host alone would make it dead).
+    receiver.set_behaviour(|seen, _| {
+        if seen.body["aggregateId"] == 2 {
+            Reply::status(409)
+        } else {
+            Reply::status(200)
+        }
+    });
+    let output = to_webhook(&live, &receiver, &domain_events);
+    assert_code(&output, 0);
+    let report = outputs(&output);
+    assert_eq!(report["records_delivered"], 5, "{report}");
+    assert_eq!(report["records_ignored"], 1, "{report}");
+    assert_eq!(report["records_dead"], 0, "{report}");
+    assert!(receiver.all_signatures_valid());
+    let seen = bodies(&receiver);
+    assert_eq!(seen.len(), 6, "{seen:?}");
+    for (id, (body, headers)) in &seen {
+        // The domain event itself, not the outbox record: no token, no consumer, no raw event.
+        assert_eq!(body["id"], id.as_str(), "{body}");
+        assert_eq!(body["type"], "OrderCreated", "{body}");
+        assert!(
+            body.get("token").is_none() && body.get("consumer").is_none(),
+            "{body}"
+        );
+        assert!(body["payload"].is_object(), "{body}");
+        assert_eq!(
+            headers.get("handoff-event-type").map(String::as_str),
+            Some("OrderCreated")
+        );
+        // The sink's own headers stay the sink's.
+        assert_eq!(
+            headers.get("content-type").map(String::as_str),
+            Some("application/json")
+        );
+    }
+    assert_eq!(statuses(&live).get("succeeded"), Some(&5));
+    assert_eq!(statuses(&live).get("ignored"), Some(&1));
+    let ignored: Vec<Document> = live
+        .records(LEDGER)
+        .into_iter()
+        .filter(|e| e.get_str("status").ok() == Some("ignored"))
+        .collect();
+    assert_eq!(
+        ignored[0].get_str("lastErrorClass").ok(),
+        Some("policy_ignored"),
+        "{ignored:?}"
+    );
+
+    // The same policy on an outbox of raw change events (the default policy's): it cannot
+    // shape them, so each goes dead with its reason, and none reaches the receiver.
+    let raw = Live::start();
+    raw.start_consumer();
+    raw.insert(0..3);
+    hand_off(&raw);
+    let receiver = Receiver::start(&secret_bytes());
+    let output = to_webhook(&raw, &receiver, &domain_events);
+    assert_code(&output, 17);
+    assert_eq!(outputs(&output)["records_dead"], 3);
+    assert!(receiver.seen().is_empty());
+    let dead: Vec<Document> = raw
+        .records(LEDGER)
+        .into_iter()
+        .filter(|e| e.get_str("status").ok() == Some("dead"))
+        .collect();
+    assert_eq!(dead.len(), 3);
+    for entry in &dead {
+        assert_eq!(
+            entry.get_str("lastErrorClass").ok(),
+            Some("policy_refused"),
+            "{entry:?}"
+        );
+        assert!(
+            entry
+                .get_str("lastError")
+                .unwrap_or_default()
+                .contains("eventType"),
+            "{entry:?}"
+        );
+    }
+}
+
+#[test]
+fn a_policy_answering_nonsense_or_never_delivers_nothing_and_loses_nothing() {
+    let live = Live::start();
+    live.start_consumer();
+    live.insert(0..3);
+    hand_off(&live);
+    let receiver = Receiver::start(&secret_bytes());
+    let output = to_webhook(
+        &live,
+        &receiver,
+        &["--policy", handoff_test_policies::EFFECTS_NONSENSE],
+    );
+    assert_code(&output, 9);
+    let stderr = support::stderr(&output);
+    assert!(stderr.contains("answered nonsense"), "{stderr}");
+    assert!(
+        !stderr.contains("forged"),
+        "the policy's header text is not echoed: {stderr}"
+    );
+    assert!(receiver.seen().is_empty());
+
+    let started = Instant::now();
+    let output = to_webhook(
+        &live,
+        &receiver,
+        &[
+            "--policy",
+            handoff_test_policies::EFFECTS_FOREVER,
+            "--policy-slice-ms",
+            "300",
+        ],
+    );
+    assert_code(&output, 9);
+    assert!(
+        support::stderr(&output).contains("computed for more than 300 ms"),
+        "{}",
+        support::stderr(&output)
+    );
+    assert!(started.elapsed() < Duration::from_secs(30));
+    assert!(receiver.seen().is_empty());
+    let counts = statuses(&live);
+    assert!(
+        !counts.contains_key("succeeded") && !counts.contains_key("dead"),
+        "{counts:?}"
+    );
+
+    // Nothing was lost: the default's effects deliver every record.
+    let output = to_webhook(&live, &receiver, &[]);
+    assert_code(&output, 0);
+    assert_eq!(outputs(&output)["records_delivered"], 3);
+    assert_eq!(receiver.accepted_ids().len(), 3);
 }

@@ -24,6 +24,8 @@ pub struct Seen {
     pub signature_valid: bool,
     pub status_replied: u16,
     pub at: Instant,
+    /// Every header, its name in lower case.
+    pub headers: BTreeMap<String, String>,
 }
 
 /// How the receiver answers one request.
@@ -201,6 +203,16 @@ fn handle(shared: &Shared, mut request: tiny_http::Request) {
             .find(|h| h.field.as_str().as_str().eq_ignore_ascii_case(name))
             .map(|h| h.value.as_str().to_string())
     };
+    let headers: BTreeMap<String, String> = request
+        .headers()
+        .iter()
+        .map(|h| {
+            (
+                h.field.as_str().as_str().to_ascii_lowercase(),
+                h.value.as_str().to_string(),
+            )
+        })
+        .collect();
     let id = header("webhook-id").unwrap_or_default();
     let timestamp = header("webhook-timestamp").unwrap_or_default();
     let signature = header("webhook-signature");
@@ -215,6 +227,7 @@ fn handle(shared: &Shared, mut request: tiny_http::Request) {
         signature_valid,
         status_replied: 0,
         at: Instant::now(),
+        headers,
     };
     let nth = {
         let seen_so_far = shared.seen.lock().expect("seen");

@@ -24,12 +24,23 @@
 //!   record's 4 MiB keeps its type and IDs with `payloadOmitted: true`. A transaction of more
 //!   than 500 events, which the host hands off in several transactions, gets a record per event.
 //!
+//! - Delivered (`handoff deliver`, contract 1.6): a webhook or a broker gets the domain event
+//!   itself, not the outbox record — `{id, type, schemaVersion, aggregateId, aggregateVersion?,
+//!   payload}`, with the type in a `handoff-event-type` header — and a projection the host's
+//!   default (upsert of the payload by aggregate, `…Deleted` deletes). A record that is not a
+//!   domain event (written by another policy) is refused: it goes dead rather than out in a
+//!   shape its receivers do not know. A webhook answering 409 Conflict already holds the event
+//!   (an idempotent receiver): the record is ignored, not retried or dead.
+//!
 //! Parameters: `entity` (default: the collection name in PascalCase without a trailing `s`:
 //! `orders` → `Order`), `version-field` (default `version`), `schema-version` (default `1`),
 //! `per-transaction` (`true` or `false`, the default). Event IDs, resume modes and the idle
 //! watermark are the default policy's.
 
-use handoff_policy_sdk::{Decision, Delivered, FromSettings, Policy, Record, Settings};
+use handoff_policy_sdk::{
+    Decision, Delivered, DeliveryRecord, Effect, Failure, FromSettings, Operation, Policy, Record,
+    Settings, SinkKind, SinkRequest, Verdict,
+};
 use serde_json::{Map, Value};
 
 /// The largest payload the host accepts, in bytes of Extended JSON text.
@@ -319,6 +330,15 @@ impl Policy for Shape {
         ),
     ];
 
+    fn effect(record: &DeliveryRecord) -> Effect {
+        effect(record)
+    }
+
+    fn classify(failure: &Failure) -> Option<Verdict> {
+        (failure.sink == SinkKind::Webhook && failure.http_status == Some(409))
+            .then_some(Verdict::Ignore)
+    }
+
     fn decide(&mut self, event: &mut Delivered<'_>, id: String) -> Decision {
         let operation = event.operation_type.clone();
         let transaction = if self.per_transaction {
@@ -445,12 +465,105 @@ impl Building {
     }
 }
 
+/// A delivered record's effect: the domain event itself for a message sink, the default for a
+/// keyed one; a record that is not a domain event is refused.
+fn effect(record: &DeliveryRecord) -> Effect {
+    let operation = match record.sink {
+        SinkKind::Webhook => Operation::Post,
+        SinkKind::Broker => Operation::Publish,
+        SinkKind::Projection | SinkKind::Cache => return Effect::Default,
+    };
+    let Ok(Value::Object(outbox)) = serde_json::from_str::<Value>(&record.json) else {
+        return Effect::Refuse("the outbox record is not a JSON object".into());
+    };
+    let Some(Value::String(event_type)) = outbox.get("eventType") else {
+        return Effect::Refuse("the outbox record is not a domain event (no eventType)".into());
+    };
+    let id = match outbox.get("_id") {
+        Some(Value::String(id)) => id.split_once('/').map_or(id.as_str(), |(_, rest)| rest),
+        _ => return Effect::Refuse("the outbox record has no string _id".into()),
+    };
+    let mut body = Map::new();
+    body.insert("id".into(), Value::String(id.to_string()));
+    body.insert("type".into(), Value::String(event_type.clone()));
+    for (from, to) in [
+        ("schemaVersion", "schemaVersion"),
+        ("aggregateId", "aggregateId"),
+        ("aggregateVersion", "aggregateVersion"),
+        ("payload", "payload"),
+    ] {
+        if let Some(value) = outbox.get(from) {
+            body.insert(to.into(), value.clone());
+        }
+    }
+    Effect::Request(
+        SinkRequest::new(operation)
+            .body(Value::Object(body).to_string())
+            .header("handoff-event-type", event_type.clone()),
+    )
+}
+
 #[cfg(target_arch = "wasm32")]
 handoff_policy_sdk::export_policy!(Shape);
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn delivered(sink: SinkKind, json: &str) -> Effect {
+        effect(&DeliveryRecord {
+            delivery: "default".into(),
+            sink,
+            json: json.into(),
+        })
+    }
+
+    #[test]
+    fn a_webhook_gets_the_domain_event_with_its_type_in_a_header() {
+        let json = r#"{"_id": "c/e1", "consumer": "c", "eventType": "OrderCreated",
+            "schemaVersion": {"$numberLong": "1"}, "aggregateId": "o-1",
+            "payload": {"total": 5}, "token": {"_data": "82"}}"#;
+        let Effect::Request(request) = delivered(SinkKind::Webhook, json) else {
+            panic!("a request");
+        };
+        assert_eq!(request.operation, Operation::Post);
+        assert_eq!(
+            request.headers,
+            vec![("handoff-event-type".to_string(), "OrderCreated".to_string())]
+        );
+        let body: Value = serde_json::from_str(request.body.as_deref().unwrap()).unwrap();
+        assert_eq!(body["id"], "e1");
+        assert_eq!(body["type"], "OrderCreated");
+        assert_eq!(body["payload"]["total"], 5);
+        assert!(body.get("token").is_none() && body.get("consumer").is_none());
+    }
+
+    #[test]
+    fn a_projection_gets_the_default_and_a_raw_record_is_refused() {
+        let raw = r#"{"_id": "c/e2", "consumer": "c", "event": {}}"#;
+        assert_eq!(delivered(SinkKind::Projection, raw), Effect::Default);
+        assert!(
+            matches!(delivered(SinkKind::Webhook, raw), Effect::Refuse(r) if r.contains("eventType"))
+        );
+        assert!(matches!(
+            delivered(SinkKind::Broker, "[]"),
+            Effect::Refuse(_)
+        ));
+    }
+
+    #[test]
+    fn a_conflict_from_a_webhook_is_ignored() {
+        let failure = |status| Failure {
+            record_id: "c/e1".into(),
+            sink: SinkKind::Webhook,
+            attempt: 1,
+            transient: false,
+            http_status: Some(status),
+            message: String::new(),
+        };
+        assert_eq!(Shape::classify(&failure(409)), Some(Verdict::Ignore));
+        assert_eq!(Shape::classify(&failure(400)), None);
+    }
 
     fn defaults() -> Shape {
         Shape::from_settings(&Settings::default()).unwrap()

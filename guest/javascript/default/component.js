@@ -1,5 +1,5 @@
 // The component's entry: binds the contract's imports to the SDK and exports the policy.
-import * as host from 'handoff:policy/host@1.5.0';
+import * as host from 'handoff:policy/host@1.6.0';
 import * as decisions from './policy.js';
 import { exportPolicy } from '../sdk/handoff.js';
 

@@ -5,7 +5,7 @@
 // moving to a new version of the package. Build with
 //   componentize-js --wit node_modules/handoff-policy/wit/policy.wit --world-name handoff-policy \
 //     --disable http fetch-event --out build/policy.wasm node_modules/handoff-policy/component.js
-import * as host from 'handoff:policy/host@1.5.0';
+import * as host from 'handoff:policy/host@1.6.0';
 import * as decisions from '../../policy.js';
 import { exportPolicy } from './handoff.js';
 

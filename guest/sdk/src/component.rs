@@ -9,7 +9,7 @@
 pub mod bindings {
     wit_bindgen::generate!({
         path: "wit",
-        world: "declared-policy",
+        world: "delivering-policy",
         pub_export_macro: true,
         default_bindings_module: "handoff_policy_sdk::component::bindings",
     });
@@ -84,6 +84,63 @@ pub fn report(report: crate::Report) -> types::Report {
 pub fn run<P: crate::Policy>(settings: types::Settings) -> Result<types::Report, String> {
     let report = crate::run::<P>(&mut WitHost::default(), &self::settings(settings))?;
     Ok(self::report(report))
+}
+
+/// The delivery interface's values in native form, and back.
+pub mod delivery {
+    use super::bindings::exports::handoff::policy::delivery as wit;
+
+    fn sink(sink: wit::SinkKind) -> crate::SinkKind {
+        match sink {
+            wit::SinkKind::Projection => crate::SinkKind::Projection,
+            wit::SinkKind::Webhook => crate::SinkKind::Webhook,
+            wit::SinkKind::Cache => crate::SinkKind::Cache,
+            wit::SinkKind::Broker => crate::SinkKind::Broker,
+        }
+    }
+
+    /// The component's `effect-of` for the policy `P`.
+    pub fn effect_of<P: crate::Policy>(record: wit::DeliveryRecord) -> wit::Effect {
+        let record = crate::DeliveryRecord {
+            delivery: record.delivery,
+            sink: sink(record.sink),
+            json: record.json,
+        };
+        match P::effect(&record) {
+            crate::Effect::Default => wit::Effect::DefaultEffect,
+            crate::Effect::Refuse(reason) => wit::Effect::Refuse(reason),
+            crate::Effect::Request(request) => wit::Effect::Request(wit::SinkRequest {
+                operation: match request.operation {
+                    crate::Operation::Upsert => wit::Operation::Upsert,
+                    crate::Operation::Delete => wit::Operation::Delete,
+                    crate::Operation::Publish => wit::Operation::Publish,
+                    crate::Operation::Post => wit::Operation::Post,
+                    crate::Operation::Ignore => wit::Operation::Ignore,
+                },
+                key: request.key,
+                version: request.version,
+                body: request.body,
+                headers: request.headers,
+            }),
+        }
+    }
+
+    /// The component's `classify` for the policy `P`.
+    pub fn classify<P: crate::Policy>(failure: wit::Failure) -> Option<wit::Verdict> {
+        let failure = crate::Failure {
+            record_id: failure.record_id,
+            sink: sink(failure.sink),
+            attempt: failure.attempt,
+            transient: failure.transient,
+            http_status: failure.http_status,
+            message: failure.message,
+        };
+        P::classify(&failure).map(|v| match v {
+            crate::Verdict::Retry => wit::Verdict::Retry,
+            crate::Verdict::Dead => wit::Verdict::Dead,
+            crate::Verdict::Ignore => wit::Verdict::Ignore,
+        })
+    }
 }
 
 /// A batched commit (`commit-records`, contract 1.2: its decisions cover `commit-batch`'s and
@@ -259,7 +316,9 @@ impl crate::Host for WitHost {
 
 /// Exports a policy type (any [`Policy`](crate::Policy)) as the component's
 /// `handoff:policy/policy.run`, with its [`PARAMETERS`](crate::Policy::PARAMETERS) as
-/// `handoff:policy/declared`: `handoff_policy_sdk::export_policy!(MyPolicy);`, on wasm32 only
+/// `handoff:policy/declared`, and its [`effect`](crate::Policy::effect) and
+/// [`classify`](crate::Policy::classify) as `handoff:policy/delivery`:
+/// `handoff_policy_sdk::export_policy!(MyPolicy);`, on wasm32 only
 /// (put it under `#[cfg(target_arch = "wasm32")]` in a crate that also builds natively).
 #[macro_export]
 macro_rules! export_policy {
@@ -293,6 +352,22 @@ macro_rules! export_policy {
                         name: name.to_string(),
                         summary: summary.to_string(),
                     }
+                }
+            }
+
+            impl $crate::component::bindings::exports::handoff::policy::delivery::Guest
+                for Component
+            {
+                fn effect_of(
+                    outbox: $crate::component::bindings::exports::handoff::policy::delivery::DeliveryRecord,
+                ) -> $crate::component::bindings::exports::handoff::policy::delivery::Effect {
+                    $crate::component::delivery::effect_of::<$policy>(outbox)
+                }
+
+                fn classify(
+                    failure: $crate::component::bindings::exports::handoff::policy::delivery::Failure,
+                ) -> Option<$crate::component::bindings::exports::handoff::policy::delivery::Verdict> {
+                    $crate::component::delivery::classify::<$policy>(failure)
                 }
             }
 

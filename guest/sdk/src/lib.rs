@@ -253,6 +253,28 @@ pub trait Policy: FromSettings {
         1
     }
 
+    /// The effect of an outbox record on a delivery's sink (`handoff deliver`, contract 1.6).
+    /// It depends on the record alone (every attempt, in every process, must make the same
+    /// effect); no run exists and the host's functions are not available. By default the
+    /// host's: see [`Effect::Default`].
+    fn effect(record: &DeliveryRecord) -> Effect
+    where
+        Self: Sized,
+    {
+        let _ = record;
+        Effect::Default
+    }
+
+    /// What becomes of a failed delivery attempt; `None` (the default): what the host does
+    /// (transient failures retried, others dead).
+    fn classify(failure: &Failure) -> Option<Verdict>
+    where
+        Self: Sized,
+    {
+        let _ = failure;
+        None
+    }
+
     /// Called once after a successful run, every commit and the idle watermark done, with the
     /// report the run returns. An error fails the run (what was committed stays).
     fn finish(&mut self, host: &mut dyn Host, report: &Report) -> Result<(), String> {

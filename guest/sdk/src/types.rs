@@ -313,3 +313,124 @@ impl From<CommitError> for String {
         error.to_string()
     }
 }
+
+/// What kind of sink a delivery has (contract 1.6).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SinkKind {
+    /// Keyed, versioned writes (a MongoDB projection).
+    Projection,
+    /// One signed HTTP POST per record.
+    Webhook,
+    /// Keyed writes without a transaction.
+    Cache,
+    /// One message per record.
+    Broker,
+}
+
+/// One outbox record on its way to a sink.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeliveryRecord {
+    /// The delivery's name (`--delivery`).
+    pub delivery: String,
+    pub sink: SinkKind,
+    /// The outbox record, whole, as canonical Extended JSON.
+    pub json: String,
+}
+
+/// What an effect does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Operation {
+    /// Write the body under the key unless the sink holds a newer version (keyed sinks).
+    Upsert,
+    /// Remove the key unless the sink holds a newer version (keyed sinks).
+    Delete,
+    /// Publish the body (a broker).
+    Publish,
+    /// Post the body (a webhook).
+    Post,
+    /// No effect: the record is settled `ignored`.
+    Ignore,
+}
+
+/// A record's effect on the sink. What it leaves out is the host's default: the source
+/// document's key, the event's cluster time as the version, the default body.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SinkRequest {
+    pub operation: Operation,
+    /// The key, as canonical Extended JSON of one value (`"o-1"`, `5`, `{"$oid": "…"}`).
+    pub key: Option<String>,
+    /// The version the sink compares; it must grow with the source.
+    pub version: Option<u64>,
+    /// The body: a document as Extended JSON.
+    pub body: Option<String>,
+    /// Extra headers (a webhook), at most 32; `content-type` and `webhook-*` are the sink's.
+    pub headers: Vec<(String, String)>,
+}
+
+impl SinkRequest {
+    /// `operation` with everything else the default's.
+    pub fn new(operation: Operation) -> SinkRequest {
+        SinkRequest {
+            operation,
+            key: None,
+            version: None,
+            body: None,
+            headers: Vec::new(),
+        }
+    }
+
+    pub fn key(mut self, key: impl Into<String>) -> SinkRequest {
+        self.key = Some(key.into());
+        self
+    }
+
+    pub fn version(mut self, version: u64) -> SinkRequest {
+        self.version = Some(version);
+        self
+    }
+
+    pub fn body(mut self, body: impl Into<String>) -> SinkRequest {
+        self.body = Some(body.into());
+        self
+    }
+
+    pub fn header(mut self, name: impl Into<String>, value: impl Into<String>) -> SinkRequest {
+        self.headers.push((name.into(), value.into()));
+        self
+    }
+}
+
+/// What the policy makes of a record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Effect {
+    /// The host's default for the sink.
+    Default,
+    Request(SinkRequest),
+    /// The record must not reach the sink: dead at once with the reason.
+    Refuse(String),
+}
+
+/// A failed delivery attempt.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Failure {
+    /// The outbox record's `_id`.
+    pub record_id: String,
+    pub sink: SinkKind,
+    /// 1 for the first attempt.
+    pub attempt: u32,
+    /// Whether the host would retry it (a timeout, a refused connection, 5xx, 408, 429).
+    pub transient: bool,
+    pub http_status: Option<u16>,
+    pub message: String,
+}
+
+/// What becomes of a failed attempt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Try again later (still at most `--max-attempts`).
+    Retry,
+    /// Dead now.
+    Dead,
+    /// Give up on the record without an effect (`ignored`).
+    Ignore,
+}

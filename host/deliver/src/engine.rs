@@ -29,9 +29,9 @@ use handoff_mongo::delivery::{self, ClaimOf, Names, Settlement};
 use handoff_mongo::transaction::Failure;
 
 use crate::admit::{Admitter, unavailable};
-use crate::effect::{Effects, default_request};
 use crate::retry::Backoff;
 use crate::sink::{Attempt, Outcome, Sink, SinkFailure};
+use handoff_domain::effect::{Decided, EffectPolicy, FailureNote, Verdict};
 
 /// Open entries read per look at the ledger.
 const WINDOW: i64 = 1000;
@@ -137,7 +137,7 @@ fn event_id(names: &Names, record: &str) -> String {
 pub fn deliver(
     connection: &Connection,
     sink: &dyn Sink,
-    effects: Effects,
+    effects: &mut dyn EffectPolicy,
     options: &Options,
     stop: &StopSignal,
 ) -> Result<Report> {
@@ -246,7 +246,7 @@ struct Picked {
 struct Run<'a> {
     connection: &'a Connection,
     sink: &'a dyn Sink,
-    effects: Effects,
+    effects: &'a mut dyn EffectPolicy,
     options: &'a Options,
     report: Report,
     /// In flight, by entry `_id`.
@@ -356,8 +356,9 @@ impl Run<'_> {
             .map_err(unavailable)
     }
 
-    /// The picked entries with their records and requests; an entry whose record is gone is
-    /// settled dead.
+    /// The picked entries with their records and the requests the policy makes of them; an
+    /// entry whose record is gone, or which the policy refuses, is settled dead. A policy that
+    /// fails (a trap, a bound, nonsense) ends the delivery: the entry stays for the next run.
     fn with_records(&mut self, entries: Vec<Entry>) -> Result<Vec<Picked>> {
         let ids: Vec<&str> = entries.iter().map(|e| e.record.as_str()).collect();
         let records = self
@@ -369,34 +370,47 @@ impl Run<'_> {
             .filter_map(|r| Some((r.get_str("_id").ok()?.to_string(), r)))
             .collect();
         let mut picked = Vec::new();
-        let mut gone = Vec::new();
+        let mut dead = Vec::new();
+        let kind = self.sink.kind();
+        let dead_now = |entry: &Entry, class: &str, error: String| Settlement {
+            entry: entry.id.clone(),
+            status: Status::Dead,
+            unclaimed_attempts: Some(entry.attempts),
+            next_attempt: None,
+            error_class: Some(class.into()),
+            error: Some(error),
+            evidence: None,
+        };
         for entry in entries {
-            match by_id.remove(&entry.record) {
-                Some(record) => {
-                    let bytes =
-                        bson::RawDocumentBuf::try_from(&record).map_or(0, |b| b.as_bytes().len());
-                    let request = default_request(&record, self.effects);
-                    picked.push(Picked {
-                        entry,
-                        request,
-                        bytes,
-                    });
-                }
-                None => gone.push(Settlement {
-                    entry: entry.id.clone(),
-                    status: Status::Dead,
-                    unclaimed_attempts: Some(entry.attempts),
-                    next_attempt: None,
-                    error_class: Some("record_missing".into()),
-                    error: Some("the outbox no longer holds the record".into()),
-                    evidence: None,
+            let Some(record) = by_id.remove(&entry.record) else {
+                dead.push(dead_now(
+                    &entry,
+                    "record_missing",
+                    "the outbox no longer holds the record".into(),
+                ));
+                continue;
+            };
+            let bytes = bson::RawDocumentBuf::try_from(&record).map_or(0, |b| b.as_bytes().len());
+            match self
+                .effects
+                .effect(&self.options.names.delivery, kind, &record)?
+            {
+                Decided::Request(request) => picked.push(Picked {
+                    entry,
+                    request: *request,
+                    bytes,
                 }),
+                Decided::Refused(reason) => {
+                    tracing::info!(entry_seq = entry.seq, "the policy refused a record");
+                    let reason = escape_untrusted(&reason, MAX_ERROR_TEXT);
+                    dead.push(dead_now(&entry, "policy_refused", reason));
+                }
             }
         }
-        if !gone.is_empty() {
-            self.report.dead += gone.len() as u64;
-            self.settled += gone.len() as u64;
-            self.settle(&gone)?;
+        if !dead.is_empty() {
+            self.report.dead += dead.len() as u64;
+            self.settled += dead.len() as u64;
+            self.settle(&dead)?;
         }
         Ok(picked)
     }
@@ -424,7 +438,7 @@ impl Run<'_> {
         entry: &Entry,
         outcome: &Outcome,
         claimed: bool,
-    ) -> Option<Settlement> {
+    ) -> Result<Option<Settlement>> {
         self.report.attempts += 1;
         self.settled += 1;
         let unclaimed_attempts = (!claimed).then_some(entry.attempts);
@@ -435,7 +449,7 @@ impl Run<'_> {
                 if evidence.outcome.as_deref() == Some("superseded") {
                     self.report.superseded += 1;
                 }
-                (!settled).then(|| Settlement {
+                Ok((!settled).then(|| Settlement {
                     entry: entry.id.clone(),
                     status: Status::Succeeded,
                     unclaimed_attempts,
@@ -443,24 +457,55 @@ impl Run<'_> {
                     error_class: None,
                     error: None,
                     evidence: Some(evidence.document()),
-                })
+                }))
             }
-            Outcome::Failed(failure) => {
-                Some(self.failed(entry, failure, attempts, unclaimed_attempts))
-            }
+            Outcome::Failed(failure) => self
+                .failed(entry, failure, attempts, unclaimed_attempts)
+                .map(Some),
         }
     }
 
-    /// A failed attempt: retried later, or dead.
+    /// A failed attempt: retried later, dead or ignored, as the policy classifies it (by
+    /// default: transient ones retried up to the attempts' bound, the others dead).
     fn failed(
         &mut self,
         entry: &Entry,
         failure: &SinkFailure,
         attempts: u32,
         unclaimed_attempts: Option<u32>,
-    ) -> Settlement {
+    ) -> Result<Settlement> {
         let text: String = escape_untrusted(&failure.text, MAX_ERROR_TEXT);
-        let permanent = failure.class == crate::sink::FailureClass::Permanent;
+        let transient = failure.class == crate::sink::FailureClass::Transient;
+        let verdict = self.effects.classify(&FailureNote {
+            record: &entry.record,
+            sink: self.sink.kind(),
+            attempt: attempts,
+            transient,
+            http_status: failure.evidence.status,
+            message: &text,
+        })?;
+        if verdict == Some(Verdict::Ignore) {
+            self.report.ignored += 1;
+            tracing::info!(
+                entry_seq = entry.seq,
+                attempts,
+                "the policy ignores a failed record"
+            );
+            return Ok(Settlement {
+                entry: entry.id.clone(),
+                status: Status::Ignored,
+                unclaimed_attempts,
+                next_attempt: None,
+                error_class: Some("policy_ignored".into()),
+                error: Some(text),
+                evidence: Some(failure.evidence.document()),
+            });
+        }
+        let permanent = match verdict {
+            Some(Verdict::Dead) => true,
+            Some(Verdict::Retry) => false,
+            _ => !transient,
+        };
         let out_of_attempts = attempts >= self.options.max_attempts;
         let (status, next_attempt, error) = if permanent || out_of_attempts {
             self.report.dead += 1;
@@ -487,7 +532,7 @@ impl Run<'_> {
             status = status.as_str(),
             "a delivery attempt failed"
         );
-        Settlement {
+        Ok(Settlement {
             entry: entry.id.clone(),
             status,
             unclaimed_attempts,
@@ -495,7 +540,7 @@ impl Run<'_> {
             error_class: Some(failure.class.as_str().into()),
             error: Some(error),
             evidence: Some(failure.evidence.document()),
-        }
+        })
     }
 
     /// The ignored entries among `picked` settled (no effect), the others returned.
@@ -578,11 +623,10 @@ impl Run<'_> {
                 .collect();
             let outcomes = self.sink.deliver_all(&attempts);
             drop(attempts);
-            let settlements: Vec<Settlement> = picked
-                .iter()
-                .zip(&outcomes)
-                .filter_map(|(p, outcome)| self.settlement(&p.entry, outcome, false))
-                .collect();
+            let mut settlements: Vec<Settlement> = Vec::with_capacity(picked.len());
+            for (p, outcome) in picked.iter().zip(&outcomes) {
+                settlements.extend(self.settlement(&p.entry, outcome, false)?);
+            }
             self.settle(&settlements)?;
         }
     }
@@ -622,15 +666,13 @@ impl Run<'_> {
             done.extend(results.try_iter());
             if !done.is_empty() {
                 idle_since = Instant::now();
-                let settlements: Vec<Settlement> = done
-                    .iter()
-                    .filter_map(|d| {
-                        if let Some(flight) = self.flights.remove(&d.entry.id) {
-                            self.busy_lanes.remove(&flight.lane);
-                        }
-                        self.settlement(&d.entry, &d.outcome, true)
-                    })
-                    .collect();
+                let mut settlements: Vec<Settlement> = Vec::with_capacity(done.len());
+                for d in &done {
+                    if let Some(flight) = self.flights.remove(&d.entry.id) {
+                        self.busy_lanes.remove(&flight.lane);
+                    }
+                    settlements.extend(self.settlement(&d.entry, &d.outcome, true)?);
+                }
                 let settled = self.settle(&settlements)?;
                 if settled < settlements.len() as u64 {
                     tracing::warn!(

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use bson::Document;
 use handoff_domain::delivery::Request;
+use handoff_domain::effect::SinkKind;
 
 /// One attempt at one record's effect.
 #[derive(Clone, Copy, Debug)]
@@ -91,6 +92,8 @@ pub trait Sink: Send + Sync {
     /// What the delivery is pinned to: the sink's kind and target, never a credential
     /// (`mongodb:db.projection`, `https://host/path`).
     fn pin(&self) -> String;
+    /// What kind of sink it is: which operations it makes, what the default effect is.
+    fn kind(&self) -> SinkKind;
     /// Whether the effect and the ledger entry commit together (exactly once). Such a sink's
     /// attempts need no lease: a second deliverer's attempt finds the entry settled.
     fn transactional(&self) -> bool {

@@ -4,7 +4,8 @@
 //! - `checkpoint`: a consumer's checkpoint document, its resume mode, how it is loaded and how a
 //!   run binds it (lease, configuration);
 //! - `config`: the stream's shape (scope, pipeline, pre- and post-images), checked and digested;
-//! - `delivery`: what a delivery takes from the outbox to a sink, and its ledger;
+//! - `delivery`: what a delivery takes from the outbox to a sink, and its ledger; `effect`: what
+//!   each record does to the sink, by the policy or the default;
 //! - `deployment`: the replica set, the consumer and where its state lives;
 //! - `stream`: where a stream starts, server errors and their classes, the change-source trait;
 //! - `lease`: which run holds a consumer, and until when;
@@ -27,6 +28,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod delivery;
 pub mod deployment;
+pub mod effect;
 pub mod error;
 pub mod fixture;
 pub mod forecast;

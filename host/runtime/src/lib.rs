@@ -3,6 +3,7 @@
 //! - `engine`: the wasmtime engine and linker, and one policy run over a session;
 //! - `policy`: loading and checking policy components against the contract;
 //! - `declared`: what a policy declares before any run (the parameters it reads);
+//! - `effects`: what a policy makes of a delivery's records (contract 1.6);
 //! - `bindings`: the WIT contract bound to the host, each import translated onto the session;
 //! - `limits`: memory cap, compute slice and run timeout;
 //! - `cache`: compiled artifacts keyed by policy digest and engine;
@@ -13,6 +14,7 @@ mod bindings;
 pub mod cache;
 pub mod clock;
 pub mod declared;
+pub mod effects;
 pub mod engine;
 pub mod limits;
 pub mod policy;

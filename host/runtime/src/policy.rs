@@ -12,7 +12,7 @@ use handoff_domain::error::{HandoffError, Result};
 /// The contract version this host implements (`wit/policy.wit`).
 pub const CONTRACT: Version = Version {
     major: 1,
-    minor: 5,
+    minor: 6,
     patch: 0,
 };
 /// The package and interface a policy exports.

@@ -113,21 +113,46 @@ impl HasData for BoundedWaits {
     type Data<'a> = WaitView<'a>;
 }
 
-fn view(state: &mut RunState) -> WaitView<'_> {
-    WaitView {
-        table: &mut state.table,
-        slice_started: &mut state.slice_started,
-        interrupted: &mut state.interrupted,
-        waits: &state.waits,
+impl<'a> WaitView<'a> {
+    /// The view of a store's state whose waits `waits` bounds.
+    pub(crate) fn new(
+        table: &'a mut ResourceTable,
+        slice_started: &'a mut Instant,
+        interrupted: &'a mut Option<String>,
+        waits: &'a Waits,
+    ) -> WaitView<'a> {
+        WaitView {
+            table,
+            slice_started,
+            interrupted,
+            waits,
+        }
     }
+}
+
+fn view(state: &mut RunState) -> WaitView<'_> {
+    WaitView::new(
+        &mut state.table,
+        &mut state.slice_started,
+        &mut state.interrupted,
+        &state.waits,
+    )
 }
 
 /// Replaces the linker's `wasi:io/poll` and `wasi:clocks/monotonic-clock` (added by
 /// `add_to_linker_sync` before) with the bounded ones.
 pub(crate) fn add_bounded_waits(linker: &mut Linker<RunState>) -> wasmtime::Result<()> {
+    add_bounded_waits_with(linker, view)
+}
+
+/// [`add_bounded_waits`] for a store of another state, seen through `view`.
+pub(crate) fn add_bounded_waits_with<T: Send + 'static>(
+    linker: &mut Linker<T>,
+    view: fn(&mut T) -> WaitView<'_>,
+) -> wasmtime::Result<()> {
     linker.allow_shadowing(true);
-    sync_poll::add_to_linker::<RunState, BoundedWaits>(linker, view)?;
-    monotonic_clock::add_to_linker::<RunState, BoundedWaits>(linker, view)?;
+    sync_poll::add_to_linker::<T, BoundedWaits>(linker, view)?;
+    monotonic_clock::add_to_linker::<T, BoundedWaits>(linker, view)?;
     linker.allow_shadowing(false);
     Ok(())
 }

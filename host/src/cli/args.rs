@@ -10,7 +10,7 @@ use handoff::session::OutboxOptions;
 
 mod policy;
 mod stream;
-pub use policy::{DecidingArgs, KeepEventArgs, PolicyArgs, parse_params};
+pub use policy::{DecidingArgs, EffectsArgs, KeepEventArgs, PolicyArgs, parse_params};
 pub use stream::StreamArgs;
 
 /// Where a consumer's state lives, from flags or the baseline's environment variables.

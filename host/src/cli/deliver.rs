@@ -6,11 +6,10 @@ use std::time::{Duration, Instant};
 use clap::{Args, Subcommand};
 use serde_json::json;
 
-use super::args::{AuditArgs, TargetArgs, ViewArgs, reason_text};
+use super::args::{AuditArgs, EffectsArgs, TargetArgs, ViewArgs, reason_text};
 use super::env;
 use handoff::backend::mongo::Connection;
 use handoff::backend::mongo::delivery::Names;
-use handoff::deliver::effect::Effects;
 use handoff::deliver::retry::Backoff;
 use handoff::deliver::sink::Sink;
 use handoff::deliver::sinks::projection::Projection;
@@ -34,8 +33,10 @@ by version (the event's cluster time): an older version never overwrites or revi
 http://… https://…   a webhook signed the Standard Webhooks way (webhook-id = the event ID, stable \
 across retries and restarts; webhook-timestamp; webhook-signature with the secret of \
 --sink-secret-file or HANDOFF_SINK_SECRET): at least once, no redirects, certificates checked\n\
-Effects: a projection upserts the change's document by its key, deletes on delete events and \
-ignores what has no document; a webhook posts every record as relaxed Extended JSON.\n\
+Effects: the policy's (--policy, contract 1.6: each record's request, or a refusal that makes it \
+dead; what a failed attempt is), else the default's: a projection upserts the change's document \
+by its key, deletes on delete events and ignores what has no document; a webhook posts every \
+record as relaxed Extended JSON.\n\
 Retries: timeouts, refused connections, 5xx, 408 and 429 are tried again with backoff and jitter \
 (at least Retry-After) up to --max-attempts; other 4xx are dead at once. Records of one document \
 key go in order; other keys go on in parallel, and a dead record holds back only its own key.\n\
@@ -154,6 +155,8 @@ struct DeliveryArgs {
 struct RunArgs {
     #[command(flatten)]
     delivery: DeliveryArgs,
+    #[command(flatten)]
+    effects: EffectsArgs,
     /// The sink: mongodb:COLLECTION, mongodb:DATABASE.COLLECTION, http://… or https://….
     #[arg(long, env = env::SINK)]
     sink: Option<String>,
@@ -428,6 +431,7 @@ fn deliver(args: &RunArgs) -> Result<super::Outcome> {
     let spec = args.sink(&names)?;
     let options = args.options(names.clone())?;
     let stop = super::stop_signal()?;
+    let mut effects = args.effects.load(&stop)?;
     let connection = Connection::connect(&args.delivery.target.uri)?;
     let started = Instant::now();
     let result = (|| {
@@ -447,16 +451,23 @@ fn deliver(args: &RunArgs) -> Result<super::Outcome> {
                 .map_err(HandoffError::BadInput)?,
             ),
         };
-        let effects = match spec {
-            SinkSpec::Projection(_) => Effects::Keyed,
-            SinkSpec::Webhook { .. } => Effects::Messages,
-        };
         connection.register_state(&names.database, &[&names.ledger])?;
-        handoff::deliver::deliver(&connection, sink.as_ref(), effects, &options, &stop)
+        handoff::deliver::deliver(
+            &connection,
+            sink.as_ref(),
+            effects.decides.as_mut(),
+            &options,
+            &stop,
+        )
     })();
     connection.close();
     let report = result?;
-    print_outputs(&report, &names, started.elapsed())?;
+    print_outputs(
+        &report,
+        &names,
+        &effects.decides.describe(),
+        started.elapsed(),
+    )?;
     if report.ended == Some(Ended::Stopped) {
         return Ok(super::Outcome::Stopped);
     }
@@ -474,12 +485,13 @@ fn deliver(args: &RunArgs) -> Result<super::Outcome> {
 }
 
 /// The outputs line and the metrics line, as `run` prints them for Kestra.
-fn print_outputs(report: &Report, names: &Names, elapsed: Duration) -> Result<()> {
+fn print_outputs(report: &Report, names: &Names, effects: &str, elapsed: Duration) -> Result<()> {
     let status = report.ended.map_or("DRAINED", Ended::as_str);
     let outputs = json!({
         "status": status,
         "consumer_id": names.consumer,
         "delivery": names.delivery,
+        "effects": effects,
         "records_admitted": report.admitted,
         "attempts": report.attempts,
         "records_delivered": report.delivered,

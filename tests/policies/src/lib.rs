@@ -11,6 +11,8 @@
 //! - `CLOCKS_AND_RANDOM`: outbox IDs made of WASI clock and random readings (replay determinism);
 //! - `NET_CLIENT`: a component using sockets (TCP, UDP, name lookup), which the host links and denies;
 //! - `FOREIGN_IMPORT`: a component importing an interface the contract lacks, under the contract's
-//!   package name, which the host must refuse to load.
+//!   package name, which the host must refuse to load;
+//! - `EFFECTS_NONSENSE`, `EFFECTS_FOREVER`: a delivery's effects (contract 1.6) answered with
+//!   nonsense, or never: the host must deliver nothing.
 
 include!(concat!(env!("OUT_DIR"), "/paths.rs"));

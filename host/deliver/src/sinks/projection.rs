@@ -104,6 +104,10 @@ fn accepted(written: Written) -> Outcome {
 }
 
 impl Sink for Projection {
+    fn kind(&self) -> handoff_domain::effect::SinkKind {
+        handoff_domain::effect::SinkKind::Projection
+    }
+
     fn pin(&self) -> String {
         format!("mongodb:{}.{}", self.database, self.collection)
     }

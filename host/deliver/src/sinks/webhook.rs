@@ -332,6 +332,10 @@ pub fn retry_after(value: &str, now: SystemTime) -> Option<Duration> {
 }
 
 impl Sink for Webhook {
+    fn kind(&self) -> handoff_domain::effect::SinkKind {
+        handoff_domain::effect::SinkKind::Webhook
+    }
+
     fn pin(&self) -> String {
         self.pin.clone()
     }

@@ -6,8 +6,12 @@ use std::time::Duration;
 use clap::Args;
 
 use crate::cli::env;
+use handoff::domain::StopSignal;
+use handoff::domain::effect::{DefaultEffects, EffectPolicy};
+use handoff::domain::text::escape_untrusted;
 use handoff::error::{HandoffError, Result};
 use handoff::runtime::cache::ArtifactCache;
+use handoff::runtime::effects::PolicyEffects;
 use handoff::runtime::{Limits, Policy, PolicySource, Runtime};
 use handoff::session::OutboxOptions;
 
@@ -73,16 +77,84 @@ impl PolicyArgs {
 
     /// The engine and the loaded policy.
     pub fn load(&self) -> Result<(Runtime, Policy)> {
-        let source = self.source()?;
-        let cache = if self.no_cache {
-            None
-        } else {
-            ArtifactCache::default_dir()
+        load_source(&self.source()?, self.no_cache)
+    }
+}
+
+/// The engine and the policy `source`, through the artifact cache unless `no_cache`.
+fn load_source(source: &PolicySource, no_cache: bool) -> Result<(Runtime, Policy)> {
+    let cache = if no_cache {
+        None
+    } else {
+        ArtifactCache::default_dir()
+    };
+    let (runtime, policy) = Runtime::with_policy(cache, source)?;
+    tracing::debug!(target: "handoff::startup", "engine ready");
+    tracing::debug!(target: "handoff::startup", contract = %policy.contract, "policy loaded");
+    Ok((runtime, policy))
+}
+
+/// The policy that decides a delivery's effects (contract 1.6), within which limits.
+#[derive(Args, Clone, Debug)]
+pub struct EffectsArgs {
+    /// A policy component (.wasm) whose `delivery` export decides each record's effect and what
+    /// a failed attempt is; without one (or for a policy built before contract 1.6), the
+    /// default's effects.
+    #[arg(long, env = env::POLICY)]
+    pub policy: Option<PathBuf>,
+    /// Memory the policy may use, in MiB.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub policy_memory_mib: u32,
+    /// Guest compute allowed for one answer, in milliseconds.
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(1..=600_000))]
+    pub policy_slice_ms: u64,
+    /// Do not read or write the compiled-artifact cache.
+    #[arg(long)]
+    pub no_cache: bool,
+}
+
+/// Who decides a delivery's effects, loaded.
+pub struct Effects {
+    /// Kept for its engine's epoch ticker, which bounds the policy's answers.
+    _runtime: Option<Runtime>,
+    pub decides: Box<dyn EffectPolicy>,
+}
+
+impl EffectsArgs {
+    /// The policy's effects, or the default's: a policy that cannot be loaded or started is
+    /// refused here, before anything is read or delivered.
+    pub fn load(&self, stop: &StopSignal) -> Result<Effects> {
+        let Some(path) = &self.policy else {
+            return Ok(Effects {
+                _runtime: None,
+                decides: Box::new(DefaultEffects),
+            });
         };
-        let (runtime, policy) = Runtime::with_policy(cache, &source)?;
-        tracing::debug!(target: "handoff::startup", "engine ready");
-        tracing::debug!(target: "handoff::startup", contract = %policy.contract, "policy loaded");
-        Ok((runtime, policy))
+        let (runtime, policy) = load_source(&PolicySource::from_file(path)?, self.no_cache)?;
+        let limits = Limits {
+            memory_bytes: self.policy_memory_mib as usize * (1 << 20),
+            slice: Duration::from_millis(self.policy_slice_ms),
+            ..Limits::default()
+        };
+        let decides: Box<dyn EffectPolicy> = match PolicyEffects::load(
+            runtime.engine(),
+            &policy,
+            &limits,
+            stop,
+        )? {
+            Some(effects) => Box::new(effects),
+            None => {
+                tracing::warn!(
+                    policy = %escape_untrusted(&policy.origin, 200),
+                    "the policy does not decide a delivery's effects (built before contract                          1.6 or without `delivery`): the default's apply"
+                );
+                Box::new(DefaultEffects)
+            }
+        };
+        Ok(Effects {
+            _runtime: Some(runtime),
+            decides,
+        })
     }
 }
 
