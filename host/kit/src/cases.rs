@@ -17,6 +17,12 @@
 //! quarantine IDs it added (in order, with quarantine reasons), and the checkpoint after it (token
 //! as relaxed Extended JSON and mode). A mismatch prints a readable diff; `--update` writes the
 //! results as the new expectations.
+//!
+//! A case with `"delivery": { "sink": "webhook" }` (or `projection`, `cache`, `broker`; and
+//! optionally `"name"`, the delivery's, `default` when left out) also expects, per run, the
+//! request the policy's effects (contract 1.6, or the default's) make of each record the run
+//! added: `"requests": [ { "id", "operation", "key", "version", "headers", "body" } | { "id",
+//! "refused" } | { "id", "error" }, … ]`.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -26,9 +32,11 @@ use serde_json::{Map, Value, json};
 
 use handoff_backend::memory::MemoryStore;
 use handoff_backend::replay::{Fixture, ReplaySource};
+use handoff_domain::effect::{Decided, DefaultEffects, EffectPolicy, SinkKind};
 use handoff_domain::error::{HandoffError, Result};
 use handoff_domain::{CheckpointStore, Dump, StopSignal};
 use handoff_run::{Plan, RawInputs, StreamOptions, begin};
+use handoff_runtime::effects::PolicyEffects;
 use handoff_runtime::{Limits, Policy, Runtime};
 use handoff_session::OutboxOptions;
 
@@ -195,6 +203,31 @@ impl Case {
         }
     }
 
+    /// The sink and delivery name of `delivery`, when the case expects requests.
+    fn delivery(&self) -> Result<Option<(SinkKind, String)>> {
+        let Some(spec) = self.spec.get("delivery") else {
+            return Ok(None);
+        };
+        let sink = match spec.get("sink").and_then(Value::as_str) {
+            Some("projection") => SinkKind::Projection,
+            Some("webhook") => SinkKind::Webhook,
+            Some("cache") => SinkKind::Cache,
+            Some("broker") => SinkKind::Broker,
+            _ => {
+                return Err(bad(
+                    &self.dir,
+                    "delivery.sink must be projection, webhook, cache or broker",
+                ));
+            }
+        };
+        let name = match spec.get("name") {
+            None => "default".to_string(),
+            Some(Value::String(name)) if !name.is_empty() => name.clone(),
+            Some(_) => return Err(bad(&self.dir, "delivery.name must be a non-empty string")),
+        };
+        Ok(Some((sink, name)))
+    }
+
     /// Runs the case on a fresh in-memory store: each run described as expectations are
     /// written, what the store holds after the last, and the errors of the runs that failed.
     pub fn execute(&self, runtime: &Runtime, policy: &Policy) -> Result<Execution> {
@@ -234,6 +267,16 @@ impl Case {
             .check_params(policy, &plan.params)
             .map_err(|e| bad(&self.dir, e))?;
         let inputs = &plan.inputs;
+        let delivery = self.delivery()?;
+        let mut effects: Option<Box<dyn EffectPolicy>> = match &delivery {
+            None => None,
+            Some(_) => Some(
+                match PolicyEffects::load(runtime.engine(), policy, &plan.limits, &plan.stop)? {
+                    Some(effects) => Box::new(effects),
+                    None => Box::new(DefaultEffects),
+                },
+            ),
+        };
         let mut actual = Vec::new();
         let mut failures = Vec::new();
         let mut before = Dump::default();
@@ -250,7 +293,18 @@ impl Case {
             let after = store
                 .dump(&inputs.consumer_id)
                 .map_err(|e| HandoffError::Unavailable(e.to_string()))?;
-            actual.push(describe(&result, &before, &after));
+            let mut run = describe(&result, &before, &after);
+            if let (Some((sink, name)), Some(effects), Value::Object(run)) =
+                (&delivery, effects.as_mut(), &mut run)
+            {
+                let added = &after.outbox[before.outbox.len().min(after.outbox.len())..];
+                let requests = added
+                    .iter()
+                    .map(|record| describe_request(effects.as_mut(), name, *sink, record))
+                    .collect();
+                run.insert("requests".into(), Value::Array(requests));
+            }
+            actual.push(run);
             failures.extend(result.err());
             before = after;
         }
@@ -348,6 +402,38 @@ fn describe_record(record: &bson::Document) -> Value {
     }
     shown.insert("keepsEvent".into(), json!(record.contains_key("event")));
     Value::Object(shown)
+}
+
+/// The request the effects make of `record`, as expectations show it.
+fn describe_request(
+    effects: &mut dyn EffectPolicy,
+    delivery: &str,
+    sink: SinkKind,
+    record: &bson::Document,
+) -> Value {
+    let id = record_id(record);
+    match effects.effect(delivery, sink, record) {
+        Ok(Decided::Request(request)) => {
+            let headers: Vec<Value> = request
+                .headers
+                .iter()
+                .map(|(name, value)| json!([name, value]))
+                .collect();
+            json!({
+                "id": id,
+                "operation": request.operation.as_str(),
+                "key": relaxed(&request.target),
+                "version": request.version.map(handoff_domain::delivery::version_number),
+                "headers": headers,
+                "body": relaxed(&Bson::Document(request.body)),
+            })
+        }
+        Ok(Decided::Refused(reason)) => json!({ "id": id, "refused": reason }),
+        Err(error) => {
+            let message: String = error.to_string().chars().take(200).collect();
+            json!({ "id": id, "error": message })
+        }
+    }
 }
 
 /// What one run did, in the form expectations are written in.
