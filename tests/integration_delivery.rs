@@ -748,6 +748,138 @@ fn a_receiver_down_then_up_gets_everything_and_a_slow_one_never_sees_more_than_t
     assert!(receiver.all_signatures_valid());
 }
 
+/// A sample's value in an OpenMetrics text (`name{labels} value`), by its name.
+fn sample(body: &str, name: &str) -> Option<f64> {
+    body.lines().find_map(|line| {
+        let (metric, value) = line.rsplit_once(' ')?;
+        let family = metric.split('{').next()?;
+        (family == name).then(|| value.parse().ok())?
+    })
+}
+
+#[test]
+fn a_throttled_receiver_holds_the_in_flight_bound_and_the_lag_rises_in_the_metrics() {
+    let live = Live::start();
+    live.start_consumer();
+    live.insert(0..24);
+    hand_off(&live);
+    let receiver = Receiver::start(&secret_bytes());
+    receiver.set_behaviour(|_, _| Reply::status(200).delay(Duration::from_millis(300)));
+    let port = support::http::free_port();
+    let child = webhook_command(
+        &live,
+        &receiver,
+        &[
+            "--follow",
+            "--concurrency",
+            "2",
+            "--max-in-flight",
+            "3",
+            "--metrics-listen",
+            &port.to_string(),
+        ],
+    )
+    .stdout(Stdio::piped())
+    .stderr(Stdio::null())
+    .spawn()
+    .expect("spawn");
+    let scrape = || {
+        let reply = support::http::get(port, "/metrics")?;
+        (reply.status == 200).then_some(reply.body)
+    };
+    let started = Instant::now();
+    while support::http::status(port, "/readyz") != Some(200) {
+        assert!(started.elapsed() < Duration::from_secs(20), "never ready");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // While the receiver takes 300 ms a record, two at a time: never more than three records
+    // in flight, the bound is shown beside them, and the lag (the oldest open record's wait)
+    // rises from scrape to scrape.
+    let mut lags = Vec::new();
+    let mut most_in_flight = 0.0_f64;
+    let mut body = String::new();
+    while receiver.accepted_ids().len() < 24 {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "accepted {}",
+            receiver.accepted_ids().len()
+        );
+        body = scrape().expect("metrics while delivering");
+        let in_flight = sample(&body, "handoff_delivery_in_flight_records").expect(&body);
+        assert!(in_flight <= 3.0, "{in_flight} in flight:\n{body}");
+        assert_eq!(
+            sample(&body, "handoff_delivery_in_flight_records_limit"),
+            Some(3.0)
+        );
+        most_in_flight = most_in_flight.max(in_flight);
+        if receiver.accepted_ids().len() < 20 {
+            lags.push(sample(&body, "handoff_delivery_lag_seconds").expect(&body));
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    assert!(
+        receiver.max_concurrent() <= 2,
+        "{}",
+        receiver.max_concurrent()
+    );
+    assert!(most_in_flight >= 2.0, "{most_in_flight}:\n{body}");
+    assert!(lags.len() >= 4, "{lags:?}");
+    assert!(
+        lags.windows(2).all(|w| w[1] >= w[0]) && lags[lags.len() - 1] >= lags[0] + 0.5,
+        "the lag should rise while the receiver is slow: {lags:?}"
+    );
+    // Caught up: every record delivered once, nothing open, no lag.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        body = scrape().expect("metrics");
+        if sample(&body, "handoff_delivery_records_delivered_total") == Some(24.0)
+            && sample(&body, "handoff_delivery_lag_seconds") == Some(0.0)
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{body}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(
+        sample(&body, "handoff_delivery_records_dead_total"),
+        Some(0.0)
+    );
+    assert_eq!(
+        sample(&body, "handoff_delivery_in_flight_records"),
+        Some(0.0)
+    );
+    assert!(
+        body.contains("consumer=\"") && body.contains("delivery=\"hooks\""),
+        "{body}"
+    );
+    assert!(body.ends_with("# EOF\n"), "{body}");
+    // SAFETY: a plain kill(2) of the child this test spawned.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let output = child.wait_with_output().expect("reap");
+    assert_eq!(output.status.code(), Some(12), "stopped by SIGTERM");
+    assert!(receiver.count_by_id().values().all(|n| *n == 1));
+}
+
+#[test]
+fn a_busy_metrics_address_refuses_the_delivery_before_it_delivers() {
+    let live = Live::start();
+    live.start_consumer();
+    live.insert(0..3);
+    hand_off(&live);
+    let receiver = Receiver::start(&secret_bytes());
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = taken.local_addr().expect("address").port().to_string();
+    let output = to_webhook(&live, &receiver, &["--metrics-listen", &port]);
+    assert_code(&output, 2);
+    assert!(
+        support::stderr(&output).contains("--metrics-listen"),
+        "{}",
+        support::stderr(&output)
+    );
+    assert!(receiver.seen().is_empty());
+    assert!(statuses(&live).is_empty(), "{:?}", statuses(&live));
+}
+
 #[test]
 fn reconcile_finds_planted_missing_orphan_and_stale_keys_and_repairs_them_audited() {
     let live = Live::start();
@@ -903,9 +1035,33 @@ fn status_keeps_every_delivery_apart_and_alerts_on_lag_and_dead_records() {
             .as_str()
             .is_some_and(|s| s.starts_with("http://127.0.0.1"))
     );
-    assert_code(&status(&["--max-lag-seconds", "1"]), 16);
+    let lagging = status(&["--max-lag-seconds", "1"]);
+    assert_code(&lagging, 18);
+    assert!(support::stderr(&lagging).contains("delivery hooks lags"));
+    assert!(!support::stderr(&lagging).contains("delivery default"));
     assert_code(&status(&["--max-lag-seconds", "3600"]), 0);
-    assert_code(&status(&["--fail-on-dead"]), 16);
+    assert_code(&status(&["--fail-on-dead"]), 17);
+    // The consumer's own status shows its deliveries beside its position, and alerts on their
+    // lag with its own exit code.
+    let main = |extra: &[&str]| {
+        let mut args = vec!["status"];
+        args.extend_from_slice(extra);
+        live.operator(&args)
+    };
+    let shown = main(&["--json"]);
+    assert_code(&shown, 0);
+    let report: Value = serde_json::from_slice(&shown.stdout).expect("JSON");
+    let listed = report["deliveries"].as_array().expect("deliveries");
+    assert_eq!(listed.len(), 2, "{report}");
+    let text = main(&[]);
+    assert_code(&text, 0);
+    let text = String::from_utf8_lossy(&text.stdout).to_string();
+    assert!(text.contains("hooks") && text.contains("default"), "{text}");
+    let lagging = main(&["--max-delivery-lag", "1s"]);
+    assert_code(&lagging, 18);
+    assert!(support::stderr(&lagging).contains("delivery hooks lags"));
+    assert_code(&main(&["--max-delivery-lag", "1h"]), 0);
+    assert_code(&main(&["--max-delivery-lag", "soon"]), 2);
 }
 
 /// Records with no `_id` string in the receiver's view: the bodies it saw, by `webhook-id`.
@@ -1047,6 +1203,17 @@ fn a_policy_answering_nonsense_or_never_delivers_nothing_and_loses_nothing() {
         support::stderr(&output)
     );
     assert!(started.elapsed() < Duration::from_secs(30));
+    assert!(receiver.seen().is_empty());
+
+    // The contract's host is not there while effects are decided: the call fails the policy.
+    let output = to_webhook(
+        &live,
+        &receiver,
+        &["--policy", handoff_test_policies::EFFECTS_HOST_CALL],
+    );
+    assert_code(&output, 9);
+    let stderr = support::stderr(&output);
+    assert!(stderr.contains("no run exists"), "{stderr}");
     assert!(receiver.seen().is_empty());
     let counts = statuses(&live);
     assert!(

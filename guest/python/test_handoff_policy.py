@@ -332,5 +332,95 @@ class SnapshotRuns(unittest.TestCase):
         self.assertEqual((host.opened, host.commits), (None, []))
 
 
+RECORD_JSON = (
+    '{"_id": "c/abc", "event": {"operationType": "delete", "documentKey": {"_id": {"$oid": "6740a1b2c3d4e5f601234567"}}}}'
+)
+
+
+class DeliveryTest(unittest.TestCase):
+    """Contract 1.6: the decisions module's optional ``effect`` and ``classify``."""
+
+    def record(self, sink=handoff.WEBHOOK):
+        return handoff.DeliveryRecord("hooks", sink, RECORD_JSON)
+
+    def test_a_record_reads_by_dotted_path(self):
+        record = self.record()
+        self.assertEqual(record.id, "c/abc")
+        self.assertEqual(record.field("event.operationType"), "delete")
+        self.assertEqual(record.field("event.documentKey._id"), {"$oid": "6740a1b2c3d4e5f601234567"})
+        self.assertIsNone(record.field("event.fullDocument.total"))
+        self.assertIsNone(record.field("_id.nothing"))
+
+    def test_a_module_without_effect_or_classify_gets_the_hosts_default(self):
+        decisions = default_policy()
+        self.assertIsNone(handoff.effect_of(decisions, self.record()))
+        failure = handoff.DeliveryFailure("c/abc", handoff.WEBHOOK, 1, True, 503, "503")
+        self.assertIsNone(handoff.classify_failure(decisions, failure))
+
+    def test_requests_are_serialized_as_the_contract_takes_them(self):
+        def effect(record):
+            if record.sink == handoff.PROJECTION:
+                return None
+            if record.field("event.operationType") == "delete":
+                return handoff.request(
+                    handoff.POST,
+                    key=record.field("event.documentKey._id"),
+                    version=7,
+                    body={"deleted": True, "id": record.id},
+                    headers={"x-kind": "removal"},
+                )
+            return handoff.refuse("not shaped")
+
+        decisions = types.SimpleNamespace(effect=effect)
+        self.assertIsNone(handoff.effect_of(decisions, self.record(handoff.PROJECTION)))
+        answer = handoff.effect_of(decisions, self.record())
+        self.assertEqual(
+            answer,
+            handoff.SinkRequest(
+                "post",
+                '{"$oid":"6740a1b2c3d4e5f601234567"}',
+                7,
+                '{"deleted":true,"id":"c/abc"}',
+                [("x-kind", "removal")],
+            ),
+        )
+        self.assertEqual(handoff.request(handoff.UPSERT, key="o-1").key, '"o-1"')
+        self.assertEqual(handoff.request(handoff.DELETE, body='{"a": 1}').body, '{"a": 1}')
+        refusing = types.SimpleNamespace(effect=lambda r: handoff.refuse(42))
+        self.assertEqual(handoff.effect_of(refusing, self.record()), handoff.Refuse("42"))
+
+    def test_a_wrong_request_or_answer_is_refused_at_once(self):
+        for bad in (
+            lambda: handoff.request("shout"),
+            lambda: handoff.request(handoff.POST, version=-1),
+            lambda: handoff.request(handoff.POST, version=2**64),
+            lambda: handoff.request(handoff.POST, version=True),
+            lambda: handoff.request(handoff.POST, version=1.5),
+            lambda: handoff.request(handoff.POST, body=[1, 2]),
+            lambda: handoff.request(handoff.POST, headers=[("a", 1)]),
+            lambda: handoff.request(handoff.POST, headers=[("a",)]),
+        ):
+            with self.assertRaises(ValueError):
+                bad()
+        with self.assertRaises(PolicyError):
+            handoff.effect_of(types.SimpleNamespace(effect=lambda r: "post"), self.record())
+        with self.assertRaises(PolicyError):
+            handoff.classify_failure(types.SimpleNamespace(classify=lambda f: "later"), None)
+
+    def test_classify_answers_a_verdict_or_none(self):
+        def classify(failure):
+            if failure.http_status == 409:
+                return handoff.IGNORE
+            if failure.attempt >= 3:
+                return handoff.DEAD
+            return None
+
+        decisions = types.SimpleNamespace(classify=classify)
+        failure = lambda status, attempt: handoff.DeliveryFailure("c/abc", handoff.WEBHOOK, attempt, False, status, "")
+        self.assertEqual(handoff.classify_failure(decisions, failure(409, 1)), "ignore")
+        self.assertEqual(handoff.classify_failure(decisions, failure(500, 3)), "dead")
+        self.assertIsNone(handoff.classify_failure(decisions, failure(500, 1)))
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -77,7 +77,7 @@ fn build_python(dir: &Path, path: &str) -> PathBuf {
         Command::new("componentize-py")
             .env("PATH", path)
             .current_dir(&root)
-            .args(["-w", "handoff-policy", "componentize", "handoff_policy"])
+            .args(["-w", "effects-policy", "componentize", "handoff_policy"])
             .args(["-p", "guest/python/default", "-p", "guest/python", "-o"])
             .arg(&out),
         "componentize-py",

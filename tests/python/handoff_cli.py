@@ -25,3 +25,37 @@ def handoff_run(uri, database, **env):
             if "outputs" in value:
                 outputs = value["outputs"]
     return proc.returncode, outputs, proc.stderr
+
+
+def delivery_case(into):
+    """guest/default's every-operation case copied into `into`, expecting a webhook delivery's
+    requests (contract 1.6) and none yet: `policy test --update` writes what the policy made."""
+    source = WORKSPACE / "guest" / "default" / "cases" / "every-operation"
+    case = into / "every-operation"
+    case.mkdir(parents=True)
+    (case / "stream.jsonl").write_text((source / "stream.jsonl").read_text())
+    spec = json.loads((source / "case.json").read_text())
+    spec["delivery"] = {"sink": "webhook", "name": "hooks"}
+    (case / "case.json").write_text(json.dumps(spec, indent=2))
+    return case
+
+
+def assert_effects_made(case):
+    """The requests `policy test --update` wrote into `case` (see `delivery_case`) are those of
+    the effects the test policies in Python and JavaScript decide: a delete refused, every other
+    event posted with a body and a header of the policy's, under the source document's key."""
+    spec = json.loads((case / "case.json").read_text())
+    first, second = spec["expect"][0]["requests"], spec["expect"][1]["requests"]
+    ids = [r if isinstance(r, str) else r["id"] for r in spec["expect"][0]["outbox"]]
+    assert second == [], second
+    assert [r["id"] for r in first] == ids, first
+    *posted, deleted = first
+    assert deleted == {"id": ids[-1], "refused": "deletes are settled by hand"}, deleted
+    operations = []
+    for request in posted:
+        assert request["operation"] == "post", request
+        assert request["body"]["id"] == request["id"], request
+        operations.append(request["body"]["op"])
+        assert request["headers"] == [["x-op", request["body"]["op"]]], request
+        assert request["key"] is not None and isinstance(request["version"], int), request
+    assert operations == ["insert", "update", "replace"], operations

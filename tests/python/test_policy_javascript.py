@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from bson import json_util
 
-from handoff_cli import HANDOFF_BIN, WORKSPACE
+from handoff_cli import HANDOFF_BIN, WORKSPACE, assert_effects_made, delivery_case
 
 GUEST = WORKSPACE / "guest" / "javascript"
 SDK_VERSION = json.loads((GUEST / "sdk" / "package.json").read_text())["version"]
@@ -90,7 +90,7 @@ def componentized(env, folder, name, decisions, *options):
     shutil.copy(GUEST / "default" / "component.js", source / "component.js")
     wasm = folder / f"{name}.wasm"
     ok(run([GUEST / "node_modules" / ".bin" / "componentize-js",
-            "--wit", WORKSPACE / "wit" / "policy.wit", "--world-name", "handoff-policy", *options,
+            "--wit", WORKSPACE / "wit" / "policy.wit", "--world-name", "effects-policy", *options,
             "--out", wasm, f"{name}/component.js"], env, cwd=folder))  # fmt: skip
     return wasm
 
@@ -271,6 +271,40 @@ def test_a_component_built_with_componentize_js_defaults_runs_and_cannot_fetch(e
     lines = ok(handoff(env, "inspect", "--state", state)).splitlines()
     assert len(lines) == 1, lines
     assert json.loads(lines[0])["token"] is None, lines[0]
+
+
+EFFECTS = """\
+import { handOff, refuse, request } from '../sdk/handoff.js';
+
+export function decide(event) {
+  return handOff();
+}
+
+export function effect(record) {
+  const op = record.field('event.operationType');
+  if (op === 'delete') return refuse('deletes are settled by hand');
+  return request({ operation: 'post', body: { id: record.id.split('/')[1], op }, headers: { 'x-op': op } });
+}
+
+export function classify(failure) {
+  return failure.httpStatus === 409 ? 'ignore' : undefined;
+}
+"""
+
+
+def test_a_javascript_policy_decides_a_deliverys_effects_and_policy_test_checks_them(env, tmp_path):
+    assert (GUEST / "node_modules").is_dir(), "run `npm ci` in guest/javascript first (tests/run does)"
+    wasm = componentized(env, tmp_path, "effects", EFFECTS)
+    check = ok(handoff(env, "policy", "check", wasm))
+    assert "handoff:policy/delivery@1.6.0" in check, check
+    case = delivery_case(tmp_path / "cases")
+    ok(handoff(env, "policy", "precompile", wasm))
+    ok(handoff(env, "policy", "test", "--policy", wasm, "--update", "--yes", case.parent))
+    assert_effects_made(case)
+    ok(policy_test(env, wasm, case.parent))
+    # The host's default makes other requests of the same records: the expectations catch it.
+    default = handoff(env, "policy", "test", case.parent)
+    assert default.returncode != 0, default.stdout + default.stderr
 
 
 SNAPSHOT_DECISIONS = """\

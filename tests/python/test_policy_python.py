@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 from bson import json_util
 
-from handoff_cli import HANDOFF_BIN, WORKSPACE
+from handoff_cli import HANDOFF_BIN, WORKSPACE, assert_effects_made, delivery_case
 
 PIN = next(
     line.split("==")[1].strip()
@@ -129,7 +129,7 @@ def componentized(env, decisions, wasm):
     proc = subprocess.run(
         [
             str(COMPONENTIZE_PY),
-            "-w", "handoff-policy",
+            "-w", "effects-policy",
             "componentize", "handoff_policy",
             "-p", str(decisions), "-p", "guest/python",
             "-o", str(wasm),
@@ -162,6 +162,45 @@ def test_the_python_default_passes_the_defaults_cases(env, python_default):
     cases = sorted(p.name for p in (WORKSPACE / "guest/default/cases").iterdir() if (p / "case.json").is_file())
     for case in cases:
         assert any(line.split()[:2] == ["ok", case] for line in proc.stdout.splitlines()), proc.stdout
+
+
+EFFECTS = """\
+import handoff_policy as handoff
+
+
+def decide(event):
+    return handoff.hand_off(event.id)
+
+
+def effect(record):
+    op = record.field("event.operationType")
+    if op == "delete":
+        return handoff.refuse("deletes are settled by hand")
+    return handoff.request(handoff.POST, body={"id": record.id.split("/", 1)[1], "op": op}, headers={"x-op": op})
+
+
+def classify(failure):
+    return handoff.IGNORE if failure.http_status == 409 else None
+"""
+
+
+def test_a_python_policy_decides_a_deliverys_effects_and_policy_test_checks_them(env, tmp_path):
+    folder = tmp_path / "effects"
+    folder.mkdir()
+    (folder / "policy.py").write_text(EFFECTS)
+    wasm = componentized(env, folder, tmp_path / "effects.wasm")
+    check = handoff(env, "policy", "check", wasm)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "handoff:policy/delivery@1.6.0" in check.stdout, check.stdout
+    case = delivery_case(tmp_path / "cases")
+    updated = handoff(env, "policy", "test", "--policy", wasm, "--update", "--yes", case.parent)
+    assert updated.returncode == 0, updated.stdout + updated.stderr
+    assert_effects_made(case)
+    again = handoff(env, "policy", "test", "--policy", wasm, case.parent)
+    assert again.returncode == 0, again.stdout + again.stderr
+    # The host's default makes other requests of the same records: the expectations catch it.
+    default = handoff(env, "policy", "test", case.parent)
+    assert default.returncode != 0, default.stdout + default.stderr
 
 
 def test_the_python_default_replays_like_the_rust_default(env, python_default, tmp_path):

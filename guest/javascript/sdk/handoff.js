@@ -343,3 +343,170 @@ export function exportPolicy(contractHost, policy) {
     },
   };
 }
+
+// Deliveries (contract 1.6) ---------------------------------------------------------------------
+//
+// `handoff deliver --policy` asks the policy what each outbox record's effect on the sink is, and
+// what a failed attempt is, through two optional exports of the decisions module:
+//
+//   export function effect(record) {      // a DeliveryRecord: request(...), refuse(reason) or undefined
+//     return request({ operation: 'post', body: { id: record.id } });
+//   }
+//   export function classify(failure) {   // 'retry', 'dead', 'ignore' or undefined
+//     return failure.httpStatus === 409 ? 'ignore' : undefined;
+//   }
+//
+// `undefined` is the host's default (upsert by the source document's key at the event's cluster
+// time, delete on deletes, the record itself as a webhook's body; transient failures retried). An
+// answer depends on the record alone: no run exists while they are asked, and the host's
+// functions all fail.
+
+/** The operations of a sink request. */
+export const OPERATIONS = Object.freeze(['upsert', 'delete', 'publish', 'post', 'ignore']);
+/** What a failed attempt may become. */
+export const VERDICTS = Object.freeze(['retry', 'dead', 'ignore']);
+
+const EFFECT = Symbol('handoff effect');
+const MAX_VERSION = (1n << 64n) - 1n;
+
+/** One outbox record on its way to a sink: `delivery`, `sink` (its kind) and `json`. */
+export class DeliveryRecord {
+  #document;
+
+  constructor(delivery, sink, json) {
+    this.delivery = delivery;
+    this.sink = sink;
+    this.json = json;
+  }
+
+  /** The record as an object (Extended JSON values as written: `{ $oid: … }`). */
+  get document() {
+    this.#document ??= JSON.parse(this.json);
+    return this.#document;
+  }
+
+  /** The record's `_id` (`<consumer>/<event ID>`). */
+  get id() {
+    return this.document._id;
+  }
+
+  /** The value at a dotted path (`'event.documentKey._id'`), `undefined` when absent. */
+  field(path) {
+    let value = this.document;
+    for (const part of String(path).split('.')) {
+      if (value === null || typeof value !== 'object' || !Object.hasOwn(value, part)) {
+        return undefined;
+      }
+      value = value[part];
+    }
+    return value;
+  }
+}
+
+/**
+ * A sink request: `{ operation, key, version, body, headers }`. `key` is any JSON value (the
+ * key in the sink; `undefined`: the source document's key), `version` an integer from 0 to
+ * 2^64 - 1 (`undefined`: the event's cluster time), `body` an object (serialized as JSON) or
+ * Extended JSON text (`undefined`: the default's), `headers` an object or `[name, value]` pairs.
+ * A wrong argument throws at once.
+ */
+export function request({ operation, key, version, body, headers } = {}) {
+  if (!OPERATIONS.includes(operation)) {
+    throw new TypeError(`operation must be one of ${OPERATIONS.join(', ')}, not ${String(operation)}`);
+  }
+  let v;
+  if (version !== undefined && version !== null) {
+    const integer = typeof version === 'bigint' || Number.isSafeInteger(version);
+    v = integer ? BigInt(version) : -1n;
+    if (v < 0n || v > MAX_VERSION) {
+      throw new TypeError(`version must be an integer from 0 to 2^64 - 1, not ${String(version)}`);
+    }
+  }
+  let text;
+  if (body !== undefined && body !== null) {
+    if (typeof body === 'string') {
+      text = body;
+    } else if (typeof body === 'object' && !Array.isArray(body)) {
+      text = JSON.stringify(body);
+    } else {
+      throw new TypeError('body must be an object or Extended JSON text');
+    }
+  }
+  const pairs = [];
+  const given = headers === undefined || headers === null ? [] : Array.isArray(headers) ? headers : Object.entries(headers);
+  for (const pair of given) {
+    if (!Array.isArray(pair) || pair.length !== 2 || pair.some((part) => typeof part !== 'string')) {
+      throw new TypeError('headers are [name, value] pairs of strings');
+    }
+    pairs.push([pair[0], pair[1]]);
+  }
+  return {
+    [EFFECT]: 'request',
+    operation,
+    key: key === undefined || key === null ? undefined : JSON.stringify(key),
+    version: v,
+    body: text,
+    headers: pairs,
+  };
+}
+
+/** Refuses the record for `reason`: it goes dead without an effect. */
+export function refuse(reason) {
+  return { [EFFECT]: 'refuse', reason: String(reason) };
+}
+
+/**
+ * What `policy` (a module with an optional `effect`) makes of `record`, as the contract's
+ * `effect` variant. An answer that is not `request(...)`, `refuse(...)` or `undefined` throws.
+ */
+export function effectOf(policy, record) {
+  if (typeof policy.effect !== 'function') {
+    return { tag: 'default-effect' };
+  }
+  const answer = policy.effect(record);
+  if (answer === undefined || answer === null) {
+    return { tag: 'default-effect' };
+  }
+  if (answer[EFFECT] === 'refuse') {
+    return { tag: 'refuse', val: answer.reason };
+  }
+  if (answer[EFFECT] === 'request') {
+    const { operation, key, version, body, headers } = answer;
+    return { tag: 'request', val: { operation, key, version, body, headers } };
+  }
+  throw new TypeError('effect() must return request(...), refuse(reason) or undefined');
+}
+
+/**
+ * What `policy` (with an optional `classify`) makes of a failed attempt: one of `VERDICTS`, or
+ * `undefined` for what the host would do. Any other answer throws.
+ */
+export function classifyFailure(policy, failure) {
+  if (typeof policy.classify !== 'function') {
+    return undefined;
+  }
+  const verdict = policy.classify(failure);
+  if (verdict === undefined || verdict === null) {
+    return undefined;
+  }
+  if (!VERDICTS.includes(verdict)) {
+    throw new TypeError(`classify() must return ${VERDICTS.join(', ')} or undefined, not ${String(verdict)}`);
+  }
+  return verdict;
+}
+
+/**
+ * The component's `handoff:policy/delivery` export for a policy module:
+ * `export const delivery = exportDelivery(decisions)`. A policy that throws traps: the host ends
+ * the delivery there, and the record stays unsettled.
+ */
+export function exportDelivery(policy) {
+  return {
+    effectOf(outbox) {
+      return effectOf(policy, new DeliveryRecord(outbox.delivery, outbox.sink, outbox.json));
+    },
+    classify(failure) {
+      return classifyFailure(policy, { ...failure });
+    },
+  };
+}

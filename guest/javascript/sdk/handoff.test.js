@@ -4,8 +4,12 @@ import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 
 import {
+  DeliveryRecord,
   bindHost,
   checkpoint,
+  classifyFailure,
+  effectOf,
+  exportDelivery,
   deployment,
   eventId,
   exportPolicy,
@@ -14,6 +18,8 @@ import {
   message,
   quarantine,
   record,
+  refuse,
+  request,
   run,
   runKind,
   skip,
@@ -357,4 +363,82 @@ test('a throw in decide or init fails a snapshot run with its message', async ()
   const refused = snapshotHost('backfill', ['o-1']);
   await assert.rejects(exportPolicy(refused, refusing).run(settings(1)), (error) => error === 'no prefix');
   assert.deepEqual(refused.calls.opened, []);
+});
+
+// Contract 1.6: the decisions module's optional `effect` and `classify`.
+const RECORD_JSON =
+  '{"_id": "c/abc", "event": {"operationType": "delete", "documentKey": {"_id": {"$oid": "6740a1b2c3d4e5f601234567"}}}}';
+
+test('a delivery record reads by dotted path', () => {
+  const r = new DeliveryRecord('hooks', 'webhook', RECORD_JSON);
+  assert.equal(r.id, 'c/abc');
+  assert.equal(r.field('event.operationType'), 'delete');
+  assert.deepEqual(r.field('event.documentKey._id'), { $oid: '6740a1b2c3d4e5f601234567' });
+  assert.equal(r.field('event.fullDocument.total'), undefined);
+  assert.equal(r.field('_id.length'), undefined);
+});
+
+test('a module without effect or classify gets the host default', () => {
+  assert.deepEqual(effectOf(handAll, new DeliveryRecord('d', 'webhook', RECORD_JSON)), { tag: 'default-effect' });
+  assert.equal(classifyFailure(handAll, { httpStatus: 500 }), undefined);
+});
+
+test('requests reach the contract as it takes them, and refusals with their reason', () => {
+  const policy = {
+    effect(r) {
+      if (r.sink === 'projection') return undefined;
+      if (r.field('event.operationType') === 'delete') {
+        return request({
+          operation: 'post',
+          key: r.field('event.documentKey._id'),
+          version: 7,
+          body: { deleted: true, id: r.id },
+          headers: { 'x-kind': 'removal' },
+        });
+      }
+      return refuse('not shaped');
+    },
+  };
+  const exported = exportDelivery(policy);
+  assert.deepEqual(exported.effectOf({ delivery: 'd', sink: 'projection', json: RECORD_JSON }), { tag: 'default-effect' });
+  assert.deepEqual(exported.effectOf({ delivery: 'd', sink: 'webhook', json: RECORD_JSON }), {
+    tag: 'request',
+    val: {
+      operation: 'post',
+      key: '{"$oid":"6740a1b2c3d4e5f601234567"}',
+      version: 7n,
+      body: '{"deleted":true,"id":"c/abc"}',
+      headers: [['x-kind', 'removal']],
+    },
+  });
+  const other = RECORD_JSON.replace('delete', 'insert');
+  assert.deepEqual(exported.effectOf({ delivery: 'd', sink: 'webhook', json: other }), { tag: 'refuse', val: 'not shaped' });
+  assert.equal(request({ operation: 'upsert', key: 'o-1' }).key, '"o-1"');
+  assert.equal(request({ operation: 'upsert', version: 18446744073709551615n }).version, 18446744073709551615n);
+});
+
+test('a wrong request or answer throws at once', () => {
+  for (const bad of [
+    { operation: 'shout' },
+    { operation: 'post', version: -1 },
+    { operation: 'post', version: 1.5 },
+    { operation: 'post', version: 1n << 64n },
+    { operation: 'post', body: [1, 2] },
+    { operation: 'post', headers: [['a', 1]] },
+    { operation: 'post', headers: [['a']] },
+  ]) {
+    assert.throws(() => request(bad), TypeError, JSON.stringify(bad, (k, v) => (typeof v === 'bigint' ? String(v) : v)));
+  }
+  const r = new DeliveryRecord('d', 'webhook', RECORD_JSON);
+  assert.throws(() => effectOf({ effect: () => 'post' }, r), TypeError);
+  assert.throws(() => classifyFailure({ classify: () => 'later' }, {}), TypeError);
+});
+
+test('classify answers a verdict or undefined', () => {
+  const exported = exportDelivery({
+    classify: (f) => (f.httpStatus === 409 ? 'ignore' : f.attempt >= 3 ? 'dead' : undefined),
+  });
+  assert.equal(exported.classify({ httpStatus: 409, attempt: 1 }), 'ignore');
+  assert.equal(exported.classify({ httpStatus: 500, attempt: 3 }), 'dead');
+  assert.equal(exported.classify({ httpStatus: 500, attempt: 1 }), undefined);
 });

@@ -4,7 +4,7 @@ A policy project is the author's decisions module, ``policy.py``, on this packag
 version; it carries the contract, ``wit/policy.wit``, which its ``componentize-py.toml`` points
 componentize-py at), built into a WebAssembly component with componentize-py::
 
-    componentize-py -w handoff-policy componentize handoff_policy -p . -o build/policy.wasm
+    componentize-py -w effects-policy componentize handoff_policy -p . -o build/policy.wasm
 
 The SDK owns the run loop, exactly as the default policy runs it: the stream opens where the
 checkpoint says, every delivered event is committed on its own (``commit-batch`` with one
@@ -46,6 +46,8 @@ import json
 
 __all__ = [
     "Checkpoint",
+    "DeliveryFailure",
+    "DeliveryRecord",
     "Deployment",
     "Event",
     "FakeHost",
@@ -54,17 +56,23 @@ __all__ = [
     "HostError",
     "Quarantine",
     "Record",
+    "Refuse",
     "Report",
     "Settings",
+    "SinkRequest",
     "Skip",
     "checkpoint",
+    "classify_failure",
     "deployment",
+    "effect_of",
     "event_id",
     "hand_off",
     "log",
     "monotonic_ms",
     "quarantine",
     "record",
+    "refuse",
+    "request",
     "run",
     "run_kind",
     "skip",
@@ -188,6 +196,165 @@ def quarantine(id, reason):
 def record(id, event_type, schema_version, aggregate_id, payload, aggregate_version=None):
     """Hand the event off as a policy-shaped outbox record (see :class:`Record`)."""
     return Record(id, event_type, schema_version, aggregate_id, payload, aggregate_version)
+
+
+# Deliveries (contract 1.6) ---------------------------------------------------------------------
+#
+# ``handoff deliver --policy`` asks the policy what each outbox record's effect on the sink is,
+# and what a failed attempt is, through two optional functions of the decisions module:
+#
+#     def effect(record):       # a DeliveryRecord: return a request, refuse(reason) or None
+#         if record.field("event.operationType") == "delete":
+#             return handoff.refuse("deletes are settled by hand")
+#         return handoff.request(handoff.POST, body={"id": record.id, "kind": "order"})
+#
+#     def classify(failure):    # a DeliveryFailure: "retry", "dead", "ignore" or None
+#         return handoff.IGNORE if failure.http_status == 409 else None
+#
+# ``None`` is the host's default (upsert by the source document's key at the event's cluster
+# time, delete on deletes, the record itself as a webhook's body; transient failures retried).
+# An answer depends on the record alone: no run exists while they are asked, and every call of
+# the contract's host fails.
+
+PROJECTION = "projection"
+WEBHOOK = "webhook"
+CACHE = "cache"
+BROKER = "broker"
+
+UPSERT = "upsert"
+DELETE = "delete"
+PUBLISH = "publish"
+POST = "post"
+IGNORE = "ignore"
+OPERATIONS = (UPSERT, DELETE, PUBLISH, POST, IGNORE)
+
+RETRY = "retry"
+DEAD = "dead"
+VERDICTS = (RETRY, DEAD, IGNORE)
+
+_MAX_VERSION = 2**64 - 1
+
+
+def _json_text(value):
+    return json.dumps(value, separators=(",", ":"), sort_keys=True)
+
+
+class DeliveryRecord:
+    """One outbox record on its way to a sink: the delivery's name (``--delivery``), the kind of
+    sink (:data:`PROJECTION`, :data:`WEBHOOK`, …) and the record as canonical Extended JSON
+    (``json``), readable as a dict (``document``) or by dotted path (:meth:`field`)."""
+
+    __slots__ = ("delivery", "sink", "json", "_document")
+
+    def __init__(self, delivery, sink, json_text):
+        self.delivery = delivery
+        self.sink = sink
+        self.json = json_text
+        self._document = None
+
+    @property
+    def document(self):
+        """The record as a dict (Extended JSON values as they are written: ``{"$oid": …}``)."""
+        if self._document is None:
+            self._document = json.loads(self.json)
+        return self._document
+
+    @property
+    def id(self):
+        """The record's ``_id`` (``<consumer>/<event ID>``)."""
+        return self.document.get("_id")
+
+    def field(self, path):
+        """The value at a dotted ``path`` (``"event.documentKey._id"``), ``None`` when absent."""
+        value = self.document
+        for part in path.split("."):
+            if not isinstance(value, dict) or part not in value:
+                return None
+            value = value[part]
+        return value
+
+    def __repr__(self):
+        return "DeliveryRecord(delivery=%r, sink=%r, id=%r)" % (self.delivery, self.sink, self.id)
+
+
+class SinkRequest(_Value):
+    """A record's effect on the sink: ``operation`` (one of :data:`OPERATIONS`), ``key`` (the
+    key in the sink as Extended JSON text of one value, ``None``: the source document's key),
+    ``version`` (``None``: the event's cluster time), ``body`` (a document as Extended JSON text,
+    ``None``: the default's) and ``headers`` (pairs, for a webhook)."""
+
+    __slots__ = ("operation", "key", "version", "body", "headers")
+
+
+class Refuse(_Value):
+    """The record must not reach the sink: it goes dead at once with the reason."""
+
+    __slots__ = ("reason",)
+
+
+class DeliveryFailure(_Value):
+    """A failed delivery attempt: the record's ``_id``, the sink's kind, the attempt (from 1),
+    whether the host would retry it, an HTTP sink's status and what happened."""
+
+    __slots__ = ("record_id", "sink", "attempt", "transient", "http_status", "message")
+
+
+def request(operation, key=None, version=None, body=None, headers=None):
+    """A sink request. ``key`` is any JSON value (``"o-1"``, ``5``, ``{"$oid": "…"}``) or
+    ``None``; ``body`` a dict (serialized as JSON) or Extended JSON text, or ``None``;
+    ``headers`` a dict or pairs of strings. A wrong argument raises ``ValueError`` at once."""
+    if operation not in OPERATIONS:
+        raise ValueError("operation must be one of %s, not %r" % (", ".join(OPERATIONS), operation))
+    if version is not None and (
+        isinstance(version, bool) or not isinstance(version, int) or not 0 <= version <= _MAX_VERSION
+    ):
+        raise ValueError("version must be an integer from 0 to 2^64 - 1, not %r" % (version,))
+    if body is not None and not isinstance(body, str):
+        if not isinstance(body, dict):
+            raise ValueError("body must be a dict or Extended JSON text, not %s" % type(body).__name__)
+        body = _json_text(body)
+    if isinstance(headers, dict):
+        headers = list(headers.items())
+    pairs = []
+    for pair in headers or ():
+        if len(pair) != 2 or not all(isinstance(part, str) for part in pair):
+            raise ValueError("headers are (name, value) pairs of strings, not %r" % (pair,))
+        pairs.append((pair[0], pair[1]))
+    return SinkRequest(operation, None if key is None else _json_text(key), version, body, pairs)
+
+
+def refuse(reason):
+    """Refuse the record for ``reason``: it goes dead without an effect."""
+    return Refuse(str(reason))
+
+
+def effect_of(decisions, record):
+    """What ``decisions`` (a module or object with an optional ``effect``) makes of ``record``:
+    ``None`` (the host's default), a :class:`SinkRequest` or a :class:`Refuse`. Anything else
+    raises :class:`PolicyError`."""
+    effect = getattr(decisions, "effect", None)
+    if effect is None:
+        return None
+    answer = effect(record)
+    if answer is None or isinstance(answer, (SinkRequest, Refuse)):
+        return answer
+    raise PolicyError(
+        "effect() must return handoff.request(...), handoff.refuse(reason) or None, not %s"
+        % type(answer).__name__
+    )
+
+
+def classify_failure(decisions, failure):
+    """What ``decisions`` (with an optional ``classify``) makes of ``failure``: one of
+    :data:`VERDICTS`, or ``None`` for what the host would do. Anything else raises
+    :class:`PolicyError`."""
+    classify = getattr(decisions, "classify", None)
+    if classify is None:
+        return None
+    verdict = classify(failure)
+    if verdict is None or verdict in VERDICTS:
+        return verdict
+    raise PolicyError("classify() must return %s or None, not %r" % (", ".join(map(repr, VERDICTS)), verdict))
 
 
 # What a policy sees ---------------------------------------------------------------------------
@@ -705,6 +872,13 @@ try:
 except ImportError:
     _PolicyExport = None
 
+# Built with world `effects-policy` (contract 1.6) the component also exports `delivery`.
+try:
+    from wit_world.exports import Delivery as _DeliveryExport
+    from wit_world.exports import delivery as _delivery
+except ImportError:
+    _DeliveryExport = None
+
 if _PolicyExport is not None:
     _MODES = {RESUME_AFTER: _types.ResumeMode.RESUME_AFTER, START_AFTER: _types.ResumeMode.START_AFTER}
     _LEVELS = {
@@ -861,3 +1035,53 @@ if _PolicyExport is not None:
             except Exception as e:
                 raise _Err("the policy failed: %s" % _describe(e)) from None
             return _types.Report(_STATUS[report.status], report.events_handed_off, report.last_event_id)
+
+if _PolicyExport is not None and _DeliveryExport is not None:
+    _SINKS = {
+        _delivery.SinkKind.PROJECTION: PROJECTION,
+        _delivery.SinkKind.WEBHOOK: WEBHOOK,
+        _delivery.SinkKind.CACHE: CACHE,
+        _delivery.SinkKind.BROKER: BROKER,
+    }
+    _OPERATIONS = {
+        UPSERT: _delivery.Operation.UPSERT,
+        DELETE: _delivery.Operation.DELETE,
+        PUBLISH: _delivery.Operation.PUBLISH,
+        POST: _delivery.Operation.POST,
+        IGNORE: _delivery.Operation.IGNORE,
+    }
+    _VERDICTS = {
+        RETRY: _delivery.Verdict.RETRY,
+        DEAD: _delivery.Verdict.DEAD,
+        IGNORE: _delivery.Verdict.IGNORE,
+    }
+
+    class Delivery(_DeliveryExport):
+        """The component's `delivery` export: the decisions module's ``effect`` and ``classify``.
+        An exception traps: the host ends the delivery there, and the record stays unsettled."""
+
+        def effect_of(self, outbox):
+            answer = effect_of(_decisions, DeliveryRecord(outbox.delivery, _SINKS[outbox.sink], outbox.json))
+            if answer is None:
+                return _delivery.Effect_DefaultEffect()
+            if isinstance(answer, Refuse):
+                return _delivery.Effect_Refuse(answer.reason)
+            return _delivery.Effect_Request(
+                _delivery.SinkRequest(
+                    _OPERATIONS[answer.operation], answer.key, answer.version, answer.body, list(answer.headers)
+                )
+            )
+
+        def classify(self, failure):
+            verdict = classify_failure(
+                _decisions,
+                DeliveryFailure(
+                    failure.record_id,
+                    _SINKS[failure.sink],
+                    failure.attempt,
+                    failure.transient,
+                    failure.http_status,
+                    failure.message,
+                ),
+            )
+            return None if verdict is None else _VERDICTS[verdict]

@@ -112,6 +112,23 @@ pub struct Report {
     pub ended: Option<Ended>,
 }
 
+/// Where a running delivery stands, for what watches it (the metrics endpoint).
+pub struct Progress<'a> {
+    /// What the run did so far (its counters only; the end figures are not read yet).
+    pub report: &'a Report,
+    pub in_flight: usize,
+    pub in_flight_bytes: usize,
+    /// When the oldest open entry was admitted, as last read (`None`: none was open).
+    pub oldest_open: Option<DateTime>,
+}
+
+/// What watches a running delivery: told when its stream is open and how it stands after each
+/// pass. Called on the delivering thread: it must not block.
+pub trait Watch: Sync {
+    fn opened(&self);
+    fn progress(&self, progress: &Progress<'_>);
+}
+
 /// One job for a worker.
 struct Job {
     entry: Entry,
@@ -140,6 +157,7 @@ pub fn deliver(
     effects: &mut dyn EffectPolicy,
     options: &Options,
     stop: &StopSignal,
+    watch: Option<&dyn Watch>,
 ) -> Result<Report> {
     let names = &options.names;
     connection
@@ -161,7 +179,12 @@ pub fn deliver(
         )));
     }
     let mut admitter = Admitter::start(connection, names, &position, options.max_await)?;
+    if let Some(watch) = watch {
+        watch.opened();
+    }
     let mut run = Run {
+        watch,
+        oldest_open: None,
         connection,
         sink,
         effects,
@@ -244,6 +267,9 @@ struct Picked {
 }
 
 struct Run<'a> {
+    watch: Option<&'a dyn Watch>,
+    /// The oldest open entry's admission, as last read.
+    oldest_open: Option<DateTime>,
     connection: &'a Connection,
     sink: &'a dyn Sink,
     effects: &'a mut dyn EffectPolicy,
@@ -294,6 +320,24 @@ impl Run<'_> {
         self.flights.values().map(|f| f.bytes).sum()
     }
 
+    /// Tells the watcher, if any, how the run stands.
+    fn show(&self, admitter: &Admitter<'_>, in_flight: usize, in_flight_bytes: usize) {
+        let Some(watch) = self.watch else {
+            return;
+        };
+        let report = Report {
+            admitted: admitter.admitted,
+            sweeps: admitter.sweeps,
+            ..self.report.clone()
+        };
+        watch.progress(&Progress {
+            report: &report,
+            in_flight,
+            in_flight_bytes,
+            oldest_open: self.oldest_open,
+        });
+    }
+
     /// The entries due now, at most `room`, in admission order: the first open entry of each
     /// lane not busy here and not held back by a dead entry (`per_lane`: how many consecutive
     /// due entries of a lane may be taken).
@@ -308,6 +352,10 @@ impl Run<'_> {
             .connection
             .block_on(delivery::open_entries(self.connection, &names, window))
             .map_err(unavailable)?;
+        self.oldest_open = documents
+            .first()
+            .and_then(|d| d.get_datetime("createdAt").ok())
+            .copied();
         let held = self.held_lanes(&documents)?;
         let now = DateTime::now();
         let owner = self.options.owner.as_str();
@@ -577,6 +625,7 @@ impl Run<'_> {
         let mut backlog = true;
         let mut last_poll = Instant::now();
         loop {
+            self.show(admitter, 0, 0);
             if let Some(ended) = self.ending(stop) {
                 return Ok(ended);
             }
@@ -621,6 +670,7 @@ impl Run<'_> {
                     request: &p.request,
                 })
                 .collect();
+            self.show(admitter, picked.len(), picked.iter().map(|p| p.bytes).sum());
             let outcomes = self.sink.deliver_all(&attempts);
             drop(attempts);
             let mut settlements: Vec<Settlement> = Vec::with_capacity(picked.len());
@@ -645,6 +695,7 @@ impl Run<'_> {
         let mut backlog = true;
         let mut last_poll = Instant::now();
         loop {
+            self.show(admitter, self.flights.len(), self.bytes_in_flight());
             // Outcomes first: they free lanes and room.
             let mut done = Vec::new();
             let wait = if self.flights.is_empty() {

@@ -83,6 +83,10 @@ pub enum HandoffError {
     /// `deliver dead replay` or `deliver dead discard`. Every other record went on.
     #[error("{0}")]
     DeadRecords(String),
+    /// A delivery's lag is over the bound a check was given (`status --max-delivery-lag`,
+    /// `deliver status --max-lag-seconds`): its sink is slow or down, or nothing delivers.
+    #[error("{0}")]
+    DeliveryLag(String),
     /// Anything else: a defect of this tool.
     #[error(transparent)]
     Internal(#[from] anyhow::Error),
@@ -126,6 +130,7 @@ impl HandoffError {
             ImageMissing(m) => ImageMissing(add(m)),
             Attention(m) => Attention(add(m)),
             DeadRecords(m) => DeadRecords(add(m)),
+            DeliveryLag(m) => DeliveryLag(add(m)),
             Internal(e) => Internal(e.context(detail.to_string())),
         }
     }
@@ -148,6 +153,7 @@ impl HandoffError {
             HandoffError::ImageMissing(_) => 15,
             HandoffError::Attention(_) => 16,
             HandoffError::DeadRecords(_) => 17,
+            HandoffError::DeliveryLag(_) => 18,
         }
     }
 
@@ -169,6 +175,7 @@ impl HandoffError {
             HandoffError::ImageMissing(_) => "image_missing",
             HandoffError::Attention(_) => "attention",
             HandoffError::DeadRecords(_) => "dead_records",
+            HandoffError::DeliveryLag(_) => "delivery_lag",
         }
     }
 

@@ -7,7 +7,7 @@ use bson::DateTime;
 use serde_json::{Value, json};
 
 use handoff_domain::delivery::{Counts, Status};
-use handoff_domain::error::Result;
+use handoff_domain::error::{HandoffError, Result};
 use handoff_domain::text::escape_untrusted;
 use handoff_mongo::Connection;
 use handoff_mongo::delivery::{self, Names};
@@ -82,6 +82,53 @@ pub fn deliveries(connection: &Connection, names: &Names) -> Result<Vec<Delivery
         });
     }
     Ok(found)
+}
+
+/// The deliveries whose lag is over `max`, as the error a check exits with (`None`: none is).
+pub fn lag_alert(deliveries: &[Delivery], max: std::time::Duration) -> Option<HandoffError> {
+    let over: Vec<String> = deliveries
+        .iter()
+        .filter_map(|d| {
+            let lag = d.lag_seconds?;
+            (lag > max.as_secs_f64()).then(|| {
+                format!(
+                    "delivery {} lags {lag:.0} s ({} open records)",
+                    escape_untrusted(&d.name, 80),
+                    d.counts.open()
+                )
+            })
+        })
+        .collect();
+    (!over.is_empty()).then(|| {
+        HandoffError::DeliveryLag(format!(
+            "{} over the allowed {} s: its sink is slow or down, or no delivery runs \
+             (`handoff deliver status` shows each delivery)",
+            over.join("; "),
+            max.as_secs_f64()
+        ))
+    })
+}
+
+/// The deliveries holding dead records, as the error a check exits with (`None`: none does).
+pub fn dead_alert(deliveries: &[Delivery]) -> Option<HandoffError> {
+    let dead: Vec<String> = deliveries
+        .iter()
+        .filter(|d| d.counts.dead > 0)
+        .map(|d| {
+            format!(
+                "delivery {} holds {} dead records",
+                escape_untrusted(&d.name, 80),
+                d.counts.dead
+            )
+        })
+        .collect();
+    (!dead.is_empty()).then(|| {
+        HandoffError::DeadRecords(format!(
+            "{}: `handoff deliver dead list` shows them, `deliver dead replay` or `discard` \
+             settles them",
+            dead.join("; ")
+        ))
+    })
 }
 
 /// The deliveries as a table.

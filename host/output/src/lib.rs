@@ -7,12 +7,14 @@
 //!   `::{"logs": …}::`);
 //! - `file`: the outputs as one JSON object in a file, written atomically, for engines that read
 //!   a file (Argo Workflows, Airflow, GitHub Actions);
-//! - `live`: the metrics of a long run, served over HTTP in the OpenMetrics format while it runs.
+//! - `live`: the metrics of a long run, served over HTTP in the OpenMetrics format while it runs;
+//!   `live_delivery`: those of a long delivery.
 
 mod evidence;
 pub mod file;
 pub mod kestra;
 pub mod live;
+pub mod live_delivery;
 
 pub use evidence::{Evidence, RECOVERY_STEPS, shell_word, target_flags};
 

@@ -21,6 +21,14 @@ use handoff_domain::error::HandoffError;
 use handoff_domain::position::Position;
 use handoff_session::{Committed, Observer};
 
+/// What the metrics endpoint serves: the figures as text, and whether the run is ready.
+pub trait Scraped: Send + Sync + 'static {
+    /// The metrics in the OpenMetrics text format.
+    fn encode(&self) -> String;
+    /// Whether the run's stream is open (and the run has not ended).
+    fn is_ready(&self) -> bool;
+}
+
 /// The OpenMetrics content type.
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
@@ -129,21 +137,6 @@ impl LiveMetrics {
         })
     }
 
-    /// The metrics in the OpenMetrics text format.
-    pub fn encode(&self) -> String {
-        let time = self.checkpoint_time.load(Ordering::SeqCst);
-        if time > 0 {
-            let now = handoff_domain::position::wall_now() as i64;
-            self.checkpoint_age.set(now.saturating_sub(time));
-        }
-        self.scrapes.fetch_add(1, Ordering::SeqCst);
-        let mut text = String::new();
-        if encode(&mut text, &self.registry).is_err() {
-            text.clear();
-        }
-        text
-    }
-
     /// The checkpoint's token as last committed, for the figures read beside the run.
     pub fn checkpoint_token(&self) -> Option<bson::Document> {
         self.checkpoint_token.lock().ok()?.clone()
@@ -163,8 +156,25 @@ impl LiveMetrics {
     pub fn ended(&self) {
         self.ready.store(false, Ordering::SeqCst);
     }
+}
 
-    pub fn is_ready(&self) -> bool {
+impl Scraped for LiveMetrics {
+    /// The metrics in the OpenMetrics text format.
+    fn encode(&self) -> String {
+        let time = self.checkpoint_time.load(Ordering::SeqCst);
+        if time > 0 {
+            let now = handoff_domain::position::wall_now() as i64;
+            self.checkpoint_age.set(now.saturating_sub(time));
+        }
+        self.scrapes.fetch_add(1, Ordering::SeqCst);
+        let mut text = String::new();
+        if encode(&mut text, &self.registry).is_err() {
+            text.clear();
+        }
+        text
+    }
+
+    fn is_ready(&self) -> bool {
         self.ready.load(Ordering::SeqCst)
     }
 }
@@ -230,7 +240,7 @@ pub fn listen_address(text: &str) -> Result<SocketAddr, HandoffError> {
 
 /// Serves `metrics` on `address` from a thread of its own, for the life of the process. The
 /// address is bound before it returns: a bad or busy one is refused before the run begins.
-pub fn serve(address: SocketAddr, metrics: Arc<LiveMetrics>) -> Result<SocketAddr, HandoffError> {
+pub fn serve<M: Scraped>(address: SocketAddr, metrics: Arc<M>) -> Result<SocketAddr, HandoffError> {
     let server = tiny_http::Server::http(address).map_err(|e| {
         HandoffError::BadInput(format!(
             "--metrics-listen {address}: cannot listen there: {e}"

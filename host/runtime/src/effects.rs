@@ -1,4 +1,4 @@
-//! What a policy makes of a delivery's records (contract 1.6, world `delivering-policy`): each
+//! What a policy makes of a delivery's records (contract 1.6, `delivery`, exported in world `delivering-policy` or `effects-policy`): each
 //! outbox record's sink request, and what a failed attempt is. The policy is asked in a store of
 //! its own, with no run: every import of the contract's `host` traps, WASI grants nothing (its
 //! waits bounded as a run's are), and each answer is bounded by the compute slice and the memory
@@ -12,7 +12,7 @@ use wasmtime::{Engine, Store, UpdateDeadline};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use super::limits::{Limiter, Limits};
-use super::policy::Policy;
+use super::policy::{Policy, STUBBED_IMPORTS};
 use super::wasi::{WaitView, Waits, add_bounded_waits_with, wasi_ctx};
 use handoff_domain::StopSignal;
 use handoff_domain::delivery::Operation;
@@ -26,7 +26,7 @@ use handoff_domain::text::escape_untrusted;
 mod generated {
     wasmtime::component::bindgen!({
         path: "../../wit",
-        world: "delivering-policy",
+        world: "effects-policy",
     });
 }
 
@@ -44,6 +44,51 @@ pub fn decides(engine: &Engine, component: &Component) -> bool {
         .component_type()
         .exports(engine)
         .any(|(name, _)| name.starts_with(DELIVERY_PREFIX))
+}
+
+/// A resource of the contract's that cannot exist while effects are decided.
+struct NoRun;
+
+/// Every function the component imports from the contract (`handoff:policy/…`) defined as one
+/// that fails: no run exists while a delivery's effects are decided. (The linker's own stubbing
+/// would also shadow WASI for a component built against an older WASI patch version.)
+fn trap_contract_imports(
+    linker: &mut Linker<Asking>,
+    engine: &Engine,
+    component: &Component,
+) -> wasmtime::Result<()> {
+    use wasmtime::component::ResourceType;
+    use wasmtime::component::types::ComponentItem;
+    for (name, item) in component.component_type().imports(engine) {
+        let ComponentItem::ComponentInstance(instance) = item.ty else {
+            continue;
+        };
+        if !name.starts_with("handoff:policy/") {
+            continue;
+        }
+        let mut defined = linker.instance(name)?;
+        let exports: Vec<(String, ComponentItem)> = instance
+            .exports(engine)
+            .map(|(export, item)| (export.to_string(), item.ty))
+            .collect();
+        for (export, item) in &exports {
+            if let ComponentItem::Resource(_) = item {
+                defined.resource(export, ResourceType::host::<NoRun>(), |_, _| Ok(()))?;
+            }
+        }
+        for (export, item) in exports {
+            if let ComponentItem::ComponentFunc(_) = item {
+                let what = format!("{name}#{export}");
+                defined.func_new(&export, move |_, _, _, _| {
+                    Err(wasmtime::Error::msg(format!(
+                        "{what} was called while a delivery's effects are decided: no run \
+                         exists then"
+                    )))
+                })?;
+            }
+        }
+    }
+    Ok(())
 }
 
 struct Asking {
@@ -76,7 +121,7 @@ fn view(state: &mut Asking) -> WaitView<'_> {
 /// A loaded policy asked for a delivery's effects.
 pub struct PolicyEffects {
     store: Store<Asking>,
-    policy: generated::DeliveringPolicy,
+    policy: generated::EffectsPolicy,
     origin: String,
     /// Why the policy can no longer be asked.
     broken: Option<String>,
@@ -102,9 +147,18 @@ impl PolicyEffects {
         wasmtime_wasi::p2::add_to_linker_sync(&mut linker).map_err(internal)?;
         add_bounded_waits_with(&mut linker, view).map_err(internal)?;
         // The contract's `host`: no run exists, so every call traps.
-        linker
-            .define_unknown_imports_as_traps(&policy.component)
-            .map_err(internal)?;
+        trap_contract_imports(&mut linker, engine, &policy.component).map_err(internal)?;
+        // What the host links without an implementation (wasi:http) traps, as in a run.
+        let stubbed = policy
+            .component
+            .component_type()
+            .imports(engine)
+            .any(|(name, _)| name.starts_with(STUBBED_IMPORTS));
+        if stubbed {
+            linker
+                .define_unknown_imports_as_traps(&policy.component)
+                .map_err(internal)?;
+        }
         let far = Instant::now() + Duration::from_secs(100 * 365 * 24 * 3600);
         let state = Asking {
             wasi: wasi_ctx(None, &policy.sha256),
@@ -131,13 +185,14 @@ impl PolicyEffects {
             Ok(UpdateDeadline::Continue(1))
         });
         let instance =
-            generated::DeliveringPolicy::instantiate(&mut store, &policy.component, &linker)
-                .map_err(|e| {
+            generated::EffectsPolicy::instantiate(&mut store, &policy.component, &linker).map_err(
+                |e| {
                     HandoffError::Policy(format!(
                         "the policy {origin} cannot start to decide a delivery's effects: {}",
                         escape_untrusted(&format!("{e:#}"), 500)
                     ))
-                })?;
+                },
+            )?;
         Ok(Some(PolicyEffects {
             store,
             policy: instance,
@@ -157,9 +212,10 @@ impl PolicyEffects {
         } else {
             match error.downcast_ref::<wasmtime::Trap>() {
                 Some(trap) => format!("the policy trapped: {trap}"),
+                // The cause first: a wasm backtrace before it says little.
                 None => format!(
                     "the policy failed: {}",
-                    escape_untrusted(&format!("{error:#}"), 500)
+                    escape_untrusted(&error.root_cause().to_string(), 500)
                 ),
             }
         };

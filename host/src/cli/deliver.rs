@@ -10,6 +10,7 @@ use super::args::{AuditArgs, EffectsArgs, TargetArgs, ViewArgs, reason_text};
 use super::env;
 use handoff::backend::mongo::Connection;
 use handoff::backend::mongo::delivery::Names;
+use handoff::deliver::engine::Watch;
 use handoff::deliver::retry::Backoff;
 use handoff::deliver::sink::Sink;
 use handoff::deliver::sinks::projection::Projection;
@@ -19,6 +20,9 @@ use handoff::domain::delivery::{self, DEFAULT_DELIVERY, DEFAULT_LEDGER};
 use handoff::domain::text::escape_untrusted;
 use handoff::error::{HandoffError, Result};
 use handoff::operate::dead::{self, Action, Selection};
+use handoff::operate::delivery_status;
+use handoff::output::live;
+use handoff::output::live_delivery::DeliveryMetrics;
 
 #[derive(Args)]
 #[command(
@@ -80,7 +84,7 @@ Exit 16 means differences were found; with --repair, exit 0 means they were corr
     /// the lag (how long the oldest unsettled record has waited). Read-only.
     #[command(after_help = concat!(
         "Example:\n  handoff deliver status --max-lag-seconds 300\n\n\
-Exit 16 means a delivery's lag is over --max-lag-seconds, or it holds dead records with \
+Exit 18 means a delivery's lag is over --max-lag-seconds; 17 that it holds dead records, with \
 --fail-on-dead.\n\n",
         exit_codes!()
     ))]
@@ -93,10 +97,10 @@ struct StatusArgs {
     delivery: DeliveryArgs,
     #[command(flatten)]
     view: ViewArgs,
-    /// Exit 16 when a delivery's oldest unsettled record has waited longer than this.
+    /// Exit 18 when a delivery's oldest unsettled record has waited longer than this.
     #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..))]
     max_lag_seconds: Option<u64>,
-    /// Exit 16 when a delivery holds dead records.
+    /// Exit 17 when a delivery holds dead records.
     #[arg(long)]
     fail_on_dead: bool,
 }
@@ -220,6 +224,12 @@ struct RunArgs {
     /// The longest pause between attempts, in seconds, 1-86400.
     #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     retry_max_seconds: u64,
+    /// Serve the delivery's metrics while it runs (delivered, retried, dead and ignored
+    /// records, attempts, records and bytes in flight beside their bounds, the lag) in the
+    /// OpenMetrics format at /metrics, with /healthz and /readyz: PORT (on 127.0.0.1) or
+    /// HOST:PORT. Off by default.
+    #[arg(long, value_name = "ADDR")]
+    metrics_listen: Option<String>,
 }
 
 #[derive(Args)]
@@ -260,41 +270,47 @@ struct ActArgs {
 impl DeliveryArgs {
     /// The delivery's names, checked: nothing is read before they pass.
     fn names(&self) -> Result<Names> {
-        let inputs = self.target.inputs()?;
-        delivery::check_name(&self.delivery)
-            .map_err(|why| HandoffError::BadInput(format!("--delivery: {why}")))?;
-        let ledger = &self.ledger_collection;
-        if !handoff::run::inputs::valid_name(ledger) {
-            return Err(HandoffError::BadInput(
-                "--ledger-collection must contain 1-63 letters, digits, underscores or hyphens \
-                 and start with a letter"
-                    .into(),
-            ));
-        }
-        if [
-            &inputs.collection,
-            &inputs.checkpoint_collection,
-            &inputs.outbox_collection,
-            &inputs.quarantine_collection,
-            &inputs.runs_collection,
-        ]
-        .contains(&ledger)
-        {
-            return Err(HandoffError::BadInput(
-                "the ledger collection must be distinct from the source, checkpoint, outbox, \
-                 quarantine and runs collections"
-                    .into(),
-            ));
-        }
-        Ok(Names {
-            database: inputs.database,
-            outbox: inputs.outbox_collection,
-            ledger: ledger.clone(),
-            audit: handoff::operate::audit::DEFAULT_COLLECTION.into(),
-            consumer: inputs.consumer_id,
-            delivery: self.delivery.clone(),
-        })
+        names_of(&self.target, &self.delivery, &self.ledger_collection)
     }
+}
+
+/// The names of delivery `name` of the target's consumer with its ledger in `ledger`, checked:
+/// nothing is read before they pass.
+pub(crate) fn names_of(target: &TargetArgs, name: &str, ledger: &str) -> Result<Names> {
+    let inputs = target.inputs()?;
+    delivery::check_name(name)
+        .map_err(|why| HandoffError::BadInput(format!("--delivery: {why}")))?;
+    if !handoff::run::inputs::valid_name(ledger) {
+        return Err(HandoffError::BadInput(
+            "--ledger-collection must contain 1-63 letters, digits, underscores or hyphens and \
+             start with a letter"
+                .into(),
+        ));
+    }
+    if [
+        &inputs.collection,
+        &inputs.checkpoint_collection,
+        &inputs.outbox_collection,
+        &inputs.quarantine_collection,
+        &inputs.runs_collection,
+    ]
+    .iter()
+    .any(|c| c.as_str() == ledger)
+    {
+        return Err(HandoffError::BadInput(
+            "the ledger collection must be distinct from the source, checkpoint, outbox, \
+             quarantine and runs collections"
+                .into(),
+        ));
+    }
+    Ok(Names {
+        database: inputs.database,
+        outbox: inputs.outbox_collection,
+        ledger: ledger.to_string(),
+        audit: handoff::operate::audit::DEFAULT_COLLECTION.into(),
+        consumer: inputs.consumer_id,
+        delivery: name.to_string(),
+    })
 }
 
 /// A sink as the command line names it, checked before anything is read.
@@ -431,6 +447,20 @@ fn deliver(args: &RunArgs) -> Result<super::Outcome> {
     let spec = args.sink(&names)?;
     let options = args.options(names.clone())?;
     let stop = super::stop_signal()?;
+    // Bound before anything is read or written: a bad or busy address refuses the delivery.
+    let metrics = match &args.metrics_listen {
+        Some(address) => {
+            let metrics = DeliveryMetrics::new(
+                &names.consumer,
+                &names.delivery,
+                options.max_in_flight,
+                options.max_in_flight_bytes,
+            );
+            live::serve(live::listen_address(address)?, metrics.clone())?;
+            Some(metrics)
+        }
+        None => None,
+    };
     let mut effects = args.effects.load(&stop)?;
     let connection = Connection::connect(&args.delivery.target.uri)?;
     let started = Instant::now();
@@ -458,9 +488,13 @@ fn deliver(args: &RunArgs) -> Result<super::Outcome> {
             effects.decides.as_mut(),
             &options,
             &stop,
+            metrics.as_deref().map(|m| m as &dyn Watch),
         )
     })();
     connection.close();
+    if let Some(metrics) = &metrics {
+        metrics.ended();
+    }
     let report = result?;
     print_outputs(
         &report,
@@ -646,7 +680,7 @@ fn reconcile(args: ReconcileArgs) -> Result<()> {
 fn status(args: StatusArgs) -> Result<()> {
     let names = args.delivery.names()?;
     let connection = Connection::connect(&args.delivery.target.uri)?;
-    let found = handoff::operate::delivery_status::deliveries(&connection, &names);
+    let found = delivery_status::deliveries(&connection, &names);
     connection.close();
     let deliveries = found?;
     if args.view.json {
@@ -656,28 +690,17 @@ fn status(args: StatusArgs) -> Result<()> {
             json!({ "consumer_id": names.consumer, "deliveries": items })
         )?;
     } else {
-        handoff::output::write_stdout(&handoff::operate::delivery_status::table(&deliveries))?;
+        handoff::output::write_stdout(&delivery_status::table(&deliveries))?;
     }
-    let mut alerts = Vec::new();
-    for d in &deliveries {
-        if let (Some(max), Some(lag)) = (args.max_lag_seconds, d.lag_seconds)
-            && lag > max as f64
-        {
-            alerts.push(format!(
-                "delivery {} lags {lag:.0} s (more than {max} s)",
-                escape_untrusted(&d.name, 80)
-            ));
-        }
-        if args.fail_on_dead && d.counts.dead > 0 {
-            alerts.push(format!(
-                "delivery {} holds {} dead records",
-                escape_untrusted(&d.name, 80),
-                d.counts.dead
-            ));
-        }
+    if let Some(max) = args.max_lag_seconds
+        && let Some(lagging) = delivery_status::lag_alert(&deliveries, Duration::from_secs(max))
+    {
+        return Err(lagging);
     }
-    if !alerts.is_empty() {
-        return Err(HandoffError::Attention(alerts.join("; ")));
+    if args.fail_on_dead
+        && let Some(dead) = delivery_status::dead_alert(&deliveries)
+    {
+        return Err(dead);
     }
     Ok(())
 }

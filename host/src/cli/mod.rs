@@ -37,6 +37,7 @@ macro_rules! exit_codes {
   15   image missing: the stream requires a pre-/post-image MongoDB does not hold
   16   attention: a check found something to act on (status --min-margin or --min-forecast; reconcile differences; policy diff IDs changed)
   17   dead records: a delivery left records that failed for good (deliver dead list; the others went on)
+  18   delivery lag: a delivery's oldest open record waited longer than status --max-delivery-lag (or deliver status --max-lag-seconds)
   130, 143  a second SIGINT / SIGTERM ended the process at once"
     };
 }

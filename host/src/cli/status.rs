@@ -7,7 +7,9 @@ use clap::Args;
 
 use super::args::{TargetArgs, ViewArgs};
 use handoff::backend::mongo::Connection;
+use handoff::domain::delivery::{DEFAULT_DELIVERY, DEFAULT_LEDGER};
 use handoff::error::{HandoffError, Result};
+use handoff::operate::delivery_status::{self, Delivery};
 use handoff::operate::report::{Page, Section};
 use handoff::operate::status::{self, Place, Status, Target};
 
@@ -45,6 +47,14 @@ pub struct StatusArgs {
     /// anything is read: its directory must exist and be writable).
     #[arg(long, value_name = "FILE")]
     pub html: Option<PathBuf>,
+    /// Exit with 18 when a delivery of the consumer (`handoff deliver`) has an open record
+    /// that has waited longer than this since its admission (e.g. `5m`).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub max_delivery_lag: Option<Duration>,
+    /// Collection (table) of the delivery ledger, in the consumer's database: the consumer's
+    /// deliveries are shown beside its position.
+    #[arg(long, env = super::env::LEDGER_COLLECTION, default_value = DEFAULT_LEDGER)]
+    pub ledger_collection: String,
 }
 
 pub(crate) fn parse_duration(text: &str) -> std::result::Result<Duration, String> {
@@ -62,8 +72,16 @@ pub fn run(args: StatusArgs) -> Result<()> {
         Page::check_path(path)?;
     }
     if args.all {
+        if args.max_delivery_lag.is_some() {
+            return Err(HandoffError::BadInput(
+                "--max-delivery-lag checks the deliveries of one consumer: name it with \
+                 --consumer-id instead of --all"
+                    .into(),
+            ));
+        }
         return all(&args);
     }
+    let names = super::deliver::names_of(t, DEFAULT_DELIVERY, &args.ledger_collection)?;
     let connection = Connection::connect(&t.uri)?;
     let status = Status::read(
         &connection,
@@ -77,17 +95,33 @@ pub fn run(args: StatusArgs) -> Result<()> {
             runs: &t.consumer.runs_collection,
         },
     );
+    let deliveries = match &status {
+        Ok(_) => delivery_status::deliveries(&connection, &names),
+        Err(_) => Ok(Vec::new()),
+    };
     connection.close();
     let status = status?;
+    let deliveries = deliveries?;
     // The HTML report is written whatever became of stdout.
     let printed = if args.view.json {
-        out!("{}", status.to_json())
+        let mut json = status.to_json();
+        if let Some(object) = json.as_object_mut() {
+            object.insert(
+                "deliveries".into(),
+                deliveries.iter().map(Delivery::to_json).collect(),
+            );
+        }
+        out!("{json}")
     } else {
-        let rows: String = status
+        let mut rows: String = status
             .rows()
             .into_iter()
             .map(|(label, value)| format!("{label:<16} {value}\n"))
             .collect();
+        if !deliveries.is_empty() {
+            rows.push('\n');
+            rows.push_str(&delivery_status::table(&deliveries));
+        }
         handoff::output::write_stdout(&rows)
     };
     if let Some(path) = &args.html {
@@ -106,7 +140,11 @@ pub fn run(args: StatusArgs) -> Result<()> {
         .write(path)?;
     }
     printed?;
-    check(&args, &status)
+    check(&args, &status)?;
+    match args.max_delivery_lag {
+        Some(max) => delivery_status::lag_alert(&deliveries, max).map_or(Ok(()), Err),
+        None => Ok(()),
+    }
 }
 
 /// `--all`: the listing, then the checks of every consumer.

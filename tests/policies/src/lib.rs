@@ -12,7 +12,8 @@
 //! - `NET_CLIENT`: a component using sockets (TCP, UDP, name lookup), which the host links and denies;
 //! - `FOREIGN_IMPORT`: a component importing an interface the contract lacks, under the contract's
 //!   package name, which the host must refuse to load;
-//! - `EFFECTS_NONSENSE`, `EFFECTS_FOREVER`: a delivery's effects (contract 1.6) answered with
-//!   nonsense, or never: the host must deliver nothing.
+//! - `EFFECTS_NONSENSE`, `EFFECTS_FOREVER`, `EFFECTS_HOST_CALL`: a delivery's effects (contract
+//!   1.6) answered with nonsense, never, or after calling the contract's host (which no run
+//!   provides then): the host must deliver nothing.
 
 include!(concat!(env!("OUT_DIR"), "/paths.rs"));

@@ -37,6 +37,14 @@ pub(super) fn build(dir: &Path) -> Result<PathBuf> {
     }
     let cli = toolchain_cli(dir)?;
     let (entry, contract) = entry_and_contract(dir)?;
+    // An entry of its own from before contract 1.6 exports no `delivery`.
+    let exports_delivery = std::fs::read_to_string(dir.join(entry))
+        .is_ok_and(|text| text.contains("export const delivery"));
+    let world = if exports_delivery {
+        super::world_of(&dir.join(contract))
+    } else {
+        "handoff-policy"
+    };
     let output = dir.join(OUTPUT);
     if let Some(parent) = output.parent() {
         std::fs::create_dir_all(parent).map_err(|e| {
@@ -60,7 +68,7 @@ pub(super) fn build(dir: &Path) -> Result<PathBuf> {
             "--wit",
             contract,
             "--world-name",
-            "handoff-policy",
+            world,
             "--disable",
             "http",
             "fetch-event",

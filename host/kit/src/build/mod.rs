@@ -186,9 +186,31 @@ pub fn sources(dir: &Path) -> Vec<(PathBuf, Option<SystemTime>, u64)> {
 /// How often `--watch` looks for changes.
 pub const WATCH_EVERY: Duration = Duration::from_millis(500);
 
+/// The world of the contract at `contract` a build targets: `effects-policy` (the component
+/// also exports `delivery`, contract 1.6) when the contract has it, else `handoff-policy`.
+pub fn world_of(contract: &Path) -> &'static str {
+    let text = std::fs::read_to_string(contract).unwrap_or_default();
+    if text.lines().any(|l| l.trim() == "world effects-policy {") {
+        "effects-policy"
+    } else {
+        "handoff-policy"
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_build_targets_effects_policy_only_where_the_contract_has_it() {
+        let wit = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../wit");
+        assert_eq!(world_of(&wit.join("policy.wit")), "effects-policy");
+        assert_eq!(
+            world_of(&wit.join("since_v1.5.0/policy.wit")),
+            "handoff-policy"
+        );
+        assert_eq!(world_of(&wit.join("no-such.wit")), "handoff-policy");
+    }
 
     fn names(environment: &[(&str, &str)]) -> Vec<String> {
         let given = environment

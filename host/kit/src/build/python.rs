@@ -88,12 +88,17 @@ pub(super) fn build(dir: &Path) -> Result<PathBuf> {
         })?;
     }
     let mut command = super::toolchain(&tool);
-    if dir.join("wit").is_dir() {
+    // The SDK package carries the contract, with `effects-policy`; a project's own `wit/` may
+    // be older.
+    let world = if dir.join("wit").is_dir() {
         command.args(["-d", "wit"]);
-    }
+        super::world_of(&dir.join("wit/policy.wit"))
+    } else {
+        "effects-policy"
+    };
     command.args([
         "-w",
-        "handoff-policy",
+        world,
         "componentize",
         "handoff_policy",
         "-p",

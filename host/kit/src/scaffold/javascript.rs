@@ -118,7 +118,7 @@ mod tests {
         let build = package["scripts"]["build"].as_str().unwrap_or("");
         assert!(
             build.contains(
-                "--wit node_modules/handoff-policy/wit/policy.wit --world-name handoff-policy"
+                "--wit node_modules/handoff-policy/wit/policy.wit --world-name effects-policy"
             ) && build.contains("--out build/policy.wasm node_modules/handoff-policy/component.js"),
             "{build}"
         );
