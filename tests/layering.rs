@@ -25,7 +25,12 @@ const ROOMS: &[(&str, &[&str])] = &[
     ),
     (
         "output",
-        &["handoff-domain", "handoff-session", "handoff-run"],
+        &[
+            "handoff-domain",
+            "handoff-session",
+            "handoff-run",
+            "handoff-deliver",
+        ],
     ),
     (
         "kit",
