@@ -29,6 +29,15 @@ pub trait Scraped: Send + Sync + 'static {
     fn is_ready(&self) -> bool;
 }
 
+/// `registry` in the OpenMetrics text format (empty if it cannot be encoded).
+pub(crate) fn text_of(registry: &Registry) -> String {
+    let mut text = String::new();
+    if encode(&mut text, registry).is_err() {
+        text.clear();
+    }
+    text
+}
+
 /// The OpenMetrics content type.
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
@@ -167,11 +176,7 @@ impl Scraped for LiveMetrics {
             self.checkpoint_age.set(now.saturating_sub(time));
         }
         self.scrapes.fetch_add(1, Ordering::SeqCst);
-        let mut text = String::new();
-        if encode(&mut text, &self.registry).is_err() {
-            text.clear();
-        }
-        text
+        text_of(&self.registry)
     }
 
     fn is_ready(&self) -> bool {

@@ -7,7 +7,6 @@ use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 
-use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
@@ -15,7 +14,7 @@ use prometheus_client::registry::Registry;
 use handoff_deliver::Report;
 use handoff_deliver::engine::{Progress, Watch};
 
-use crate::live::Scraped;
+use crate::live::{Scraped, text_of};
 
 /// No open record (the lag is zero).
 const NONE_OPEN: i64 = i64::MIN;
@@ -160,11 +159,7 @@ impl Scraped for DeliveryMetrics {
             now.saturating_sub(oldest).max(0) as f64 / 1000.0
         };
         self.lag.set(lag);
-        let mut text = String::new();
-        if encode(&mut text, &self.registry).is_err() {
-            text.clear();
-        }
-        text
+        text_of(&self.registry)
     }
 
     fn is_ready(&self) -> bool {
