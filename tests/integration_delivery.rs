@@ -977,6 +977,113 @@ fn reconcile_finds_planted_missing_orphan_and_stale_keys_and_repairs_them_audite
 }
 
 #[test]
+fn reconcile_compares_what_the_policy_makes_of_the_source_and_repairs_through_it() {
+    let shaped = ["--policy", handoff_test_policies::SHAPED_PROJECTION];
+    let live = Live::start();
+    assert_code(&live.run(&shaped), 0);
+    live.insert(0..6);
+    hand_off_with(&live, &shaped);
+    let sink = format!("mongodb:{VIEW}");
+    let mut args = vec!["--sink", sink.as_str(), "--max-wait-seconds", "1"];
+    args.extend_from_slice(&shaped);
+    assert_code(&deliver(&live, &args), 0);
+    // The projection holds the policy's shape, not the source document.
+    let view = live.coll(VIEW);
+    let held = projection(&live);
+    assert_eq!(held.len(), 6, "{held:?}");
+    assert!(
+        held.values()
+            .all(|d| d.get_bool("shaped").ok() == Some(true)),
+        "{held:?}"
+    );
+    let reconcile = |extra: &[&str]| {
+        let mut args = vec!["deliver", "reconcile", "--sink", &sink, "--json"];
+        args.extend_from_slice(extra);
+        live.operator(&args)
+    };
+    let with_policy = |extra: &[&str]| {
+        let mut args = shaped.to_vec();
+        args.extend_from_slice(extra);
+        reconcile(&args)
+    };
+    // Through the policy, nothing differs; the default's effects would call every key stale,
+    // and another policy than the consumer's is refused before anything is compared.
+    let clean = with_policy(&[]);
+    assert_code(&clean, 0);
+    let report: Value = serde_json::from_slice(&clean.stdout).expect("JSON");
+    assert_eq!(report["compared"], 6, "{report}");
+    assert_eq!(report["stale"]["count"], 0, "{report}");
+    assert!(
+        report["effects"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("shaped_projection"),
+        "{report}"
+    );
+    let other = reconcile(&["--repair", "--reason", "the wrong policy"]);
+    assert_ne!(other.status.code(), Some(0));
+    assert!(
+        support::stderr(&other).contains("policy"),
+        "{}",
+        support::stderr(&other)
+    );
+    assert!(live.records("kestra_change_audit").is_empty());
+    // Planted: key 1 unshaped, key 2 gone, key 3 deleted in the source (the policy's delete
+    // never reached the projection), key 99 only in the projection.
+    live.wait(view.replace_one(doc! {"_id": 1}, doc! {"qty": 1, "note": "by hand"}))
+        .expect("plant stale");
+    live.wait(view.delete_one(doc! {"_id": 2}))
+        .expect("plant missing");
+    live.wait(live.coll("orders").delete_one(doc! {"_id": 3}))
+        .expect("delete at the source");
+    live.wait(view.insert_one(doc! {"_id": 99, "qty": 0, "shaped": true}))
+        .expect("plant orphan");
+    let found = with_policy(&[]);
+    assert_code(&found, 16);
+    let report: Value = serde_json::from_slice(&found.stdout).expect("JSON");
+    assert_eq!(
+        report["stale"]["keys"],
+        serde_json::json!(["1"]),
+        "{report}"
+    );
+    assert_eq!(
+        report["missing"]["keys"],
+        serde_json::json!(["2"]),
+        "{report}"
+    );
+    let mut orphans: Vec<String> = report["orphan"]["keys"]
+        .as_array()
+        .map(|keys| {
+            keys.iter()
+                .filter_map(|k| k.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    orphans.sort();
+    assert_eq!(orphans, ["3", "99"], "{report}");
+    let repaired = with_policy(&["--repair", "--reason", "projection edited by hand"]);
+    assert_code(&repaired, 0);
+    let report: Value = serde_json::from_slice(&repaired.stdout).expect("JSON");
+    assert_eq!(report["repaired"]["written"], 4, "{report}");
+    assert_eq!(live.records("kestra_change_audit").len(), 1);
+    // What the repair wrote is the policy's shape, under the repair's version.
+    let held = projection(&live);
+    assert_eq!(held.len(), 5, "{held:?}");
+    for key in [1, 2] {
+        let document = held
+            .values()
+            .find(|d| d.get_i32("_id").ok() == Some(key))
+            .expect("repaired key");
+        assert_eq!(document.get_bool("shaped").ok(), Some(true), "{document:?}");
+        assert!(document.get("note").is_none(), "{document:?}");
+    }
+    let after = with_policy(&[]);
+    assert_code(&after, 0);
+    let report: Value = serde_json::from_slice(&after.stdout).expect("JSON");
+    assert_eq!(report["compared"], 5, "{report}");
+}
+
+#[test]
 fn status_keeps_every_delivery_apart_and_alerts_on_lag_and_dead_records() {
     let live = Live::start();
     live.start_consumer();

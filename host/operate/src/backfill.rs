@@ -358,7 +358,7 @@ impl<'a> Backfill<'a> {
                     next.last_key = Some(last_key.clone());
                     next.rows += decided.fates.len() as i64;
                     next.dropped += *dropped as i64;
-                    (decided, *read, *dropped)
+                    (decided.as_ref(), *read, *dropped)
                 }
             };
             let audit_record = audit.take().map(|mut entry| {

@@ -28,7 +28,7 @@
 
 mod compare;
 pub(crate) use compare::read_collection;
-mod in_flight;
+pub(crate) mod in_flight;
 mod repair;
 mod report;
 
@@ -224,16 +224,16 @@ pub fn reconcile(
 
 /// The consumer's checkpoint and its token, refused unless it is one of this source and replica
 /// set, of a whole collection streamed plainly, and holds a token.
-async fn checkpoint(
+pub(crate) async fn checkpoint(
     connection: &Connection,
-    options: &Options,
+    (database, checkpoints, consumer): (&str, &str, &str),
     source_name: &str,
 ) -> Result<(Checkpoint, Document)> {
     let stored = operator::consumer_document(
         connection,
-        &options.database,
-        &options.checkpoints,
-        &options.consumer,
+        database,
+        checkpoints,
+        consumer,
         "reading the checkpoint",
     )
     .await
@@ -242,8 +242,8 @@ async fn checkpoint(
         HandoffError::BadInput(format!(
             "Consumer {} has no checkpoint in {}: it never ran. Run the consumer first, then \
              reconcile",
-            escape_untrusted(&options.consumer, 64),
-            options.checkpoints
+            escape_untrusted(consumer, 64),
+            checkpoints
         ))
     })?;
     let loaded = checkpoint::validate(&stored, source_name, connection.deployment().pin())?;
@@ -251,7 +251,7 @@ async fn checkpoint(
         return Err(HandoffError::BadInput(format!(
             "Consumer {} {}. Reconcile is for consumers of the plain collection stream (a whole \
              collection, no pipeline)",
-            escape_untrusted(&options.consumer, 64),
+            escape_untrusted(consumer, 64),
             unfit.why()
         )));
     }
@@ -259,7 +259,7 @@ async fn checkpoint(
         return Err(HandoffError::BadInput(format!(
             "Consumer {}'s checkpoint has no token: it never completed a run. Run the consumer \
              first, then reconcile",
-            escape_untrusted(&options.consumer, 64)
+            escape_untrusted(consumer, 64)
         )));
     };
     Ok((loaded, token))
@@ -272,7 +272,12 @@ async fn run(
 ) -> Result<ReconcileReport> {
     let source_name = format!("{}.{}", options.database, options.collection);
     // The checkpoint: where the consumer stands.
-    let (loaded, token) = checkpoint(connection, options, &source_name).await?;
+    let (loaded, token) = checkpoint(
+        connection,
+        (&options.database, &options.checkpoints, &options.consumer),
+        &source_name,
+    )
+    .await?;
     checkpoint::check_policy(&loaded, &snapshots.binding(), "reconcile")?;
     let mut report = ReconcileReport {
         consumer: options.consumer.clone(),

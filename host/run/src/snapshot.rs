@@ -44,6 +44,9 @@ pub enum Fate {
 pub struct Decided {
     pub fates: Vec<Fate>,
     pub outbox: Vec<RawDocumentBuf>,
+    /// Of each outbox record, in order: the index (in the reads given) of the document it was
+    /// decided from.
+    pub origins: Vec<usize>,
     pub quarantine: Vec<RawDocumentBuf>,
 }
 
@@ -110,8 +113,10 @@ impl Snapshots<'_> {
                 .collect();
             let kept = self.run(events)?;
             let mut fates = vec![Fate::Skipped; reads.len()];
+            let offset = decided.fates.len();
             let mut mark = |records: Vec<RawDocumentBuf>, fate: Fate| -> Result<_> {
                 let mut marked = Vec::with_capacity(records.len());
+                let mut origins = Vec::with_capacity(records.len());
                 for mut record in records {
                     let index =
                         token_of(&record)
@@ -122,14 +127,16 @@ impl Snapshots<'_> {
                                 ))
                             })?;
                     fates[*index] = fate;
+                    origins.push(offset + *index);
                     record.append(cstr!("snapshot"), marker.clone());
                     marked.push(record);
                 }
-                Ok(marked)
+                Ok((marked, origins))
             };
-            let outbox = mark(kept.outbox, Fate::HandedOff)?;
-            let quarantine = mark(kept.quarantine, Fate::Quarantined)?;
+            let (outbox, origins) = mark(kept.outbox, Fate::HandedOff)?;
+            let (quarantine, _) = mark(kept.quarantine, Fate::Quarantined)?;
             decided.fates.extend(fates);
+            decided.origins.extend(origins);
             decided.outbox.extend(outbox);
             decided.quarantine.extend(quarantine);
         }

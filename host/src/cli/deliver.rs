@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use clap::{Args, Subcommand};
 use serde_json::json;
 
-use super::args::{AuditArgs, EffectsArgs, TargetArgs, ViewArgs, reason_text};
+use super::args::{AuditArgs, DecidingArgs, EffectsArgs, TargetArgs, ViewArgs, reason_text};
 use super::env;
 use handoff::backend::mongo::Connection;
 use handoff::backend::mongo::delivery::Names;
@@ -65,17 +65,25 @@ enum DeliverCommand {
     /// A delivery's dead records: list, replay, discard (audited).
     #[command(subcommand)]
     Dead(DeadCommand),
-    /// Compares a MongoDB projection with the watched collection by key, content and version
-    /// (missing, orphan, stale; keys the delivery has not settled are in flight); --repair
-    /// corrects them, audited.
+    /// Compares a MongoDB projection with what the policy makes of the watched collection, by
+    /// key and content (missing, orphan, stale; keys the delivery has not settled are in
+    /// flight); --repair corrects them through the policy, audited.
     #[command(after_help = concat!(
-        "Read-only unless --repair is given. Keys are printed as relaxed Extended JSON, never \
+        "Each source document, as a snapshot event, is decided by the consumer's policy \
+(--policy, --policy-param, as for `handoff run`; its checkpoint must record the same policy) and \
+each record it would hand off by the delivery's effects (the policy's `delivery` export, or the \
+default's): an upsert says what the key holds, a delete that it holds nothing. Documents the \
+policy skips or quarantines are held, records the effects refuse are refused: counted apart, \
+never differences.\n\n\
+Read-only unless --repair is given. Keys are printed as relaxed Extended JSON, never \
 whole documents. Run the consumer and the delivery first: a change not handed off yet is a \
-difference until it is. A repair writes each document as the source holds it now under the \
-deployment's cluster time as its version (a newer delivery write is left as it is), removes \
+difference until it is. A repair reads each differing document again after a fresh stream \
+position, asks the policy and the effects again, and writes their upserts and deletes under that \
+position's cluster time as the version (a newer delivery write is left as it is), removes \
 orphans, in transactions of 100 with an audit record.\n\n\
 Examples:\n  handoff deliver reconcile --sink mongodb:orders_view\n  \
-handoff deliver reconcile --sink mongodb:orders_view --repair --reason \"view restored from backup\"\n\n\
+handoff deliver reconcile --sink mongodb:orders_view --repair --reason \"view restored from backup\"\n  \
+handoff deliver reconcile --sink mongodb:orders_view --policy policy.wasm --json\n\n\
 Exit 16 means differences were found; with --repair, exit 0 means they were corrected.\n\n",
         exit_codes!()
     ))]
@@ -111,6 +119,11 @@ struct ReconcileArgs {
     delivery: DeliveryArgs,
     #[command(flatten)]
     audit: AuditArgs,
+    /// The consumer's policy (as for `handoff run`): it decides what each source document is
+    /// handed off as, and its `delivery` export (or the default's) what that does to the
+    /// projection.
+    #[command(flatten)]
+    deciding: DecidingArgs,
     #[command(flatten)]
     view: ViewArgs,
     /// The projection: mongodb:COLLECTION or mongodb:DATABASE.COLLECTION.
@@ -623,6 +636,7 @@ fn act(args: ActArgs, action: Action) -> Result<()> {
 fn reconcile(args: ReconcileArgs) -> Result<()> {
     let mut names = args.delivery.names()?;
     let inputs = args.delivery.target.inputs()?;
+    args.delivery.target.one_collection("deliver reconcile")?;
     names.audit = args.audit.collection(&inputs)?;
     let Some(target) = args.sink.strip_prefix("mongodb:") else {
         return Err(HandoffError::BadInput(
@@ -638,6 +652,7 @@ fn reconcile(args: ReconcileArgs) -> Result<()> {
     let options = handoff::operate::projection::Options {
         names: names.clone(),
         collection: inputs.collection.clone(),
+        checkpoints: inputs.checkpoint_collection.clone(),
         projection: (database.to_string(), collection.to_string()),
         chunk_size: args.chunk_size,
         limit: args.limit as usize,
@@ -648,15 +663,23 @@ fn reconcile(args: ReconcileArgs) -> Result<()> {
             if args.repair { " --repair" } else { "" }
         ),
     };
+    // The policy before anything is read: one that cannot decide snapshot documents is refused.
+    let stop = super::stop_signal()?;
+    let deciding = args.deciding.load("deliver reconcile")?;
+    let mut effects = deciding.effects(&stop)?;
     let connection = Connection::connect(&args.delivery.target.uri)?;
-    let result = if options.repair.is_some() {
-        connection
-            .register_state(&names.database, &[&names.ledger, &names.audit])
-            .and_then(|()| connection.register_state(database, &[collection]))
-            .and_then(|()| handoff::operate::projection::reconcile(&connection, &options))
-    } else {
-        handoff::operate::projection::reconcile(&connection, &options)
+    let snapshots = deciding.snapshots(
+        handoff::session::RunKind::Repair,
+        &names.consumer,
+        &names.database,
+        &inputs.collection,
+        connection.deployment(),
+    );
+    let mut deciders = handoff::operate::projection::Deciders {
+        snapshots: &snapshots,
+        effects: effects.as_mut(),
     };
+    let result = handoff::operate::projection::reconcile(&connection, &options, &mut deciders);
     connection.close();
     let report = result?;
     if args.view.json {

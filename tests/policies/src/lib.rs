@@ -14,6 +14,8 @@
 //!   package name, which the host must refuse to load;
 //! - `EFFECTS_NONSENSE`, `EFFECTS_FOREVER`, `EFFECTS_HOST_CALL`: a delivery's effects (contract
 //!   1.6) answered with nonsense, never, or after calling the contract's host (which no run
-//!   provides then): the host must deliver nothing.
+//!   provides then): the host must deliver nothing;
+//! - `SHAPED_PROJECTION`: the default's hand-off, and projection documents of its own shape (a
+//!   delivery's effects, contract 1.6), which `deliver reconcile` compares through the policy.
 
 include!(concat!(env!("OUT_DIR"), "/paths.rs"));

@@ -23,7 +23,7 @@ pub(super) enum Chunk {
     Empty,
     Rows {
         /// What the policy made of the rows no stream event superseded.
-        decided: Decided,
+        decided: Box<Decided>,
         last_key: Bson,
         /// Documents read.
         read: usize,
@@ -144,7 +144,7 @@ impl Backfill<'_> {
         // The watermarks have served; the signal collection need not grow with the backfill.
         self.store.remove_watermarks(&[low, high]).await;
         Ok(Chunk::Rows {
-            decided,
+            decided: Box::new(decided),
             last_key: last,
             read,
             dropped,

@@ -32,16 +32,20 @@ pub(super) async fn now(
     connection: &Connection,
     options: &Options,
 ) -> Result<(Document, StreamOrder)> {
+    position_now(connection, &options.database, &options.collection).await
+}
+
+/// The current position of the stream of `database.collection`: the post-batch resume token
+/// of a stream opened now, and where it stands.
+pub(crate) async fn position_now(
+    connection: &Connection,
+    database: &str,
+    collection: &str,
+) -> Result<(Document, StreamOrder)> {
     let what = "reading the stream's current position";
-    let mut stream = Events::now(
-        connection,
-        &options.database,
-        &options.collection,
-        Some(AWAIT),
-        what,
-    )
-    .await
-    .map_err(server)?;
+    let mut stream = Events::now(connection, database, collection, Some(AWAIT), what)
+        .await
+        .map_err(server)?;
     let token = match token_document(stream.token()) {
         Some(token) => token,
         None => {

@@ -94,6 +94,29 @@ fn load_source(source: &PolicySource, no_cache: bool) -> Result<(Runtime, Policy
     Ok((runtime, policy))
 }
 
+/// The effects `policy` decides (its `delivery` export), or the default's for a policy without
+/// one.
+fn effects_of(
+    runtime: &Runtime,
+    policy: &Policy,
+    limits: &Limits,
+    stop: &StopSignal,
+) -> Result<Box<dyn EffectPolicy>> {
+    Ok(
+        match PolicyEffects::load(runtime.engine(), policy, limits, stop)? {
+            Some(effects) => Box::new(effects),
+            None => {
+                tracing::warn!(
+                    policy = %escape_untrusted(&policy.origin, 200),
+                    "the policy does not decide a delivery's effects (built before contract \
+                     1.6 or without `delivery`): the default's apply"
+                );
+                Box::new(DefaultEffects)
+            }
+        },
+    )
+}
+
 /// The policy that decides a delivery's effects (contract 1.6), within which limits.
 #[derive(Args, Clone, Debug)]
 pub struct EffectsArgs {
@@ -136,21 +159,7 @@ impl EffectsArgs {
             slice: Duration::from_millis(self.policy_slice_ms),
             ..Limits::default()
         };
-        let decides: Box<dyn EffectPolicy> = match PolicyEffects::load(
-            runtime.engine(),
-            &policy,
-            &limits,
-            stop,
-        )? {
-            Some(effects) => Box::new(effects),
-            None => {
-                tracing::warn!(
-                    policy = %escape_untrusted(&policy.origin, 200),
-                    "the policy does not decide a delivery's effects (built before contract                          1.6 or without `delivery`): the default's apply"
-                );
-                Box::new(DefaultEffects)
-            }
-        };
+        let decides = effects_of(&runtime, &policy, &limits, stop)?;
         Ok(Effects {
             _runtime: Some(runtime),
             decides,
@@ -216,6 +225,12 @@ impl DecidingArgs {
 }
 
 impl Deciding {
+    /// The effects this policy decides for a delivery (its `delivery` export, or the
+    /// default's).
+    pub fn effects(&self, stop: &StopSignal) -> Result<Box<dyn EffectPolicy>> {
+        effects_of(&self.runtime, &self.policy, &self.limits, stop)
+    }
+
     /// The snapshot runs of one consumer of `database.collection` on `deployment`.
     pub fn snapshots(
         &self,
