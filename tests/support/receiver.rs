@@ -248,8 +248,10 @@ fn handle(shared: &Shared, mut request: tiny_http::Request) {
             response.add_header(header);
         }
     }
-    let _ = request.respond(response);
+    // Done before the reply is written: once the client has it, its next request may come at
+    // once, and must not be counted as handled beside this one.
     shared.handling.fetch_sub(1, Ordering::SeqCst);
+    let _ = request.respond(response);
 }
 
 /// Standard Webhooks v1: some `v1,<base64>` of the signature header is the HMAC-SHA256 of
