@@ -303,12 +303,14 @@ fn paced_runs(
 }
 
 /// At known rates (20 writes a second to the watched collection and 200 to another; a consumer
-/// handing off 12 a second once throttled, in runs 1.5 s apart) on a small oplog, the forecast `status` gives comes
-/// true: the run that finds history lost comes within the stated tolerance of it.
+/// handing off 8 a second once throttled, in runs 1.5 s apart) on a small oplog, the forecast `status` gives comes
+/// true: the run that finds history lost comes within the stated tolerance of it. The consumer
+/// falls behind by 0.6 s a second: the oplog's one-second times blur each rate by up to 0.08 over
+/// the fitted runs, a small part of that difference.
 #[test]
 fn a_forecast_of_a_consumer_falling_behind_comes_true_within_its_tolerance() {
     let live = Live::with_config(Config {
-        history_limit: 5000,
+        history_limit: 7000,
         ..Config::default()
     });
     support::ok(&live.run(&[]));
@@ -334,11 +336,11 @@ fn a_forecast_of_a_consumer_falling_behind_comes_true_within_its_tolerance() {
         },
     );
     // Throttled: a run every 1.5 s (or as soon as the last ended, on a loaded machine), each
-    // handing off 60 % of what was written since the last began (runs this far apart keep the
+    // handing off 40 % of what was written since the last began (runs this far apart keep the
     // oplog's one-second times from blurring the rates).
     let period = Duration::from_millis(1500);
     let batch = |since: Duration| {
-        ((0.6 * f64::from(WRITES_PER_SECOND) * since.as_secs_f64()).round() as u32)
+        ((0.4 * f64::from(WRITES_PER_SECOND) * since.as_secs_f64()).round() as u32)
             .clamp(1, 500)
             .to_string()
     };
