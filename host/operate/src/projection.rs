@@ -32,7 +32,7 @@ use serde_json::{Value, json};
 use crate::audit::AuditEntry;
 use crate::outbox_view::{Digest, digest, key_text};
 use crate::reconcile::in_flight::position_now;
-use crate::reconcile::{Found, read_collection, server};
+use crate::reconcile::{Found, read_collection, reads_of, server};
 use handoff_backend::snapshot::{Read, SnapshotPosition};
 use handoff_domain::checkpoint;
 use handoff_domain::delivery::{Operation, Request, Status};
@@ -440,28 +440,8 @@ async fn repair(
     for keys in differences.to_write.chunks(REPAIR_BATCH) {
         // The position first, then the documents: a change after it has a newer version.
         let at = now(connection, &names.database, &options.collection).await?;
-        let documents = operator::documents(
-            connection,
-            &names.database,
-            &options.collection,
-            doc! { "_id": { "$in": keys.to_vec() } },
-            None,
-            "reading the watched collection",
-        )
-        .await
-        .map_err(server)?;
-        let mut by_lane: HashMap<String, Document> = documents
-            .into_iter()
-            .filter_map(|d| Some((lane(d.get("_id")?), d)))
-            .collect();
         // A document gone since it was compared is read as gone: the policy says what then.
-        let reads: Vec<Read> = keys
-            .iter()
-            .map(|key| Read {
-                key: key.clone(),
-                document: by_lane.remove(&lane(key)),
-            })
-            .collect();
+        let reads = reads_of(connection, (&names.database, &options.collection), keys).await?;
         let requests: Vec<Request> = deciders
             .decide(&names.delivery, &reads, &at)?
             .requests

@@ -27,7 +27,7 @@
 //! - `report`: the report as JSON, lines and an HTML page.
 
 mod compare;
-pub(crate) use compare::read_collection;
+pub(crate) use compare::{read_collection, reads_of};
 pub(crate) mod in_flight;
 mod repair;
 mod report;

@@ -451,7 +451,8 @@ impl Store {
         out
     }
 
-    /// Candidate documents for a filter: a direct lookup when it pins `_id`, else a scan.
+    /// Candidate documents for a filter: direct lookups when it pins `_id` (by equality or a
+    /// list of plain values), else a scan. Lookups come in natural order, as a scan's would.
     pub fn candidates(
         &self,
         ns: &Namespace,
@@ -464,6 +465,24 @@ impl Store {
                 .get(ns, &key, txn)
                 .map(|d| vec![(key, d)])
                 .unwrap_or_default();
+        }
+        if let Some(ids) = listed_ids(filter) {
+            let docs = self.collections.get(ns).map(|c| &c.docs);
+            let mut seen = std::collections::HashSet::new();
+            let mut found: Vec<(u64, DocKey, Arc<Document>)> = ids
+                .iter()
+                .map(doc_key)
+                .filter(|key| seen.insert(key.clone()))
+                .filter_map(|key| {
+                    let doc = self.get(ns, &key, txn)?;
+                    let record = docs
+                        .and_then(|d| d.get(&key))
+                        .map_or(u64::MAX, |e| e.record);
+                    Some((record, key, doc))
+                })
+                .collect();
+            found.sort_by_key(|(record, _, _)| *record);
+            return found.into_iter().map(|(_, key, doc)| (key, doc)).collect();
         }
         self.scan(ns, txn)
     }
@@ -690,6 +709,27 @@ pub fn pinned_id(filter: &Document) -> Option<&Bson> {
     }
 }
 
+/// The `_id`s a filter lists by `{$in: [...]}` of plain values (no pattern, no array), if it
+/// does: only those documents can match.
+pub fn listed_ids(filter: &Document) -> Option<&Vec<Bson>> {
+    let Bson::Document(d) = filter.get("_id")? else {
+        return None;
+    };
+    if d.len() != 1 {
+        return None;
+    }
+    match d.get("$in")? {
+        Bson::Array(values)
+            if values
+                .iter()
+                .all(|v| !matches!(v, Bson::RegularExpression(_) | Bson::Array(_))) =>
+        {
+            Some(values)
+        }
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -742,6 +782,40 @@ mod tests {
         h.forget(1_000);
         assert_eq!(h.oldest(), ts(120, 1));
         assert_eq!(h.retained().0, 1);
+    }
+
+    #[test]
+    fn a_list_of_ids_is_looked_up_in_natural_order_and_anything_else_is_scanned() {
+        let ns = Namespace::new("d", "c");
+        let mut oplog = Oplog::new(100);
+        let mut store = Store::new(Duration::from_secs(300), oplog.cluster_time());
+        let changes = (1..=5).rev().map(|id| insert(&ns, id, 1)).collect();
+        store.apply(&mut oplog, None, changes, u64::MAX).unwrap();
+        let ids = |found: Vec<(DocKey, Arc<Document>)>| -> Vec<i32> {
+            found
+                .iter()
+                .map(|(_, d)| d.get_i32("_id").unwrap())
+                .collect()
+        };
+        // Listed out of order, twice, as another number type, and one absent: each present
+        // document once, in insertion order (5 first).
+        let listed = bson::doc! {"_id": {"$in": [2, 4_i64, 2.0, 9, 5]}};
+        assert!(listed_ids(&listed).is_some());
+        assert_eq!(ids(store.candidates(&ns, &listed, None)), vec![5, 4, 2]);
+        // Patterns, arrays and other operators beside `$in` leave it to the scan.
+        let pattern = bson::Regex {
+            pattern: "1".try_into().unwrap(),
+            options: "".try_into().unwrap(),
+        };
+        for scanned in [
+            bson::doc! {"_id": {"$in": [pattern]}},
+            bson::doc! {"_id": {"$in": [[1, 2]]}},
+            bson::doc! {"_id": {"$in": [1], "$ne": 2}},
+            bson::doc! {"v": {"$in": [1]}},
+        ] {
+            assert!(listed_ids(&scanned).is_none(), "{scanned}");
+            assert_eq!(store.candidates(&ns, &scanned, None).len(), 5);
+        }
     }
 
     #[test]

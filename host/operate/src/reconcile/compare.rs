@@ -2,13 +2,14 @@
 //! other) or key by key (`--since`), each document compared with what the outbox says it is,
 //! then the keys the outbox says are present and the source does not hold.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use bson::{Bson, Document, doc};
 
 use super::{Options, server};
 use crate::outbox_view::{self, Entry, OutboxView, Said, StreamOrder, key_text};
 use crate::progress::Progress;
+use handoff_backend::snapshot::Read;
 use handoff_domain::error::Result;
 use handoff_mongo::Connection;
 use handoff_mongo::operator::{self, First};
@@ -118,16 +119,45 @@ pub(super) async fn read_keys(
     options: &Options,
     keys: &[Bson],
 ) -> Result<Vec<Document>> {
+    documents_of(connection, (&options.database, &options.collection), keys).await
+}
+
+async fn documents_of(
+    connection: &Connection,
+    (database, collection): (&str, &str),
+    keys: &[Bson],
+) -> Result<Vec<Document>> {
     operator::documents(
         connection,
-        &options.database,
-        &options.collection,
+        database,
+        collection,
         doc! { "_id": { "$in": keys.to_vec() } },
         None,
         "reading the watched collection",
     )
     .await
     .map_err(server)
+}
+
+/// The documents of `keys` in the watched collection (`namespace`) as they are now (`None`:
+/// gone), in the keys' order.
+pub(crate) async fn reads_of(
+    connection: &Connection,
+    namespace: (&str, &str),
+    keys: &[Bson],
+) -> Result<Vec<Read>> {
+    let mut by_key: HashMap<String, Document> = documents_of(connection, namespace, keys)
+        .await?
+        .into_iter()
+        .filter_map(|d| Some((key_text(d.get("_id")?), d)))
+        .collect();
+    Ok(keys
+        .iter()
+        .map(|key| Read {
+            key: key.clone(),
+            document: by_key.remove(&key_text(key)),
+        })
+        .collect())
 }
 
 /// Compares one source document with the view; the entry is taken out of the view.

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use bson::{Bson, Document, doc};
 
-use super::compare::{Difference, read_keys};
+use super::compare::{self, Difference};
 use super::in_flight::now;
 use super::{Options, REPAIR_BATCH, ReconcileReport, Repaired, server, time_text};
 use crate::audit::AuditEntry;
@@ -27,19 +27,7 @@ async fn reads_of(
     batch: &[Difference],
 ) -> Result<Vec<Read>> {
     let keys: Vec<Bson> = batch.iter().map(|d| d.key.clone()).collect();
-    let mut by_key: std::collections::HashMap<String, Document> =
-        read_keys(connection, options, &keys)
-            .await?
-            .into_iter()
-            .filter_map(|d| Some((key_text(d.get("_id")?), d)))
-            .collect();
-    Ok(keys
-        .into_iter()
-        .map(|key| {
-            let document = by_key.remove(&key_text(&key));
-            Read { key, document }
-        })
-        .collect())
+    compare::reads_of(connection, (&options.database, &options.collection), &keys).await
 }
 
 /// A snapshot position: a resume token and its cluster time.
