@@ -42,7 +42,7 @@ use handoff_domain::text::escape_untrusted;
 use handoff_domain::token::canonical_text;
 use handoff_mongo::delivery::{self, Correction, Names, Projection, RECORD_FIELD, VERSION_FIELD};
 use handoff_mongo::transaction::Failure;
-use handoff_mongo::{Connection, operator, registry};
+use handoff_mongo::{Connection, registry};
 use handoff_run::snapshot::{Fate, Snapshots};
 
 /// Corrections per transaction.

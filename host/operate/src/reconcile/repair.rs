@@ -10,7 +10,7 @@ use super::compare::{self, Difference};
 use super::in_flight::now;
 use super::{Options, REPAIR_BATCH, ReconcileReport, Repaired, server, time_text};
 use crate::audit::AuditEntry;
-use crate::outbox_view::{Said, StreamOrder, digest, key_text};
+use crate::outbox_view::{Said, StreamOrder, digest};
 use crate::progress::Progress;
 use handoff_backend::snapshot::{Read, SnapshotPosition};
 use handoff_domain::error::{HandoffError, Result};
