@@ -1084,6 +1084,62 @@ fn reconcile_compares_what_the_policy_makes_of_the_source_and_repairs_through_it
 }
 
 #[test]
+fn reconcile_through_a_policy_answering_nonsense_or_never_repairs_nothing() {
+    let sink = format!("mongodb:{VIEW}");
+    for (policy, slice, says) in [
+        (
+            handoff_test_policies::SHAPED_NONSENSE,
+            None,
+            "answered nonsense",
+        ),
+        (
+            handoff_test_policies::SHAPED_FOREVER,
+            Some("300"),
+            "computed for more than 300 ms",
+        ),
+    ] {
+        let live = Live::start();
+        let view = live.coll(VIEW);
+        let with = ["--policy", policy];
+        assert_code(&live.run(&with), 0);
+        live.insert(0..3);
+        hand_off_with(&live, &with);
+        // The projection as a delivery would have left it, with one key planted stale and one
+        // missing: a repair would write both.
+        for source in live.records("orders") {
+            live.wait(view.insert_one(source)).expect("project");
+        }
+        live.wait(view.update_one(doc! {"_id": 1}, doc! {"$set": {"qty": -1}}))
+            .expect("plant stale");
+        live.wait(view.delete_one(doc! {"_id": 2}))
+            .expect("plant missing");
+        let before = by_id(&live, VIEW);
+        let mut args = vec![
+            "deliver",
+            "reconcile",
+            "--sink",
+            sink.as_str(),
+            "--repair",
+            "--reason",
+            "hostile",
+        ];
+        args.extend_from_slice(&with);
+        if let Some(slice) = slice {
+            args.extend_from_slice(&["--policy-slice-ms", slice]);
+        }
+        let started = Instant::now();
+        let output = live.operator(&args);
+        assert_code(&output, 9);
+        let stderr = support::stderr(&output);
+        assert!(stderr.contains(says), "{stderr}");
+        assert!(!stderr.contains("forged"), "{stderr}");
+        assert!(started.elapsed() < Duration::from_secs(30));
+        assert_eq!(by_id(&live, VIEW), before, "{policy}");
+        assert!(live.records("kestra_change_audit").is_empty());
+    }
+}
+
+#[test]
 fn status_keeps_every_delivery_apart_and_alerts_on_lag_and_dead_records() {
     let live = Live::start();
     live.start_consumer();

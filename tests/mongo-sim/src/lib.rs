@@ -22,6 +22,7 @@ pub mod cursor;
 pub mod error;
 pub mod expression;
 pub mod failpoints;
+pub mod lookup;
 pub mod matcher;
 pub mod namespace;
 pub mod oplog;

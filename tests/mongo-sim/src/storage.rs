@@ -6,13 +6,14 @@
 //! [`SnapshotHistory`]). A transaction reads at the sequence number current when it started,
 //! stages its writes privately and holds the documents it wrote until it ends.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
 use bson::{Binary, Bson, Document, Timestamp, spec::BinarySubtype};
 
 use crate::error::CommandError;
+use crate::lookup::{self, Lookup};
 use crate::namespace::Namespace;
 use crate::oplog::{EventKind, Images, Oplog, PendingEvent, TxnInfo};
 use crate::values::{DocKey, doc_key};
@@ -86,8 +87,14 @@ pub struct Collection {
     pub uuid: Binary,
     pub docs: BTreeMap<DocKey, DocEntry>,
     pub options: Document,
-    /// Secondary index specifications (bookkeeping only; only `_id` is enforced).
+    /// Secondary index specifications (only `_id` is enforced as unique).
     pub indexes: Vec<Document>,
+    /// The secondary indexes' lookups by equality, kept to the latest committed documents.
+    lookups: Vec<Lookup>,
+    /// Documents changed by a commit that kept an earlier version, by the commit's sequence
+    /// number (oldest first, as long as a reader may read before it): a reader at an earlier
+    /// snapshot may see them differently from the lookups.
+    recent: VecDeque<(u64, DocKey)>,
     /// The open transaction that created the collection (explicitly, or by a first write or
     /// index): until it commits, only that transaction sees the collection, and it is gone if
     /// the transaction aborts.
@@ -131,9 +138,78 @@ impl Collection {
             docs: BTreeMap::new(),
             options,
             indexes: Vec::new(),
+            lookups: Vec::new(),
+            recent: VecDeque::new(),
             created_by: None,
             next_record: 0,
         }
+    }
+
+    /// Brings the lookups in line with the index specifications: a new index's lookup is built
+    /// from the latest documents, a dropped one's goes.
+    pub fn sync_lookups(&mut self) {
+        let specs = &self.indexes;
+        let named = |name: &str| specs.iter().any(|s| s.get_str("name").ok() == Some(name));
+        self.lookups.retain(|l| named(&l.name));
+        for spec in specs {
+            let Ok(name) = spec.get_str("name") else {
+                continue;
+            };
+            if self.lookups.iter().any(|l| l.name == name) {
+                continue;
+            }
+            if let Some(mut lookup) = Lookup::of_spec(spec) {
+                for (key, entry) in &self.docs {
+                    if let Some(doc) = entry.latest() {
+                        lookup.insert(key, doc);
+                    }
+                }
+                self.lookups.push(lookup);
+            }
+        }
+    }
+
+    /// Commits a new version of `key`'s document at `seq` (releasing the hold of transaction
+    /// `release`), keeping versions readers at `bound` or later may need, and the lookups and
+    /// the record of recent changes current. True when the document keeps history to prune
+    /// later.
+    fn push_version(
+        &mut self,
+        key: &DocKey,
+        seq: u64,
+        doc: Option<Arc<Document>>,
+        release: Option<u64>,
+        bound: u64,
+    ) -> bool {
+        let entry = self.entry_mut(key.clone());
+        let had_versions = !entry.versions.is_empty();
+        let before = entry.latest().cloned();
+        entry.versions.push_back(Version {
+            seq,
+            doc: doc.clone(),
+        });
+        if release.is_some() && entry.held_by == release {
+            entry.held_by = None;
+        }
+        entry.prune(bound);
+        let kept = if entry.is_dead(bound) {
+            self.docs.remove(key);
+            false
+        } else {
+            entry.has_history()
+        };
+        for lookup in &mut self.lookups {
+            if let Some(before) = &before {
+                lookup.remove(key, before);
+            }
+            if let Some(doc) = &doc {
+                lookup.insert(key, doc);
+            }
+        }
+        if had_versions {
+            self.recent.push_back((seq, key.clone()));
+        }
+        kept
     }
 
     /// The entry for `key`, created (at the end of natural order) if missing.
@@ -326,6 +402,11 @@ impl Store {
     /// Prunes the documents whose older versions no reader can need any more.
     fn sweep(&mut self, min_snapshot: u64) {
         let bound = self.keep_bound(min_snapshot);
+        for coll in self.collections.values_mut() {
+            while coll.recent.front().is_some_and(|(seq, _)| *seq <= bound) {
+                coll.recent.pop_front();
+            }
+        }
         while self
             .history
             .revisit
@@ -452,7 +533,8 @@ impl Store {
     }
 
     /// Candidate documents for a filter: direct lookups when it pins `_id` (by equality or a
-    /// list of plain values), else a scan. Lookups come in natural order, as a scan's would.
+    /// list of plain values) or a secondary index's leading fields, else a scan. Lookups come in
+    /// natural order, as a scan's would.
     pub fn candidates(
         &self,
         ns: &Namespace,
@@ -467,24 +549,51 @@ impl Store {
                 .unwrap_or_default();
         }
         if let Some(ids) = listed_ids(filter) {
-            let docs = self.collections.get(ns).map(|c| &c.docs);
-            let mut seen = std::collections::HashSet::new();
-            let mut found: Vec<(u64, DocKey, Arc<Document>)> = ids
-                .iter()
-                .map(doc_key)
-                .filter(|key| seen.insert(key.clone()))
-                .filter_map(|key| {
-                    let doc = self.get(ns, &key, txn)?;
-                    let record = docs
-                        .and_then(|d| d.get(&key))
-                        .map_or(u64::MAX, |e| e.record);
-                    Some((record, key, doc))
-                })
-                .collect();
-            found.sort_by_key(|(record, _, _)| *record);
-            return found.into_iter().map(|(_, key, doc)| (key, doc)).collect();
+            let keys: BTreeSet<DocKey> = ids.iter().map(doc_key).collect();
+            return self.in_natural_order(ns, keys, txn);
+        }
+        if let Some(coll) = self.collections.get(ns)
+            && let Some(mut keys) = lookup::candidates(&coll.lookups, filter)
+        {
+            if let Some(t) = txn {
+                keys.extend(
+                    t.writes
+                        .keys()
+                        .filter(|(n, _)| n == ns)
+                        .map(|(_, k)| k.clone()),
+                );
+                keys.extend(
+                    coll.recent
+                        .iter()
+                        .filter(|(seq, _)| *seq > t.snapshot)
+                        .map(|(_, k)| k.clone()),
+                );
+            }
+            return self.in_natural_order(ns, keys, txn);
         }
         self.scan(ns, txn)
+    }
+
+    /// The documents of `keys` the reader sees, in natural order.
+    fn in_natural_order(
+        &self,
+        ns: &Namespace,
+        keys: impl IntoIterator<Item = DocKey>,
+        txn: Option<&Txn>,
+    ) -> Vec<(DocKey, Arc<Document>)> {
+        let docs = self.collections.get(ns).map(|c| &c.docs);
+        let mut found: Vec<(u64, DocKey, Arc<Document>)> = keys
+            .into_iter()
+            .filter_map(|key| {
+                let doc = self.get(ns, &key, txn)?;
+                let record = docs
+                    .and_then(|d| d.get(&key))
+                    .map_or(u64::MAX, |e| e.record);
+                Some((record, key, doc))
+            })
+            .collect();
+        found.sort_by_key(|(record, _, _)| *record);
+        found.into_iter().map(|(_, key, doc)| (key, doc)).collect()
     }
 
     /// Can this writer change the document? (Checks only; changes nothing.)
@@ -557,15 +666,7 @@ impl Store {
                     events.extend(created);
                     events.push(pending);
                     let coll = self.ensure_collection(&c.ns);
-                    let entry = coll.entry_mut(c.key.clone());
-                    entry.versions.push_back(Version { seq, doc: c.new });
-                    entry.prune(bound);
-                    let kept = if entry.is_dead(bound) {
-                        coll.docs.remove(&c.key);
-                        false
-                    } else {
-                        entry.has_history()
-                    };
+                    let kept = coll.push_version(&c.key, seq, c.new, None, bound);
                     if kept {
                         self.note_history(seq, c.ns, c.key);
                     }
@@ -634,18 +735,7 @@ impl Store {
         let bound = self.keep_bound(min_snapshot);
         for ((ns, key), doc) in txn.writes {
             let coll = self.ensure_collection(&ns);
-            let entry = coll.entry_mut(key.clone());
-            entry.versions.push_back(Version { seq, doc });
-            if entry.held_by == Some(txn.id) {
-                entry.held_by = None;
-            }
-            entry.prune(bound);
-            let kept = if entry.is_dead(bound) {
-                coll.docs.remove(&key);
-                false
-            } else {
-                entry.has_history()
-            };
+            let kept = coll.push_version(&key, seq, doc, Some(txn.id), bound);
             if kept {
                 self.note_history(seq, ns, key);
             }
@@ -816,6 +906,125 @@ mod tests {
             assert!(listed_ids(&scanned).is_none(), "{scanned}");
             assert_eq!(store.candidates(&ns, &scanned, None).len(), 5);
         }
+    }
+
+    /// A change writing `doc` (its `_id` an i32) as an insert, or a replacement when `replace`.
+    fn write(ns: &Namespace, doc: Document, replace: bool) -> Change {
+        let id = doc.get("_id").cloned().unwrap();
+        let doc = Arc::new(doc);
+        Change {
+            ns: ns.clone(),
+            key: doc_key(&id),
+            new: Some(doc.clone()),
+            event: if replace {
+                EventKind::Replace { id, doc }
+            } else {
+                EventKind::Insert { id, doc }
+            },
+        }
+    }
+
+    #[test]
+    fn a_secondary_index_finds_what_a_scan_finds_for_every_reader() {
+        let ns = Namespace::new("d", "c");
+        let mut oplog = Oplog::new(1000);
+        let mut store = Store::new(Duration::from_secs(300), oplog.cluster_time());
+        let coll = store.ensure_collection(&ns);
+        coll.indexes
+            .push(bson::doc! {"v": 2, "name": "s_n", "key": {"s": 1, "n.v": -1}});
+        coll.indexes
+            .push(bson::doc! {"v": 2, "name": "t", "key": {"t": "text"}});
+        // Documents of every shape the index meets, the index declared before and after some.
+        let shape = |id: i32, round: i32| -> Document {
+            let s = ["open", "done", "dead"][((id + round) % 3) as usize];
+            let v = (id * 7 + round) % 4;
+            match (id + round) % 8 {
+                0 => bson::doc! {"_id": id, "s": s, "n": {"v": v}},
+                1 => bson::doc! {"_id": id, "s": s, "n": {"v": f64::from(v)}},
+                2 => bson::doc! {"_id": id, "s": [s, "open"], "n": {"v": v}},
+                3 => bson::doc! {"_id": id, "s": s, "n": [{"v": v}, {"v": 9}]},
+                4 => bson::doc! {"_id": id, "s": s},
+                5 => bson::doc! {"_id": id, "s": s, "n": {"v": i64::from(v)}},
+                6 => bson::doc! {"_id": id, "s": s, "n": 3},
+                _ => bson::doc! {"_id": id, "n": {"v": v}},
+            }
+        };
+        let none = u64::MAX;
+        let first: Vec<Change> = (0..20).map(|id| write(&ns, shape(id, 0), false)).collect();
+        store.apply(&mut oplog, None, first, none).unwrap();
+        store.ensure_collection(&ns).sync_lookups();
+        let before = store.seq;
+        for round in 1..4 {
+            let changes: Vec<Change> = (0..30)
+                .filter(|id| (id + round) % 3 != 0)
+                .map(|id| write(&ns, shape(id, round), id < 20))
+                .collect();
+            store.apply(&mut oplog, None, changes, none).unwrap();
+            store
+                .apply(&mut oplog, None, vec![delete(&ns, round * 5)], none)
+                .unwrap();
+        }
+        // A transaction's own writes: one new document, one replaced, one deleted.
+        let mut txn = Txn {
+            id: 77,
+            txn_number: 1,
+            snapshot: store.seq,
+            writes: HashMap::new(),
+            events: Vec::new(),
+        };
+        let staged = vec![
+            write(
+                &ns,
+                bson::doc! {"_id": 100, "s": "open", "n": {"v": 1}},
+                false,
+            ),
+            write(&ns, bson::doc! {"_id": 1, "s": "open", "n": {"v": 2}}, true),
+            delete(&ns, 2),
+        ];
+        store
+            .apply(&mut oplog, Some(&mut txn), staged, none)
+            .unwrap();
+        assert!(!store.collection(&ns).unwrap().lookups.is_empty());
+        let old = Txn::reader(before);
+        let readers: [(&str, Option<&Txn>); 3] = [
+            ("latest", None),
+            ("before", Some(&old)),
+            ("txn", Some(&txn)),
+        ];
+        let mut looked_up = 0;
+        for filter in [
+            bson::doc! {"s": "open"},
+            bson::doc! {"s": "done", "n.v": 1},
+            bson::doc! {"s": {"$in": ["dead", "done"]}, "n.v": {"$in": [0, 3.0]}},
+            bson::doc! {"s": {"$eq": "open"}, "n.v": 2_i64, "_id": {"$gt": 3}},
+            bson::doc! {"s": "open", "n.v": null},
+            bson::doc! {"n.v": 1},
+            bson::doc! {"t": "x"},
+        ] {
+            let indexed = lookup::candidates(&store.collection(&ns).unwrap().lookups, &filter);
+            looked_up += usize::from(indexed.is_some());
+            for (reader, view) in readers {
+                let ids = |found: Vec<(DocKey, Arc<Document>)>| -> Vec<i32> {
+                    found
+                        .iter()
+                        .filter(|(_, d)| crate::matcher::matches(d, &filter).unwrap())
+                        .map(|(_, d)| d.get_i32("_id").unwrap())
+                        .collect()
+                };
+                let found = ids(store.candidates(&ns, &filter, view));
+                let scanned = ids(store.scan(&ns, view));
+                assert_eq!(found, scanned, "{filter} read {reader}");
+            }
+        }
+        assert_eq!(looked_up, 5);
+        // The lookup reads only what can match (and what it cannot place): fewer than a scan.
+        let open = bson::doc! {"s": "dead", "n.v": 0};
+        assert!(store.candidates(&ns, &open, None).len() < store.scan(&ns, None).len() / 2);
+        // Dropped, the index is no longer looked up.
+        let coll = store.ensure_collection(&ns);
+        coll.indexes.clear();
+        coll.sync_lookups();
+        assert!(lookup::candidates(&coll.lookups, &open).is_none());
     }
 
     #[test]

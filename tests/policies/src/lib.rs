@@ -16,6 +16,8 @@
 //!   1.6) answered with nonsense, never, or after calling the contract's host (which no run
 //!   provides then): the host must deliver nothing;
 //! - `SHAPED_PROJECTION`: the default's hand-off, and projection documents of its own shape (a
-//!   delivery's effects, contract 1.6), which `deliver reconcile` compares through the policy.
+//!   delivery's effects, contract 1.6), which `deliver reconcile` compares through the policy;
+//! - `SHAPED_NONSENSE`, `SHAPED_FOREVER`: the default's hand-off, and a projection's effects
+//!   answered with nonsense or never: `deliver reconcile --repair` through them writes nothing.
 
 include!(concat!(env!("OUT_DIR"), "/paths.rs"));

@@ -711,6 +711,7 @@ pub fn create_indexes(ctx: &Ctx<'_>) -> CmdResult<Document> {
         coll.indexes.push(stored.clone());
         built.push(stored);
     }
+    coll.sync_lookups();
     let after = 1 + coll.indexes.len() as i32;
     let mut events = Vec::new();
     if created {
@@ -807,6 +808,7 @@ pub fn drop_indexes(ctx: &Ctx<'_>) -> CmdResult<Document> {
         }
     }
     coll.indexes = kept;
+    coll.sync_lookups();
     // Each dropped index is its own history entry.
     let recorded = !dropped.is_empty();
     for index in dropped {
