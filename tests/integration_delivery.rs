@@ -537,6 +537,42 @@ fn a_webhook_gets_every_record_signed_once_and_retries_carry_the_same_id() {
 }
 
 #[test]
+fn admission_failing_beside_delivery_ends_it_unavailable_and_the_next_run_loses_nothing() {
+    let live = Live::start();
+    live.start_consumer();
+    live.insert(0..4);
+    hand_off(&live);
+    let receiver = Receiver::start(&secret_bytes());
+    assert_code(&to_webhook(&live, &receiver, &[]), 0);
+    assert_eq!(receiver.accepted_ids().len(), 4);
+    // New records come while the ledger refuses new entries: the admitting side fails (the
+    // delivery's position exists, so nothing is admitted before it starts), and the delivery
+    // ends with the server's failure, not a hang, not a success.
+    live.insert(4..10);
+    hand_off(&live);
+    live.fail_point(
+        Bson::String("alwaysOn".into()),
+        doc! {"failCommands": ["insert"], "errorCode": 2, "errmsg": "refused by the test"},
+    );
+    let started = Instant::now();
+    let output = to_webhook(&live, &receiver, &["--follow", "--max-duration", "20s"]);
+    live.fail_point_off();
+    // A deadline would end it 0 (DEADLINE): only the failure ends it 10.
+    assert_code(&output, 10);
+    let stderr = support::stderr(&output);
+    assert!(stderr.contains("admitting outbox records"), "{stderr}");
+    assert!(started.elapsed() < Duration::from_secs(30));
+    assert_eq!(receiver.accepted_ids().len(), 4);
+    // Nothing was lost or delivered twice.
+    let output = to_webhook(&live, &receiver, &[]);
+    assert_code(&output, 0);
+    assert_eq!(outputs(&output)["records_delivered"], 6);
+    let counts = receiver.count_by_id();
+    assert_eq!(counts.len(), 10, "{counts:?}");
+    assert!(counts.values().all(|n| *n == 1), "{counts:?}");
+}
+
+#[test]
 fn a_record_refused_for_good_is_dead_holds_back_only_its_key_and_is_replayed_audited() {
     let live = Live::start();
     live.start_consumer();

@@ -11,12 +11,17 @@
 //! - **Bounded.** At most `max_in_flight` records and `max_in_flight_bytes` of them are being
 //!   delivered; the ledger is read a window at a time; nothing queues without bound. A slow
 //!   sink slows picking, and the open entries (the delivery's lag) grow where they are seen.
+//! - **Admission beside delivery.** The outbox stream is read and admitted on a thread of its
+//!   own, so that waiting for new records never delays settling outcomes or picking what is
+//!   due, and a group's commit never delays the next admission; the delivering thread wakes
+//!   for either.
 //! - **Leases.** An external sink's attempt is claimed first (in progress, owner, lease end, one
 //!   attempt more), so a second deliverer never works it; a deliverer killed mid-attempt leaves
 //!   a lease that ends, and the entry is tried again with the same idempotency key.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
 use bson::{DateTime, Document};
@@ -37,9 +42,6 @@ use handoff_domain::effect::{Decided, EffectPolicy, FailureNote, Verdict};
 const WINDOW: i64 = 1000;
 /// Entries a transactional sink commits together.
 const GROUP: usize = 100;
-/// How often the outbox stream is read while the ledger has a backlog (new records are admitted
-/// at least this often).
-const POLL_AT_LEAST: Duration = Duration::from_millis(200);
 /// How long a pass waits for workers when nothing else is to be done.
 const RESULT_WAIT: Duration = Duration::from_millis(20);
 
@@ -142,6 +144,73 @@ struct Done {
     outcome: Outcome,
 }
 
+/// What wakes the delivering thread.
+enum Wake {
+    /// An attempt's outcome.
+    Done(Done),
+    /// Records were admitted (how many, and a failure of admission, are in [`Admissions`]).
+    Admitted,
+}
+
+/// What the admitting thread tells the delivering one.
+#[derive(Default)]
+struct Admissions {
+    /// Records admitted since the delivering thread last looked: one wake-up is sent when this
+    /// leaves zero, so at most one is waiting however fast records come.
+    came: AtomicUsize,
+    admitted: AtomicU64,
+    sweeps: AtomicU32,
+    /// Why admission ended, when it failed.
+    failed: Mutex<Option<HandoffError>>,
+    /// Set when the delivery ends: admission stops after its current read.
+    quit: AtomicBool,
+}
+
+/// Sets [`Admissions::quit`] when dropped, however the delivering thread leaves.
+struct QuitOnDrop<'a>(&'a Admissions);
+
+impl Drop for QuitOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.quit.store(true, Ordering::Release);
+    }
+}
+
+/// The admitting thread: the outbox stream read (each read bounded by the stream's await) and
+/// admitted until the delivery ends or admission fails.
+fn admitting(admitter: &mut Admitter<'_>, shared: &Admissions, wake: &mpsc::Sender<Wake>) {
+    while !shared.quit.load(Ordering::Acquire) {
+        let polled = admitter.poll();
+        shared.admitted.store(admitter.admitted, Ordering::Relaxed);
+        shared.sweeps.store(admitter.sweeps, Ordering::Relaxed);
+        match polled {
+            Ok(0) => {}
+            Ok(n) => {
+                if shared.came.fetch_add(n, Ordering::AcqRel) == 0
+                    && wake.send(Wake::Admitted).is_err()
+                {
+                    return;
+                }
+            }
+            Err(error) => {
+                if let Ok(mut failed) = shared.failed.lock() {
+                    *failed = Some(error);
+                }
+                let _ = wake.send(Wake::Admitted);
+                return;
+            }
+        }
+    }
+}
+
+/// What woke the delivering thread in one look.
+struct Woken {
+    /// Records admitted since the last look.
+    came: usize,
+    done: Vec<Done>,
+    /// Admission failed: the delivery ends with this once the outcomes are settled.
+    failed: Option<HandoffError>,
+}
+
 /// The record's event ID (`<consumer>/<id>` less the consumer).
 fn event_id(names: &Names, record: &str) -> String {
     record
@@ -182,7 +251,13 @@ pub fn deliver(
     if let Some(watch) = watch {
         watch.opened();
     }
+    let admissions = Admissions {
+        admitted: AtomicU64::new(admitter.admitted),
+        sweeps: AtomicU32::new(admitter.sweeps),
+        ..Admissions::default()
+    };
     let mut run = Run {
+        admissions: &admissions,
         watch,
         oldest_open: None,
         connection,
@@ -194,26 +269,36 @@ pub fn deliver(
         busy_lanes: HashSet::new(),
         settled: 0,
     };
-    let ended = if sink.transactional() {
-        run.inline(&mut admitter, stop)?
-    } else {
-        std::thread::scope(|scope| {
+    let ended = std::thread::scope(|scope| {
+        let quit = QuitOnDrop(&admissions);
+        let (wake, woken) = mpsc::channel::<Wake>();
+        {
+            let wake = wake.clone();
+            let admissions = &admissions;
+            let admitter = &mut admitter;
+            scope.spawn(move || admitting(admitter, admissions, &wake));
+        }
+        let ended = if sink.transactional() {
+            drop(wake);
+            run.inline(&woken, stop)
+        } else {
             let (jobs, inbox) = mpsc::sync_channel::<Job>(options.max_in_flight);
-            let inbox = std::sync::Arc::new(std::sync::Mutex::new(inbox));
-            let (done, results) = mpsc::channel::<Done>();
+            let inbox = Arc::new(Mutex::new(inbox));
             for _ in 0..options.concurrency {
                 let inbox = inbox.clone();
-                let done = done.clone();
-                scope.spawn(move || worker(sink, &inbox, &done, &options.owner));
+                let wake = wake.clone();
+                scope.spawn(move || worker(sink, &inbox, &wake, &options.owner));
             }
-            drop(done);
-            let ended = run.pooled(&mut admitter, stop, &jobs, &results);
+            drop(wake);
+            let ended = run.pooled(&woken, stop, &jobs);
             drop(jobs);
             ended
-        })?
-    };
-    run.report.admitted = admitter.admitted;
-    run.report.sweeps = admitter.sweeps;
+        };
+        drop(quit);
+        ended
+    })?;
+    run.report.admitted = admissions.admitted.load(Ordering::Relaxed);
+    run.report.sweeps = admissions.sweeps.load(Ordering::Relaxed);
     run.report.ended = Some(ended);
     run.finish()?;
     Ok(run.report)
@@ -222,8 +307,8 @@ pub fn deliver(
 /// One worker: jobs in, outcomes out, until the jobs end.
 fn worker(
     sink: &dyn Sink,
-    inbox: &std::sync::Mutex<mpsc::Receiver<Job>>,
-    done: &mpsc::Sender<Done>,
+    inbox: &Mutex<mpsc::Receiver<Job>>,
+    done: &mpsc::Sender<Wake>,
     owner: &str,
 ) {
     loop {
@@ -242,10 +327,10 @@ fn worker(
         };
         let outcome = sink.deliver(&attempt);
         if done
-            .send(Done {
+            .send(Wake::Done(Done {
                 entry: job.entry,
                 outcome,
-            })
+            }))
             .is_err()
         {
             return;
@@ -267,6 +352,7 @@ struct Picked {
 }
 
 struct Run<'a> {
+    admissions: &'a Admissions,
     watch: Option<&'a dyn Watch>,
     /// The oldest open entry's admission, as last read.
     oldest_open: Option<DateTime>,
@@ -321,13 +407,13 @@ impl Run<'_> {
     }
 
     /// Tells the watcher, if any, how the run stands.
-    fn show(&self, admitter: &Admitter<'_>, in_flight: usize, in_flight_bytes: usize) {
+    fn show(&self, in_flight: usize, in_flight_bytes: usize) {
         let Some(watch) = self.watch else {
             return;
         };
         let report = Report {
-            admitted: admitter.admitted,
-            sweeps: admitter.sweeps,
+            admitted: self.admissions.admitted.load(Ordering::Relaxed),
+            sweeps: self.admissions.sweeps.load(Ordering::Relaxed),
             ..self.report.clone()
         };
         watch.progress(&Progress {
@@ -619,22 +705,61 @@ impl Run<'_> {
         !self.options.follow && idle_since.elapsed() >= self.options.max_wait
     }
 
-    /// A transactional sink: each pass admits, picks a group and commits it in this thread.
-    fn inline(&mut self, admitter: &mut Admitter<'_>, stop: &StopSignal) -> Result<Ended> {
+    /// What woke this thread: waiting at most `wait` for the first wake-up, then what else
+    /// is there.
+    fn look(&self, woken: &mpsc::Receiver<Wake>, wait: Duration) -> Result<Woken> {
+        let first = if wait.is_zero() {
+            woken.try_recv().ok()
+        } else {
+            match woken.recv_timeout(wait) {
+                Ok(wake) => Some(wake),
+                Err(mpsc::RecvTimeoutError::Timeout) => None,
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    return Err(HandoffError::Internal(anyhow_lite(
+                        "the delivery's admission and workers ended",
+                    )));
+                }
+            }
+        };
+        let mut done = Vec::new();
+        for wake in first.into_iter().chain(woken.try_iter()) {
+            if let Wake::Done(d) = wake {
+                done.push(d);
+            }
+        }
+        let failed = self
+            .admissions
+            .failed
+            .lock()
+            .ok()
+            .and_then(|mut failed| failed.take());
+        Ok(Woken {
+            came: self.admissions.came.swap(0, Ordering::AcqRel),
+            done,
+            failed,
+        })
+    }
+
+    /// A transactional sink: each pass picks a group and commits it in this thread, waiting
+    /// for admission when nothing is due.
+    fn inline(&mut self, woken: &mpsc::Receiver<Wake>, stop: &StopSignal) -> Result<Ended> {
         let mut idle_since = Instant::now();
         let mut backlog = true;
-        let mut last_poll = Instant::now();
         loop {
-            self.show(admitter, 0, 0);
+            self.show(0, 0);
             if let Some(ended) = self.ending(stop) {
                 return Ok(ended);
             }
-            let came = if backlog && last_poll.elapsed() < POLL_AT_LEAST {
-                0
+            let wait = if backlog {
+                Duration::ZERO
             } else {
-                last_poll = Instant::now();
-                admitter.poll()?
+                self.options.max_await
             };
+            let look = self.look(woken, wait)?;
+            if let Some(failed) = look.failed {
+                return Err(failed);
+            }
+            let came = look.came;
             let room = self.room().min(GROUP);
             let picked = self.due(room, GROUP)?;
             backlog = room == 0 || picked.len() >= room;
@@ -670,7 +795,7 @@ impl Run<'_> {
                     request: &p.request,
                 })
                 .collect();
-            self.show(admitter, picked.len(), picked.iter().map(|p| p.bytes).sum());
+            self.show(picked.len(), picked.iter().map(|p| p.bytes).sum());
             let outcomes = self.sink.deliver_all(&attempts);
             drop(attempts);
             let mut settlements: Vec<Settlement> = Vec::with_capacity(picked.len());
@@ -685,36 +810,25 @@ impl Run<'_> {
     /// come.
     fn pooled(
         &mut self,
-        admitter: &mut Admitter<'_>,
+        woken: &mpsc::Receiver<Wake>,
         stop: &StopSignal,
         jobs: &mpsc::SyncSender<Job>,
-        results: &mpsc::Receiver<Done>,
     ) -> Result<Ended> {
         let mut idle_since = Instant::now();
         let mut ending = None;
         let mut backlog = true;
-        let mut last_poll = Instant::now();
         loop {
-            self.show(admitter, self.flights.len(), self.bytes_in_flight());
-            // Outcomes first: they free lanes and room.
-            let mut done = Vec::new();
-            let wait = if self.flights.is_empty() {
+            self.show(self.flights.len(), self.bytes_in_flight());
+            // Outcomes first: they free lanes and room. Nothing more was due at the last look
+            // (or there was no room): wait for an outcome or an admission.
+            let wait = if backlog && self.room() > 0 && ending.is_none() {
                 Duration::ZERO
-            } else if self.room() == 0 || ending.is_some() {
-                RESULT_WAIT
+            } else if self.flights.is_empty() {
+                self.options.max_await
             } else {
-                Duration::ZERO
+                RESULT_WAIT
             };
-            match results.recv_timeout(wait) {
-                Ok(first) => done.push(first),
-                Err(mpsc::RecvTimeoutError::Timeout) => {}
-                Err(mpsc::RecvTimeoutError::Disconnected) => {
-                    return Err(HandoffError::Internal(anyhow_lite(
-                        "the delivery workers ended",
-                    )));
-                }
-            }
-            done.extend(results.try_iter());
+            let Woken { came, done, failed } = self.look(woken, wait)?;
             if !done.is_empty() {
                 idle_since = Instant::now();
                 let mut settlements: Vec<Settlement> = Vec::with_capacity(done.len());
@@ -733,6 +847,9 @@ impl Run<'_> {
                     );
                 }
             }
+            if let Some(failed) = failed {
+                return Err(failed);
+            }
             if ending.is_none() {
                 ending = self.ending(stop);
             }
@@ -742,12 +859,6 @@ impl Run<'_> {
                 }
                 continue;
             }
-            let came = if backlog && last_poll.elapsed() < POLL_AT_LEAST {
-                0
-            } else {
-                last_poll = Instant::now();
-                admitter.poll()?
-            };
             let room = self.room();
             let mut picked = self.due(room, 1)?;
             backlog = room == 0 || picked.len() >= room;
