@@ -5,16 +5,19 @@
 
 use std::collections::HashSet;
 use std::convert::Infallible;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use bson::{Bson, DateTime, Document, doc};
 use futures_util::TryStreamExt;
 use mongodb::error::Error as DriverError;
+use mongodb::options::{UpdateOneModel, WriteModel};
 use mongodb::{ClientSession, Collection};
 
 use super::Connection;
 use super::errors::OperationError;
 use super::events::Resume;
+use super::store::no_bulk_write;
 use super::transaction::{self, Decision, Failure};
 use handoff_domain::checkpoint::Mode;
 use handoff_domain::delivery::{
@@ -516,7 +519,12 @@ pub struct Settlement {
     pub evidence: Option<Document>,
 }
 
-/// Settles attempts in one transaction: each entry still claimed by `owner` (or, unclaimed,
+/// Whether settlements go to the server as one `bulkWrite` (8.0 and later; cleared the first
+/// time the server has none).
+static BULK_SETTLE: AtomicBool = AtomicBool::new(true);
+
+/// Settles attempts in one transaction (one `bulkWrite` of their updates where the server has
+/// it): each entry still claimed by `owner` (or, unclaimed,
 /// still open at the attempts read) takes its new status. Returns how many were settled (an
 /// entry whose lease another deliverer took over is not).
 pub async fn settle(
@@ -529,8 +537,7 @@ pub async fn settle(
     let retries = std::sync::atomic::AtomicU32::new(0);
     transaction::run(connection, &ledger, &retries, async |session| {
         let now = DateTime::now();
-        let mut settled = 0;
-        for settlement in settlements {
+        let statements = settlements.iter().map(|settlement| {
             let (filter, inc) = match settlement.unclaimed_attempts {
                 None => (
                     doc! { "_id": &settlement.entry, "status": Status::InProgress.as_str(), "owner": owner },
@@ -545,7 +552,40 @@ pub async fn settle(
                     Some(doc! { "attempts": 1 }),
                 ),
             };
-            let update = settlement_update(settlement, now, inc);
+            (filter, settlement_update(settlement, now, inc))
+        });
+        if settlements.len() > 1 && BULK_SETTLE.load(Ordering::Relaxed) {
+            let models: Vec<WriteModel> = statements
+                .map(|(filter, update)| {
+                    UpdateOneModel::builder()
+                        .namespace(ledger.namespace())
+                        .filter(filter)
+                        .update(update)
+                        .build()
+                        .into()
+                })
+                .collect();
+            return match connection
+                .client
+                .bulk_write(models)
+                .ordered(true)
+                .session(&mut *session)
+                .await
+            {
+                Ok(result) => Ok(Decision::Commit(
+                    u64::try_from(result.modified_count).unwrap_or(0),
+                )),
+                Err(error) if no_bulk_write(&error) => {
+                    // Older than 8.0: separate updates from now on, this transaction again.
+                    tracing::debug!("the server has no bulkWrite; settling with separate updates");
+                    BULK_SETTLE.store(false, Ordering::Relaxed);
+                    Ok(Decision::Again)
+                }
+                Err(error) => Err(error),
+            };
+        }
+        let mut settled = 0;
+        for (filter, update) in statements {
             let result = ledger
                 .update_one(filter, update)
                 .session(&mut *session)

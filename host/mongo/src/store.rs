@@ -19,6 +19,7 @@ use handoff_domain::checkpoint::{self, CONFIG_CHANGES_KEPT};
 use handoff_domain::store::{SPLIT_EVENTS_WRITTEN, admit_events, lookups};
 use handoff_domain::{Applied, CheckpointStore, Claim, Collections, Commit, CommitError, Dump};
 use writes::Attempt;
+pub(crate) use writes::no_bulk_write;
 
 /// How long past the run's deadline giving the lease back may take.
 const RELEASE_GRACE: Duration = Duration::from_secs(1);

@@ -181,7 +181,7 @@ impl MongoStore {
 /// Whether a failed `bulkWrite` says the server has none: the driver's refusal of a server older
 /// than 8.0, or the server's own (`CommandNotSupported` at a feature compatibility version before
 /// 8.0, `CommandNotFound`).
-pub(super) fn no_bulk_write(error: &DriverError) -> bool {
+pub(crate) fn no_bulk_write(error: &DriverError) -> bool {
     match error.kind.as_ref() {
         ErrorKind::IncompatibleServer { .. } => true,
         ErrorKind::Command(e) => matches!(e.code, 59 | 115),
