@@ -213,8 +213,9 @@ impl<'a> Admitter<'a> {
         }
     }
 
-    /// Reads what the stream has (up to [`ADMIT_BATCH`] records, waiting at most the await
-    /// bound for the first and [`GATHER`] more for the rest) and admits it. Returns how many records the stream gave.
+    /// Reads what the stream has (up to [`ADMIT_BATCH`] records: waiting at most the await
+    /// bound for the first, then the rest of the server's batch, for at most [`GATHER`] more)
+    /// and admits it. Returns how many records the stream gave.
     pub fn poll(&mut self) -> Result<usize> {
         if self.stream.is_none() {
             self.open()?;
@@ -231,8 +232,8 @@ impl<'a> Admitter<'a> {
             if first.is_some_and(|at| at.elapsed() >= GATHER) {
                 break;
             }
-            match connection.block_on(stream.next()) {
-                Ok(Some(record)) => {
+            match connection.block_on(stream.next_of_batch()) {
+                Ok(Some((record, more))) => {
                     first.get_or_insert_with(Instant::now);
                     if let Ok(id) = record.get_str("_id") {
                         admissions.push(Admission {
@@ -240,7 +241,10 @@ impl<'a> Admitter<'a> {
                             lane: lane_of(&record),
                         });
                     }
-                    if admissions.len() >= ADMIT_BATCH {
+                    // The server's batch is over: reading on would wait for records that have
+                    // not come yet, holding back those that have. What comes while these are
+                    // admitted is the next batch (a group commit of its own).
+                    if admissions.len() >= ADMIT_BATCH || !more {
                         break;
                     }
                 }

@@ -185,12 +185,21 @@ impl<'a> OutboxStream<'a> {
     /// The next admitted record's projection (`{_id, aggregateId?, event: {documentKey}?}`), if
     /// one comes within the await bound.
     pub async fn next(&mut self) -> Result<Option<Document>, OperationError> {
+        Ok(self.next_of_batch().await?.map(|(record, _)| record))
+    }
+
+    /// As [`OutboxStream::next`], and whether the batch the server sent holds more (the next
+    /// read then needs no round trip). A batch is known to be over when the stream's token is no
+    /// longer the record's event's own but the batch's post-batch token.
+    pub async fn next_of_batch(&mut self) -> Result<Option<(Document, bool)>, OperationError> {
         loop {
             match self.events.next("reading the outbox stream").await? {
                 None => return Ok(None),
                 Some(event) => {
                     if let Ok(record) = event.get_document("fullDocument") {
-                        return Ok(Some(record.clone()));
+                        let own = event.get("_id");
+                        let more = own.is_some() && self.events.token().as_ref() == own;
+                        return Ok(Some((record.clone(), more)));
                     }
                 }
             }
