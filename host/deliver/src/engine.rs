@@ -147,7 +147,7 @@ struct Done {
 /// What wakes the delivering thread.
 enum Wake {
     /// An attempt's outcome.
-    Done(Done),
+    Done(Box<Done>),
     /// Records were admitted (how many, and a failure of admission, are in [`Admissions`]).
     Admitted,
 }
@@ -327,10 +327,10 @@ fn worker(
         };
         let outcome = sink.deliver(&attempt);
         if done
-            .send(Wake::Done(Done {
+            .send(Wake::Done(Box::new(Done {
                 entry: job.entry,
                 outcome,
-            }))
+            })))
             .is_err()
         {
             return;
@@ -724,7 +724,7 @@ impl Run<'_> {
         let mut done = Vec::new();
         for wake in first.into_iter().chain(woken.try_iter()) {
             if let Wake::Done(d) = wake {
-                done.push(d);
+                done.push(*d);
             }
         }
         let failed = self
