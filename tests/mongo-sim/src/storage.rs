@@ -562,12 +562,9 @@ impl Store {
                         .filter(|(n, _)| n == ns)
                         .map(|(_, k)| k.clone()),
                 );
-                keys.extend(
-                    coll.recent
-                        .iter()
-                        .filter(|(seq, _)| *seq > t.snapshot)
-                        .map(|(_, k)| k.clone()),
-                );
+                // The record is in commit order: only its part after the snapshot is read.
+                let after = coll.recent.partition_point(|(seq, _)| *seq <= t.snapshot);
+                keys.extend(coll.recent.range(after..).map(|(_, k)| k.clone()));
             }
             return self.in_natural_order(ns, keys, txn);
         }
