@@ -13,6 +13,7 @@ mod integration_cli;
 mod integration_contention;
 mod integration_crash;
 mod integration_delivery;
+mod integration_delivery_embedded;
 mod integration_docs;
 mod integration_engine_airflow;
 mod integration_engine_argo;

@@ -7,13 +7,15 @@
 //!
 //! - `replay`: a recorded change stream (the fixture format) served with a real server's resume
 //!   semantics;
-//! - `redb_store`: checkpoint and outbox in an embedded ACID store on disk;
+//! - `redb_store`: checkpoint and outbox in an embedded ACID store on disk; `redb_ledger`:
+//!   delivery ledgers beside them;
 //! - `mongo`: a MongoDB replica set through the official driver (source and store);
 //! - `memory`: an in-memory store for tests and benchmarks;
 //! - `snapshot`: documents an operator command read, as a stream, and a store that keeps the
 //!   policy's commits for the command to write.
 
 pub mod memory;
+pub mod redb_ledger;
 pub mod redb_store;
 pub mod replay;
 pub mod snapshot;

@@ -165,6 +165,12 @@ impl RedbStore {
         })
     }
 
+    /// The file's database, for what is kept beside the checkpoint and outbox (delivery
+    /// ledgers).
+    pub(crate) fn database(&self) -> &Database {
+        &self.db
+    }
+
     /// The consumers whose checkpoints the store holds, at most `limit` of them.
     pub fn consumers(&self, limit: usize) -> Result<Vec<String>, HandoffError> {
         let failed = |e: &dyn std::fmt::Display| {

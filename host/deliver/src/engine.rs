@@ -28,18 +28,15 @@ use bson::{DateTime, Document};
 use handoff_domain::StopSignal;
 use handoff_domain::delivery::{Entry, MAX_ERROR_TEXT, Operation, Request, Status};
 use handoff_domain::error::{HandoffError, Result};
+use handoff_domain::ledger::{Admit, Ledger, Names, Settlement};
 use handoff_domain::text::escape_untrusted;
-use handoff_mongo::Connection;
-use handoff_mongo::delivery::{self, ClaimOf, Names, Settlement};
-use handoff_mongo::transaction::Failure;
 
-use crate::admit::{Admitter, unavailable};
 use crate::retry::Backoff;
 use crate::sink::{Attempt, Outcome, Sink, SinkFailure};
 use handoff_domain::effect::{Decided, EffectPolicy, FailureNote, Verdict};
 
 /// Open entries read per look at the ledger.
-const WINDOW: i64 = 1000;
+const WINDOW: usize = 1000;
 /// Entries a transactional sink commits together.
 const GROUP: usize = 100;
 /// How long a pass waits for workers when nothing else is to be done.
@@ -177,11 +174,13 @@ impl Drop for QuitOnDrop<'_> {
 
 /// The admitting thread: the outbox stream read (each read bounded by the stream's await) and
 /// admitted until the delivery ends or admission fails.
-fn admitting(admitter: &mut Admitter<'_>, shared: &Admissions, wake: &mpsc::Sender<Wake>) {
+fn admitting(admitter: &mut dyn Admit, shared: &Admissions, wake: &mpsc::Sender<Wake>) {
     while !shared.quit.load(Ordering::Acquire) {
         let polled = admitter.poll();
-        shared.admitted.store(admitter.admitted, Ordering::Relaxed);
-        shared.sweeps.store(admitter.sweeps, Ordering::Relaxed);
+        shared
+            .admitted
+            .store(admitter.admitted(), Ordering::Relaxed);
+        shared.sweeps.store(admitter.sweeps(), Ordering::Relaxed);
         match polled {
             Ok(0) => {}
             Ok(n) => {
@@ -219,9 +218,9 @@ fn event_id(names: &Names, record: &str) -> String {
         .to_string()
 }
 
-/// Runs a delivery of the consumer's outbox to `sink`.
+/// Runs a delivery of the consumer's outbox to `sink`, its ledger in `ledger`.
 pub fn deliver(
-    connection: &Connection,
+    ledger: &dyn Ledger,
     sink: &dyn Sink,
     effects: &mut dyn EffectPolicy,
     options: &Options,
@@ -229,13 +228,8 @@ pub fn deliver(
     watch: Option<&dyn Watch>,
 ) -> Result<Report> {
     let names = &options.names;
-    connection
-        .block_on(delivery::ensure_indexes(connection, names))
-        .map_err(unavailable)?;
     let pin = sink.pin();
-    let position = connection
-        .block_on(delivery::ensure_position(connection, names, &pin))
-        .map_err(unavailable)?;
+    let position = ledger.open(names, &pin)?;
     let pinned = position.get_str("sink").unwrap_or_default();
     if pinned != pin {
         return Err(HandoffError::Mismatch(format!(
@@ -247,20 +241,20 @@ pub fn deliver(
             escape_untrusted(&pin, 300),
         )));
     }
-    let mut admitter = Admitter::start(connection, names, &position, options.max_await)?;
+    let mut admitter = ledger.admitter(names, &position, options.max_await)?;
     if let Some(watch) = watch {
         watch.opened();
     }
     let admissions = Admissions {
-        admitted: AtomicU64::new(admitter.admitted),
-        sweeps: AtomicU32::new(admitter.sweeps),
+        admitted: AtomicU64::new(admitter.admitted()),
+        sweeps: AtomicU32::new(admitter.sweeps()),
         ..Admissions::default()
     };
     let mut run = Run {
         admissions: &admissions,
         watch,
         oldest_open: None,
-        connection,
+        ledger,
         sink,
         effects,
         options,
@@ -275,7 +269,7 @@ pub fn deliver(
         {
             let wake = wake.clone();
             let admissions = &admissions;
-            let admitter = &mut admitter;
+            let admitter = admitter.as_mut();
             scope.spawn(move || admitting(admitter, admissions, &wake));
         }
         let ended = if sink.transactional() {
@@ -356,7 +350,7 @@ struct Run<'a> {
     watch: Option<&'a dyn Watch>,
     /// The oldest open entry's admission, as last read.
     oldest_open: Option<DateTime>,
-    connection: &'a Connection,
+    ledger: &'a dyn Ledger,
     sink: &'a dyn Sink,
     effects: &'a mut dyn EffectPolicy,
     options: &'a Options,
@@ -433,11 +427,8 @@ impl Run<'_> {
         }
         let names = self.names().clone();
         // What is in flight here comes first (open, in admission order), then the rest.
-        let window = (self.flights.len() + 2 * room + 32).min(WINDOW as usize) as i64;
-        let documents = self
-            .connection
-            .block_on(delivery::open_entries(self.connection, &names, window))
-            .map_err(unavailable)?;
+        let window = (self.flights.len() + 2 * room + 32).min(WINDOW);
+        let documents = self.ledger.open_entries(&names, window)?;
         self.oldest_open = documents
             .first()
             .and_then(|d| d.get_datetime("createdAt").ok())
@@ -485,9 +476,7 @@ impl Run<'_> {
             .filter_map(|d| d.get_str("lane").ok())
             .collect();
         let lanes: Vec<&str> = lanes.into_iter().collect();
-        self.connection
-            .block_on(delivery::dead_lanes(self.connection, self.names(), &lanes))
-            .map_err(unavailable)
+        self.ledger.dead_lanes(self.names(), &lanes)
     }
 
     /// The picked entries with their records and the requests the policy makes of them; an
@@ -495,10 +484,7 @@ impl Run<'_> {
     /// fails (a trap, a bound, nonsense) ends the delivery: the entry stays for the next run.
     fn with_records(&mut self, entries: Vec<Entry>) -> Result<Vec<Picked>> {
         let ids: Vec<&str> = entries.iter().map(|e| e.record.as_str()).collect();
-        let records = self
-            .connection
-            .block_on(delivery::records(self.connection, self.names(), &ids))
-            .map_err(unavailable)?;
+        let records = self.ledger.records(self.names(), &ids)?;
         let mut by_id: HashMap<String, Document> = records
             .into_iter()
             .filter_map(|r| Some((r.get_str("_id").ok()?.to_string(), r)))
@@ -553,17 +539,8 @@ impl Run<'_> {
         if settlements.is_empty() {
             return Ok(0);
         }
-        self.connection
-            .block_on(delivery::settle(
-                self.connection,
-                self.names(),
-                &self.options.owner,
-                settlements,
-            ))
-            .map_err(|failure| match failure {
-                Failure::Refused(never) => match never {},
-                Failure::Failed(error) | Failure::Unknown(error) => unavailable(error),
-            })
+        self.ledger
+            .settle(self.names(), &self.options.owner, settlements)
     }
 
     /// The settlement of an attempt's outcome (`None`: the sink settled it itself).
@@ -916,30 +893,15 @@ impl Run<'_> {
     /// The picked entries this deliverer could claim (one transaction); the others were taken
     /// by another deliverer or changed since read.
     fn claimed(&mut self, picked: Vec<Picked>) -> Result<Vec<Picked>> {
-        let claims: Vec<ClaimOf> = picked
-            .iter()
-            .map(|p| ClaimOf {
-                entry: p.entry.id.clone(),
-            })
-            .collect();
+        let claims: Vec<&str> = picked.iter().map(|p| p.entry.id.as_str()).collect();
         let until = DateTime::from_millis(
             DateTime::now()
                 .timestamp_millis()
                 .saturating_add(i64::try_from(self.options.lease.as_millis()).unwrap_or(i64::MAX)),
         );
         let claimed: HashMap<String, u32> = self
-            .connection
-            .block_on(delivery::claim(
-                self.connection,
-                self.names(),
-                &claims,
-                &self.options.owner,
-                until,
-            ))
-            .map_err(|failure| match failure {
-                Failure::Refused(never) => match never {},
-                Failure::Failed(error) | Failure::Unknown(error) => unavailable(error),
-            })?
+            .ledger
+            .claim(self.names(), &claims, &self.options.owner, until)?
             .into_iter()
             .collect();
         Ok(picked
@@ -955,18 +917,12 @@ impl Run<'_> {
     /// The ledger's figures at the end.
     fn finish(&mut self) -> Result<()> {
         let names = self.names().clone();
-        let connection = self.connection;
-        let count = |status| {
-            connection
-                .block_on(delivery::count(connection, &names, status))
-                .map_err(unavailable)
-        };
+        let ledger = self.ledger;
+        let count = |status| ledger.count(&names, status);
         self.report.open =
             count(Status::Pending)? + count(Status::InProgress)? + count(Status::Failed)?;
         self.report.dead_total = count(Status::Dead)?;
-        let oldest = connection
-            .block_on(delivery::open_entries(connection, &names, 1))
-            .map_err(unavailable)?;
+        let oldest = ledger.open_entries(&names, 1)?;
         self.report.lag_seconds = oldest
             .first()
             .and_then(|d| d.get_datetime("createdAt").ok())

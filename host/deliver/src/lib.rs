@@ -3,15 +3,14 @@
 //! stable idempotency key where it cannot (a webhook), never lost, through a ledger
 //! ([`handoff_domain::delivery`]) that every change of goes through the one transaction runner.
 //!
-//! - `admit`: the outbox's records into the ledger, in hand-off order (the outbox stream, a
-//!   sweep when there is no position);
+//! The ledger is behind [`handoff_domain::ledger::Ledger`]: in the consumer's MongoDB database
+//! (`handoff_mongo::ledger`, admitting from the outbox's change stream) or in the embedded store
+//! beside its outbox (`handoff_backend::redb_ledger`).
+//!
 //! - `engine`: the loop: lanes, workers, retries, bounds, leases, the report;
-//! - `effect`: the default policy's request for a record, and a record's lane;
 //! - `retry`: backoff with jitter and `Retry-After`;
 //! - `sink`: the trait every sink is behind; `sinks`: one file each.
 
-pub mod admit;
-pub mod effect;
 pub mod engine;
 pub mod retry;
 pub mod sink;

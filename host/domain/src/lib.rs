@@ -6,6 +6,7 @@
 //! - `config`: the stream's shape (scope, pipeline, pre- and post-images), checked and digested;
 //! - `delivery`: what a delivery takes from the outbox to a sink, and its ledger; `effect`: what
 //!   each record does to the sink, by the policy or the default;
+//! - `ledger`: the trait every delivery ledger store is behind, and the changes it takes;
 //! - `deployment`: the replica set, the consumer and where its state lives;
 //! - `stream`: where a stream starts, server errors and their classes, the change-source trait;
 //! - `lease`: which run holds a consumer, and until when;
@@ -34,6 +35,7 @@ pub mod fixture;
 pub mod forecast;
 pub mod history;
 pub mod lease;
+pub mod ledger;
 pub mod position;
 pub mod state;
 pub mod stop;

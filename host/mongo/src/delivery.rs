@@ -23,35 +23,25 @@ use handoff_domain::checkpoint::Mode;
 use handoff_domain::delivery::{
     Operation, Request, Status, entry_id, position_id, tombstone_id, version_number,
 };
+pub use handoff_domain::ledger::{DeadChange, Names, Settlement};
 
-/// Where a delivery's state and records are.
-#[derive(Clone, Debug)]
-pub struct Names {
-    pub database: String,
-    pub outbox: String,
-    pub ledger: String,
-    pub audit: String,
-    pub consumer: String,
-    pub delivery: String,
+/// The delivery's ledger collection.
+fn ledger_of(connection: &Connection, names: &Names) -> Collection<Document> {
+    connection
+        .database(&names.database)
+        .collection::<Document>(&names.ledger)
 }
 
-impl Names {
-    fn ledger(&self, connection: &Connection) -> Collection<Document> {
-        connection
-            .database(&self.database)
-            .collection::<Document>(&self.ledger)
-    }
+/// The consumer's outbox collection.
+fn outbox_of(connection: &Connection, names: &Names) -> Collection<Document> {
+    connection
+        .database(&names.database)
+        .collection::<Document>(&names.outbox)
+}
 
-    fn outbox(&self, connection: &Connection) -> Collection<Document> {
-        connection
-            .database(&self.database)
-            .collection::<Document>(&self.outbox)
-    }
-
-    /// The filter of this delivery's entries.
-    fn entries(&self) -> Document {
-        doc! { "delivery": &self.delivery, "consumer": &self.consumer }
-    }
+/// The filter of a delivery's entries.
+fn entries_filter(names: &Names) -> Document {
+    doc! { "delivery": &names.delivery, "consumer": &names.consumer }
 }
 
 /// A transaction that did not commit, told as the operator's commands tell it.
@@ -92,7 +82,7 @@ pub async fn ensure_position(
     names: &Names,
     pin: &str,
 ) -> Result<Document, OperationError> {
-    let ledger = names.ledger(connection);
+    let ledger = ledger_of(connection, names);
     let id = position_id(&names.delivery, &names.consumer);
     let now = DateTime::now();
     ledger
@@ -125,8 +115,7 @@ pub async fn position(
     connection: &Connection,
     names: &Names,
 ) -> Result<Option<Document>, OperationError> {
-    names
-        .ledger(connection)
+    ledger_of(connection, names)
         .find_one(doc! { "_id": position_id(&names.delivery, &names.consumer) })
         .await
         .map_err(connection.failed("reading the delivery's position"))
@@ -228,8 +217,7 @@ pub async fn outbox_page(
     if let Some(after) = after {
         filter.insert("_id", doc! { "$gt": after });
     }
-    names
-        .outbox(connection)
+    outbox_of(connection, names)
         .find(filter)
         .sort(doc! { "_id": 1 })
         .projection(doc! {
@@ -273,7 +261,7 @@ pub async fn admit(
     expected: Option<&Document>,
     token: Option<&Document>,
 ) -> Result<Admitted, Failed<PositionMoved>> {
-    let ledger = names.ledger(connection);
+    let ledger = ledger_of(connection, names);
     let retries = std::sync::atomic::AtomicU32::new(0);
     let position = position_id(&names.delivery, &names.consumer);
     transaction::run(connection, &ledger, &retries, async |session| {
@@ -367,10 +355,9 @@ pub async fn open_entries(
     names: &Names,
     limit: i64,
 ) -> Result<Vec<Document>, OperationError> {
-    let mut filter = names.entries();
+    let mut filter = entries_filter(names);
     filter.insert("status", doc! { "$in": open_statuses() });
-    names
-        .ledger(connection)
+    ledger_of(connection, names)
         .find(filter)
         .sort(doc! { "seq": 1 })
         .limit(limit)
@@ -390,13 +377,12 @@ pub async fn entries_of(
     after: Option<i64>,
     limit: i64,
 ) -> Result<Vec<Document>, OperationError> {
-    let mut filter = names.entries();
+    let mut filter = entries_filter(names);
     filter.insert("status", status.as_str());
     if let Some(after) = after {
         filter.insert("seq", doc! { "$gt": after });
     }
-    names
-        .ledger(connection)
+    ledger_of(connection, names)
         .find(filter)
         .sort(doc! { "seq": 1 })
         .limit(limit)
@@ -413,10 +399,9 @@ pub async fn count(
     names: &Names,
     status: Status,
 ) -> Result<u64, OperationError> {
-    let mut filter = names.entries();
+    let mut filter = entries_filter(names);
     filter.insert("status", status.as_str());
-    names
-        .ledger(connection)
+    ledger_of(connection, names)
         .count_documents(filter)
         .await
         .map_err(connection.failed("counting the ledger's entries"))
@@ -431,20 +416,13 @@ pub async fn records(
     if ids.is_empty() {
         return Ok(Vec::new());
     }
-    names
-        .outbox(connection)
+    outbox_of(connection, names)
         .find(doc! { "_id": { "$in": ids }, "consumer": &names.consumer })
         .await
         .map_err(connection.failed("reading outbox records"))?
         .try_collect()
         .await
         .map_err(connection.failed("reading outbox records"))
-}
-
-/// An entry to claim.
-#[derive(Clone, Debug)]
-pub struct ClaimOf {
-    pub entry: String,
 }
 
 /// Claims `entries` for `owner` until `until` in one transaction: each that is still pending
@@ -454,13 +432,13 @@ pub struct ClaimOf {
 pub async fn claim(
     connection: &Connection,
     names: &Names,
-    entries: &[ClaimOf],
+    entries: &[&str],
     owner: &str,
     until: DateTime,
 ) -> Result<Vec<(String, u32)>, Failed> {
-    let ledger = names.ledger(connection);
+    let ledger = ledger_of(connection, names);
     let retries = std::sync::atomic::AtomicU32::new(0);
-    let ids: Vec<&str> = entries.iter().map(|e| e.entry.as_str()).collect();
+    let ids = entries;
     transaction::run(connection, &ledger, &retries, async |session| {
         let now = DateTime::now();
         let filter = doc! {
@@ -513,21 +491,6 @@ pub async fn claim(
     .map_err(|failure| failure.described("claiming ledger entries", connection))
 }
 
-/// How an attempt ends in the ledger.
-#[derive(Clone, Debug)]
-pub struct Settlement {
-    pub entry: String,
-    pub status: Status,
-    /// The attempts the entry had before this attempt, for an entry settled without a claim
-    /// (a transactional sink's failure): the settlement counts the attempt. `None`: the entry
-    /// was claimed by the settling owner.
-    pub unclaimed_attempts: Option<u32>,
-    pub next_attempt: Option<DateTime>,
-    pub error_class: Option<String>,
-    pub error: Option<String>,
-    pub evidence: Option<Document>,
-}
-
 /// Whether settlements go to the server as one `bulkWrite` (8.0 and later; cleared the first
 /// time the server has none).
 static BULK_SETTLE: AtomicBool = AtomicBool::new(true);
@@ -542,7 +505,7 @@ pub async fn settle(
     owner: &str,
     settlements: &[Settlement],
 ) -> Result<u64, Failed> {
-    let ledger = names.ledger(connection);
+    let ledger = ledger_of(connection, names);
     let retries = std::sync::atomic::AtomicU32::new(0);
     transaction::run(connection, &ledger, &retries, async |session| {
         let now = DateTime::now();
@@ -690,7 +653,7 @@ pub async fn project(
     projection: (&str, &str),
     writes: &[Projected<'_>],
 ) -> Result<Vec<Projection>, Failed> {
-    let ledger = names.ledger(connection);
+    let ledger = ledger_of(connection, names);
     let target = connection
         .database(projection.0)
         .collection::<Document>(projection.1);
@@ -887,15 +850,6 @@ async fn apply_versioned(
     Ok(done)
 }
 
-/// An audited change of one dead entry: to pending (replay) or ignored (discard).
-#[derive(Clone, Debug)]
-pub struct DeadChange<'a> {
-    pub entry: &'a str,
-    pub to: Status,
-    /// Kept in the entry's `audit` list.
-    pub note: Document,
-}
-
 /// Dead entries changed in one transaction with `audit` (the audit record, inserted once):
 /// each entry still dead takes its new status (replayed: attempts 0, no next attempt, no lease),
 /// its note appended to its `audit`. Returns the `_id`s of those changed.
@@ -905,7 +859,7 @@ pub async fn change_dead(
     changes: &[DeadChange<'_>],
     audit: &Document,
 ) -> Result<Vec<String>, Failed> {
-    let ledger = names.ledger(connection);
+    let ledger = ledger_of(connection, names);
     let audit_records = connection
         .database(&names.database)
         .collection::<Document>(&names.audit);
@@ -965,7 +919,7 @@ pub async fn correct(
     record: &str,
     audit: Option<&Document>,
 ) -> Result<Vec<Projection>, Failed> {
-    let ledger = names.ledger(connection);
+    let ledger = ledger_of(connection, names);
     let target = connection
         .database(projection.0)
         .collection::<Document>(projection.1);
@@ -1010,8 +964,7 @@ pub async fn positions(
     names: &Names,
     limit: i64,
 ) -> Result<Vec<Document>, OperationError> {
-    names
-        .ledger(connection)
+    ledger_of(connection, names)
         .find(doc! { "kind": "position", "consumer": &names.consumer })
         .sort(doc! { "delivery": 1 })
         .limit(limit)
@@ -1031,11 +984,10 @@ pub async fn dead_lanes(
     if lanes.is_empty() {
         return Ok(HashSet::new());
     }
-    let mut filter = names.entries();
+    let mut filter = entries_filter(names);
     filter.insert("status", Status::Dead.as_str());
     filter.insert("lane", doc! { "$in": lanes });
-    let found: Vec<Document> = names
-        .ledger(connection)
+    let found: Vec<Document> = ledger_of(connection, names)
         .find(filter)
         .projection(doc! { "lane": 1 })
         .await

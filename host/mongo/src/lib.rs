@@ -39,13 +39,17 @@
 //! - `backfill`: a backfill's state, watermarks, checkpoint start, chunks and chunk commits;
 //! - `reconcile`: a consumer's outbox records and a repair's correction records;
 //! - `delivery`: a delivery's position, ledger, admissions, claims, settlements, projection
-//!   writes and audited changes of dead entries.
+//!   writes and audited changes of dead entries; `ledger`: those as the delivery's
+//!   [`Ledger`](handoff_domain::ledger::Ledger), and `admit`: the outbox's records admitted
+//!   into it from the outbox's own change stream.
 
+pub mod admit;
 pub mod backfill;
 mod connection;
 pub mod delivery;
 mod errors;
 pub mod events;
+pub mod ledger;
 pub mod operator;
 pub mod reconcile;
 mod redaction;

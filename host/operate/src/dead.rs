@@ -7,16 +7,14 @@ use serde_json::{Value, json};
 
 use crate::audit::{AuditEntry, operator};
 use handoff_domain::delivery::{Entry, Status, entry_id};
-use handoff_domain::error::{HandoffError, Result};
+use handoff_domain::error::Result;
+use handoff_domain::ledger::{DeadChange, Ledger, Names};
 use handoff_domain::text::escape_untrusted;
-use handoff_mongo::delivery::{self, DeadChange, Names};
-use handoff_mongo::transaction::Failure;
-use handoff_mongo::{Connection, OperationError};
 
 /// Entries changed per transaction (each with its audit record).
 pub const CHANGE_BATCH: usize = 500;
 /// The most dead entries one listing reads.
-pub const MAX_LIST: i64 = 10_000;
+pub const MAX_LIST: usize = 10_000;
 
 /// Which dead entries an action takes.
 #[derive(Clone, Debug)]
@@ -52,25 +50,9 @@ impl Action {
     }
 }
 
-fn failed(error: OperationError) -> HandoffError {
-    let text = format!("{}: {}", error.what, error.message);
-    match error.code {
-        Some(13) => HandoffError::unauthorized(&text),
-        _ => HandoffError::Unavailable(text),
-    }
-}
-
 /// The delivery's dead entries, in admission order, at most `limit`.
-pub fn list(connection: &Connection, names: &Names, limit: i64) -> Result<Vec<Entry>> {
-    let documents = connection
-        .block_on(delivery::entries_of(
-            connection,
-            names,
-            Status::Dead,
-            None,
-            limit.clamp(1, MAX_LIST),
-        ))
-        .map_err(failed)?;
+pub fn list(ledger: &dyn Ledger, names: &Names, limit: usize) -> Result<Vec<Entry>> {
+    let documents = ledger.entries_of(names, Status::Dead, None, limit.clamp(1, MAX_LIST))?;
     Ok(documents.iter().filter_map(Entry::from_document).collect())
 }
 
@@ -124,7 +106,7 @@ pub struct Changed {
 /// Replays or discards the selected dead entries, `CHANGE_BATCH` per transaction, each batch
 /// with one audit record saying who, when, why and which entries.
 pub fn change(
-    connection: &Connection,
+    ledger: &dyn Ledger,
     names: &Names,
     selection: &Selection,
     action: Action,
@@ -147,15 +129,7 @@ pub fn change(
             let mut all = Vec::new();
             let mut after = None;
             loop {
-                let page = connection
-                    .block_on(delivery::entries_of(
-                        connection,
-                        names,
-                        Status::Dead,
-                        after,
-                        MAX_LIST,
-                    ))
-                    .map_err(failed)?;
+                let page = ledger.entries_of(names, Status::Dead, after, MAX_LIST)?;
                 let Some(last) = page.last().and_then(Entry::from_document) else {
                     break;
                 };
@@ -197,16 +171,7 @@ pub fn change(
             },
         }
         .document();
-        let changed = connection
-            .block_on(delivery::change_dead(connection, names, &changes, &audit))
-            .map_err(|failure| match failure {
-                Failure::Refused(never) => match never {},
-                Failure::Failed(error) => failed(error),
-                Failure::Unknown(error) => HandoffError::Unavailable(format!(
-                    "{}: {} (the change may have applied: list the dead records again)",
-                    error.what, error.message
-                )),
-            })?;
+        let changed = ledger.change_dead(names, &changes, &audit)?;
         result.changed += changed.len() as u64;
         changed_ids.extend(changed);
     }

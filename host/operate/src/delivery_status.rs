@@ -8,14 +8,11 @@ use serde_json::{Value, json};
 
 use handoff_domain::delivery::{Counts, Status};
 use handoff_domain::error::{HandoffError, Result};
+use handoff_domain::ledger::{Ledger, Names};
 use handoff_domain::text::escape_untrusted;
-use handoff_mongo::Connection;
-use handoff_mongo::delivery::{self, Names};
-
-use crate::reconcile::server;
 
 /// The most deliveries listed for one consumer.
-const MAX_DELIVERIES: i64 = 1000;
+const MAX_DELIVERIES: usize = 1000;
 
 /// One delivery's figures.
 #[derive(Clone, Debug)]
@@ -43,10 +40,8 @@ impl Delivery {
 }
 
 /// Every delivery of the consumer `names` names (its `delivery` is not read).
-pub fn deliveries(connection: &Connection, names: &Names) -> Result<Vec<Delivery>> {
-    let positions = connection
-        .block_on(delivery::positions(connection, names, MAX_DELIVERIES))
-        .map_err(server)?;
+pub fn deliveries(ledger: &dyn Ledger, names: &Names) -> Result<Vec<Delivery>> {
+    let positions = ledger.positions(names, MAX_DELIVERIES)?;
     let now = DateTime::now();
     let mut found = Vec::new();
     for position in positions {
@@ -59,14 +54,10 @@ pub fn deliveries(connection: &Connection, names: &Names) -> Result<Vec<Delivery
         };
         let mut counts = Counts::default();
         for status in Status::ALL {
-            let n = connection
-                .block_on(delivery::count(connection, &names, status))
-                .map_err(server)?;
+            let n = ledger.count(&names, status)?;
             counts.add(status, n);
         }
-        let oldest = connection
-            .block_on(delivery::open_entries(connection, &names, 1))
-            .map_err(server)?;
+        let oldest = ledger.open_entries(&names, 1)?;
         let lag_seconds = oldest
             .first()
             .and_then(|d| d.get_datetime("createdAt").ok())

@@ -208,7 +208,7 @@ pub struct CompareArgs {
 pub struct TargetArgs {
     /// The replica set's connection string (never printed or logged).
     #[arg(long, env = env::MONGODB_URI, hide_env_values = true)]
-    pub uri: String,
+    pub uri: Option<String>,
     /// Database of the watched collection and of the consumer's collections.
     #[arg(long, env = env::SOURCE_DATABASE, default_value = "change_demo")]
     pub database: String,
@@ -310,6 +310,17 @@ impl TargetArgs {
     }
 
     /// The names checked as `run` checks them (nothing is read before they pass).
+    /// The connection string, which the command needs.
+    pub fn uri(&self) -> Result<&str> {
+        self.uri.as_deref().ok_or_else(|| {
+            HandoffError::BadInput(
+                "--uri (MONGODB_URI) names the deployment: a mongodb:// or mongodb+srv:// \
+                 connection string"
+                    .into(),
+            )
+        })
+    }
+
     pub fn inputs(&self) -> Result<Inputs> {
         self.consumer
             .raw_inputs(&self.database, &self.collection, "1", "1")

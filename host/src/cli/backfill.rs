@@ -134,7 +134,7 @@ impl BackfillArgs {
 pub fn run(args: BackfillArgs) -> Result<()> {
     let options = args.options()?;
     let deciding = args.run.deciding.load("backfill")?;
-    let connection = Connection::connect(&args.run.target.uri)?;
+    let connection = Connection::connect(args.run.target.uri()?)?;
     let snapshots = deciding.snapshots(
         handoff::session::RunKind::Backfill,
         &options.consumer,

@@ -103,7 +103,7 @@ fn reset_checkpoint(args: ResetArgs) -> Result<()> {
         To::Token(token, mode)
     };
     let target = args.target.moved(&inputs, &audit)?;
-    let connection = Connection::connect(&args.target.uri)?;
+    let connection = Connection::connect(args.target.uri()?)?;
     let done = (|| {
         let ahead = if args.allow_future {
             reset::Ahead::Allow

@@ -10,13 +10,17 @@ use super::args::{AuditArgs, DecidingArgs, EffectsArgs, TargetArgs, ViewArgs, re
 use super::env;
 use handoff::backend::mongo::Connection;
 use handoff::backend::mongo::delivery::Names;
+use handoff::backend::mongo::ledger::MongoLedger;
+use handoff::backend::redb_store::RedbStore;
 use handoff::deliver::engine::Watch;
 use handoff::deliver::retry::Backoff;
 use handoff::deliver::sink::Sink;
 use handoff::deliver::sinks::projection::Projection;
 use handoff::deliver::sinks::webhook::{Webhook, parse_secret};
 use handoff::deliver::{Ended, Options, Report};
+use handoff::domain::Collections;
 use handoff::domain::delivery::{self, DEFAULT_DELIVERY, DEFAULT_LEDGER};
+use handoff::domain::ledger::Ledger;
 use handoff::domain::text::escape_untrusted;
 use handoff::error::{HandoffError, Result};
 use handoff::operate::dead::{self, Action, Selection};
@@ -166,6 +170,67 @@ struct DeliveryArgs {
     /// Collection (table) of the delivery ledger, in the consumer's database.
     #[arg(long, env = env::LEDGER_COLLECTION, default_value = DEFAULT_LEDGER)]
     ledger_collection: String,
+    /// The embedded state store whose outbox is delivered (as `handoff replay --state` left
+    /// it), the ledger kept in it beside the outbox, instead of a deployment's (--uri is then
+    /// not read). It must exist.
+    #[arg(long, value_name = "PATH")]
+    state: Option<std::path::PathBuf>,
+    /// How long to wait for another process holding the state store, in milliseconds.
+    #[arg(long, default_value_t = 10_000, requires = "state")]
+    state_lock_timeout_ms: u64,
+}
+
+/// Where a delivery's outbox and ledger are: a deployment, or an embedded store.
+enum Holder {
+    Deployment(std::sync::Arc<Connection>),
+    Embedded(RedbStore),
+}
+
+impl Holder {
+    fn open(args: &DeliveryArgs) -> Result<Holder> {
+        let Some(path) = &args.state else {
+            return Ok(Holder::Deployment(Connection::connect(args.target.uri()?)?));
+        };
+        if !path.is_file() {
+            return Err(HandoffError::BadInput(format!(
+                "no state store at {} (`handoff replay --state` makes one)",
+                escape_untrusted(&path.display().to_string(), 200)
+            )));
+        }
+        let inputs = args.target.inputs()?;
+        let collections = Collections {
+            checkpoints: inputs.checkpoint_collection,
+            outbox: inputs.outbox_collection,
+            quarantine: inputs.quarantine_collection,
+        };
+        let store = RedbStore::open(
+            path,
+            &collections,
+            Duration::from_millis(args.state_lock_timeout_ms),
+        )?;
+        Ok(Holder::Embedded(store))
+    }
+
+    fn ledger(&self) -> Box<dyn Ledger + '_> {
+        match self {
+            Holder::Deployment(connection) => Box::new(MongoLedger::new(connection)),
+            Holder::Embedded(store) => Box::new(store.ledger()),
+        }
+    }
+
+    /// Lists the state collections written in their database's registry first (a deployment's).
+    fn register(&self, database: &str, collections: &[&str]) -> Result<()> {
+        match self {
+            Holder::Deployment(connection) => connection.register_state(database, collections),
+            Holder::Embedded(_) => Ok(()),
+        }
+    }
+
+    fn close(&self) {
+        if let Holder::Deployment(connection) = self {
+            connection.close();
+        }
+    }
 }
 
 #[derive(Args)]
@@ -252,8 +317,8 @@ struct ListArgs {
     #[command(flatten)]
     view: ViewArgs,
     /// The most records listed, 1-10000.
-    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(i64).range(1..=10_000))]
-    limit: i64,
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    limit: u64,
 }
 
 #[derive(Args)]
@@ -457,7 +522,22 @@ pub fn run(args: DeliverArgs) -> Result<super::Outcome> {
 
 fn deliver(args: &RunArgs) -> Result<super::Outcome> {
     let names = args.delivery.names()?;
+    if args.delivery.state.is_some() && args.follow {
+        return Err(HandoffError::BadInput(
+            "--follow waits for records another process writes, and an embedded state store is \
+             held by one process at a time: deliver it bounded, after the run that wrote it"
+                .into(),
+        ));
+    }
     let spec = args.sink(&names)?;
+    if args.delivery.state.is_some() && matches!(spec, SinkSpec::Projection(_)) {
+        return Err(HandoffError::BadInput(
+            "a MongoDB projection commits its write with the ledger in one transaction of the \
+             consumer's deployment: deliver an embedded store's outbox to a webhook (http:// or \
+             https://)"
+                .into(),
+        ));
+    }
     let options = args.options(names.clone())?;
     let stop = super::stop_signal()?;
     // Bound before anything is read or written: a bad or busy address refuses the delivery.
@@ -475,17 +555,22 @@ fn deliver(args: &RunArgs) -> Result<super::Outcome> {
         None => None,
     };
     let mut effects = args.effects.load(&stop)?;
-    let connection = Connection::connect(&args.delivery.target.uri)?;
+    let holder = Holder::open(&args.delivery)?;
     let started = Instant::now();
     let result = (|| {
-        let sink: Box<dyn Sink> = match &spec {
-            SinkSpec::Projection(target) => {
+        let sink: Box<dyn Sink> = match (&spec, &holder) {
+            (SinkSpec::Projection(target), Holder::Deployment(connection)) => {
                 let projection = Projection::new(connection.clone(), names.clone(), target);
                 let (database, collection) = projection.namespace();
                 connection.register_state(database, &[collection])?;
                 Box::new(projection)
             }
-            SinkSpec::Webhook { url, secret } => Box::new(
+            (SinkSpec::Projection(_), Holder::Embedded(_)) => {
+                return Err(HandoffError::Internal(anyhow::anyhow!(
+                    "a projection from an embedded store passed the checks"
+                )));
+            }
+            (SinkSpec::Webhook { url, secret }, _) => Box::new(
                 Webhook::new(
                     url,
                     secret.clone(),
@@ -494,9 +579,10 @@ fn deliver(args: &RunArgs) -> Result<super::Outcome> {
                 .map_err(HandoffError::BadInput)?,
             ),
         };
-        connection.register_state(&names.database, &[&names.ledger])?;
+        holder.register(&names.database, &[&names.ledger])?;
+        let ledger = holder.ledger();
         handoff::deliver::deliver(
-            &connection,
+            ledger.as_ref(),
             sink.as_ref(),
             effects.decides.as_mut(),
             &options,
@@ -504,7 +590,7 @@ fn deliver(args: &RunArgs) -> Result<super::Outcome> {
             metrics.as_deref().map(|m| m as &dyn Watch),
         )
     })();
-    connection.close();
+    holder.close();
     if let Some(metrics) = &metrics {
         metrics.ended();
     }
@@ -569,9 +655,9 @@ fn dead(command: DeadCommand) -> Result<()> {
     match command {
         DeadCommand::List(args) => {
             let names = args.delivery.names()?;
-            let connection = Connection::connect(&args.delivery.target.uri)?;
-            let listed = dead::list(&connection, &names, args.limit);
-            connection.close();
+            let holder = Holder::open(&args.delivery)?;
+            let listed = dead::list(holder.ledger().as_ref(), &names, args.limit as usize);
+            holder.close();
             let entries = listed?;
             if args.view.json {
                 out!("{}", dead::to_json(&entries))
@@ -600,11 +686,21 @@ fn act(args: ActArgs, action: Action) -> Result<()> {
         names.delivery,
         if args.all { " --all" } else { " --id …" }
     );
-    let connection = Connection::connect(&args.delivery.target.uri)?;
-    let changed = connection
-        .register_state(&names.database, &[&names.ledger, &names.audit])
-        .and_then(|()| dead::change(&connection, &names, &selection, action, &reason, &command));
-    connection.close();
+    let holder = Holder::open(&args.delivery)?;
+    let changed = holder
+        .register(&names.database, &[&names.ledger, &names.audit])
+        .and_then(|()| {
+            let ledger = holder.ledger();
+            dead::change(
+                ledger.as_ref(),
+                &names,
+                &selection,
+                action,
+                &reason,
+                &command,
+            )
+        });
+    holder.close();
     let changed = changed?;
     if args.view.json {
         out!(
@@ -667,7 +763,7 @@ fn reconcile(args: ReconcileArgs) -> Result<()> {
     let stop = super::stop_signal()?;
     let deciding = args.deciding.load("deliver reconcile")?;
     let mut effects = deciding.effects(&stop)?;
-    let connection = Connection::connect(&args.delivery.target.uri)?;
+    let connection = Connection::connect(args.delivery.target.uri()?)?;
     let snapshots = deciding.snapshots(
         handoff::session::RunKind::Repair,
         &names.consumer,
@@ -702,9 +798,9 @@ fn reconcile(args: ReconcileArgs) -> Result<()> {
 
 fn status(args: StatusArgs) -> Result<()> {
     let names = args.delivery.names()?;
-    let connection = Connection::connect(&args.delivery.target.uri)?;
-    let found = delivery_status::deliveries(&connection, &names);
-    connection.close();
+    let holder = Holder::open(&args.delivery)?;
+    let found = delivery_status::deliveries(holder.ledger().as_ref(), &names);
+    holder.close();
     let deliveries = found?;
     if args.view.json {
         let items: Vec<serde_json::Value> = deliveries.iter().map(|d| d.to_json()).collect();

@@ -45,7 +45,7 @@ pub fn run(command: LeaseCommand) -> Result<()> {
     let audit = args.audit.collection(&inputs)?;
     let reason = reason_text("--reason", &args.reason)?;
     let target = args.target.moved(&inputs, &audit)?;
-    let connection = Connection::connect(&args.target.uri)?;
+    let connection = Connection::connect(args.target.uri()?)?;
     let released = connection
         .register_state(&inputs.database, &[&inputs.checkpoint_collection, &audit])
         .and_then(|()| lease::release(&connection, &target, args.owner.as_deref(), &reason));

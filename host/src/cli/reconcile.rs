@@ -108,7 +108,7 @@ pub fn run(args: ReconcileArgs) -> Result<()> {
         Page::check_path(path)?;
     }
     let deciding = args.run.deciding.load("reconcile")?;
-    let connection = Connection::connect(&args.run.target.uri)?;
+    let connection = Connection::connect(args.run.target.uri()?)?;
     let snapshots = deciding.snapshots(
         handoff::session::RunKind::Repair,
         &options.consumer,

@@ -131,7 +131,7 @@ impl RecoverArgs {
 pub fn run(args: RecoverArgs) -> Result<()> {
     let options = args.options()?;
     let deciding = args.run.deciding.load("recover")?;
-    let connection = Connection::connect(&args.run.target.uri)?;
+    let connection = Connection::connect(args.run.target.uri()?)?;
     let o = &options.reconcile;
     let snapshots = deciding.snapshots(
         handoff::session::RunKind::Repair,

@@ -82,7 +82,7 @@ pub fn run(args: StatusArgs) -> Result<()> {
         return all(&args);
     }
     let names = super::deliver::names_of(t, DEFAULT_DELIVERY, &args.ledger_collection)?;
-    let connection = Connection::connect(&t.uri)?;
+    let connection = Connection::connect(t.uri()?)?;
     let status = Status::read(
         &connection,
         &Target {
@@ -96,7 +96,10 @@ pub fn run(args: StatusArgs) -> Result<()> {
         },
     );
     let deliveries = match &status {
-        Ok(_) => delivery_status::deliveries(&connection, &names),
+        Ok(_) => delivery_status::deliveries(
+            &handoff::backend::mongo::ledger::MongoLedger::new(&connection),
+            &names,
+        ),
         Err(_) => Ok(Vec::new()),
     };
     connection.close();
@@ -155,7 +158,7 @@ fn all(args: &StatusArgs) -> Result<()> {
         checkpoints: &t.consumer.checkpoint_collection,
         runs: &t.consumer.runs_collection,
     };
-    let connection = Connection::connect(&t.uri)?;
+    let connection = Connection::connect(t.uri()?)?;
     let listed = status::read_all(&connection, &place);
     connection.close();
     let listed = listed?;

@@ -12,11 +12,11 @@ use std::time::{Duration, Instant};
 
 use bson::{Bson, Document};
 use handoff_domain::error::{HandoffError, Result};
-use handoff_mongo::delivery::{self, Admission, Names, OutboxStream, PositionMoved};
-use handoff_mongo::transaction::Failure;
-use handoff_mongo::{Connection, OperationError};
+use handoff_domain::ledger::{Admit, lane_of};
 
-use crate::effect::lane_of;
+use crate::delivery::{self, Admission, Names, OutboxStream, PositionMoved};
+use crate::transaction::Failure;
+use crate::{Connection, OperationError};
 
 /// Records admitted per transaction.
 pub const ADMIT_BATCH: usize = 500;
@@ -216,7 +216,7 @@ impl<'a> Admitter<'a> {
     /// Reads what the stream has (up to [`ADMIT_BATCH`] records: waiting at most the await
     /// bound for the first, then the rest of the server's batch, for at most [`GATHER`] more)
     /// and admits it. Returns how many records the stream gave.
-    pub fn poll(&mut self) -> Result<usize> {
+    fn read(&mut self) -> Result<usize> {
         if self.stream.is_none() {
             self.open()?;
         }
@@ -268,6 +268,20 @@ impl<'a> Admitter<'a> {
             self.admit(&admissions, token.as_ref())?;
         }
         Ok(n)
+    }
+}
+
+impl Admit for Admitter<'_> {
+    fn poll(&mut self) -> Result<usize> {
+        self.read()
+    }
+
+    fn admitted(&self) -> u64 {
+        self.admitted
+    }
+
+    fn sweeps(&self) -> u32 {
+        self.sweeps
     }
 }
 
