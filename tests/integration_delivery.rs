@@ -443,15 +443,6 @@ fn projection_writes(live: &Live, from: Option<bson::Timestamp>) -> HashMap<Stri
 
 // --- The webhook, against a real receiver that verifies every signature. ---
 
-const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
-
-fn secret_bytes() -> Vec<u8> {
-    use base64::Engine as _;
-    base64::engine::general_purpose::STANDARD
-        .decode(SECRET.trim_start_matches("whsec_"))
-        .expect("the test secret")
-}
-
 /// `handoff deliver` to the receiver, with fast retries.
 fn webhook_command(live: &Live, receiver: &Receiver, extra: &[&str]) -> std::process::Command {
     let mut command = deliver_command(
@@ -461,17 +452,14 @@ fn webhook_command(live: &Live, receiver: &Receiver, extra: &[&str]) -> std::pro
             "hooks",
             "--sink",
             &receiver.url(),
-            "--retry-base-ms",
-            "50",
-            "--sink-timeout-seconds",
-            "2",
-            "--lease-seconds",
-            "5",
             "--max-wait-seconds",
             "2",
         ],
     );
-    command.args(extra).env("HANDOFF_SINK_SECRET", SECRET);
+    command
+        .args(QUICK)
+        .args(extra)
+        .env("HANDOFF_SINK_SECRET", SECRET);
     command
 }
 
@@ -486,7 +474,7 @@ fn webhook_ids(live: &Live) -> Vec<String> {
     outbox_event_ids(&live.outbox())
 }
 
-use support::receiver::{Receiver, Reply};
+use support::receiver::{QUICK, Receiver, Reply, SECRET, secret_bytes};
 
 #[test]
 fn a_webhook_gets_every_record_signed_once_and_retries_carry_the_same_id() {

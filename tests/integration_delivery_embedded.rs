@@ -14,17 +14,8 @@ use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use support::receiver::{Receiver, Reply};
+use support::receiver::{QUICK, Receiver, Reply, SECRET, secret_bytes};
 use support::*;
-
-const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
-
-fn secret_bytes() -> Vec<u8> {
-    use base64::Engine as _;
-    base64::engine::general_purpose::STANDARD
-        .decode(SECRET.trim_start_matches("whsec_"))
-        .expect("the test secret")
-}
 
 /// Event `seq` of `op` on the document of event `key`'s key.
 fn event_on(seq: u32, op: &str, key: u32) -> Value {
@@ -37,21 +28,17 @@ fn event_on(seq: u32, op: &str, key: u32) -> Value {
     e
 }
 
-/// A state store holding six records of five keys: key 1 inserted (1) and updated (6).
+/// Six events of five keys: key 1 inserted (1) and updated (6), the batch ended.
+fn six_events() -> Vec<Value> {
+    let mut lines = vec![deployment(REPLICA_SET_ID)];
+    lines.extend((1..=5).map(|seq| event(seq, "insert")));
+    lines.extend([event_on(6, "update", 1), batch_end(6)]);
+    lines
+}
+
+/// A state store holding the six events' records.
 fn handed_off(s: &Scratch) -> Vec<String> {
-    let fixture = s.fixture(
-        "six.jsonl",
-        &[
-            deployment(REPLICA_SET_ID),
-            event(1, "insert"),
-            event(2, "insert"),
-            event(3, "insert"),
-            event(4, "insert"),
-            event(5, "insert"),
-            event_on(6, "update", 1),
-            batch_end(6),
-        ],
-    );
+    let fixture = s.fixture("six.jsonl", &six_events());
     ok(&replay(&fixture, &s.state(), &[]));
     let (_, outbox) = inspect(&s.state());
     let ids = outbox_ids(&outbox);
@@ -85,30 +72,18 @@ fn to_webhook(state: &Path, receiver: &Receiver, extra: &[&str]) -> Output {
 fn webhook_command(state: &Path, receiver: &Receiver, extra: &[&str]) -> Command {
     let mut command = deliver_command(
         state,
-        &[
-            "--sink",
-            &receiver.url(),
-            "--retry-base-ms",
-            "50",
-            "--sink-timeout-seconds",
-            "2",
-            "--lease-seconds",
-            "5",
-            "--max-wait-seconds",
-            "1",
-        ],
+        &["--sink", &receiver.url(), "--max-wait-seconds", "1"],
     );
-    command.args(extra).env("HANDOFF_SINK_SECRET", SECRET);
     command
-}
-
-fn code(output: &Output) -> Option<i32> {
-    output.status.code()
+        .args(QUICK)
+        .args(extra)
+        .env("HANDOFF_SINK_SECRET", SECRET);
+    command
 }
 
 fn assert_code(output: &Output, expected: i32) {
     assert_eq!(
-        code(output),
+        output.status.code(),
         Some(expected),
         "stdout: {}\nstderr: {}",
         String::from_utf8_lossy(&output.stdout),
@@ -174,21 +149,9 @@ fn an_embedded_outbox_reaches_a_webhook_in_order_once_and_a_second_run_sends_not
     assert_eq!(outputs(&again)["records_delivered"], 0);
     assert_eq!(receiver.seen().len(), 12);
     // Records handed off later are admitted after the others, once.
-    let more = s.fixture(
-        "more.jsonl",
-        &[
-            deployment(REPLICA_SET_ID),
-            event(1, "insert"),
-            event(2, "insert"),
-            event(3, "insert"),
-            event(4, "insert"),
-            event(5, "insert"),
-            event_on(6, "update", 1),
-            batch_end(6),
-            event(7, "insert"),
-            batch_end(7),
-        ],
-    );
+    let mut lines = six_events();
+    lines.extend([event(7, "insert"), batch_end(7)]);
+    let more = s.fixture("more.jsonl", &lines);
     ok(&replay(&more, &s.state(), &[]));
     receiver.set_behaviour(|_, _| Reply::status(200));
     let third = to_webhook(&s.state(), &receiver, &[]);

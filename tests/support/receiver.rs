@@ -15,6 +15,26 @@ use base64::Engine as _;
 use hmac::{Hmac, KeyInit, Mac};
 use sha2_011::Sha256;
 
+/// The secret the suites' deliveries sign with, as Standard Webhooks gives it.
+pub const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+
+/// The secret's bytes, for the receiver's own check.
+pub fn secret_bytes() -> Vec<u8> {
+    base64::engine::general_purpose::STANDARD
+        .decode(SECRET.trim_start_matches("whsec_"))
+        .expect("the test secret")
+}
+
+/// The options the suites deliver to a receiver with: fast retries, short timeouts and leases.
+pub const QUICK: [&str; 6] = [
+    "--retry-base-ms",
+    "50",
+    "--sink-timeout-seconds",
+    "2",
+    "--lease-seconds",
+    "5",
+];
+
 /// One request as received.
 #[derive(Clone, Debug)]
 pub struct Seen {

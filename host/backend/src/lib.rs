@@ -27,7 +27,24 @@ pub(crate) mod checks {
 
     use handoff_domain::checkpoint::{self, Mode};
     use handoff_domain::store::SPLIT_EVENTS_WRITTEN;
-    use handoff_domain::{CheckpointStore, Commit, CommitError, Consumer};
+    use handoff_domain::{CheckpointStore, Collections, Commit, CommitError, Consumer};
+
+    use crate::redb_store::RedbStore;
+
+    /// An embedded store in `dir` (checkpoints `cp`, outbox `ob`, quarantine `qb`).
+    pub(crate) fn temp_store(dir: &tempfile::TempDir) -> RedbStore {
+        let collections = Collections {
+            checkpoints: "cp".into(),
+            outbox: "ob".into(),
+            quarantine: "qb".into(),
+        };
+        RedbStore::open(
+            &dir.path().join("s.redb"),
+            &collections,
+            std::time::Duration::from_secs(1),
+        )
+        .unwrap()
+    }
 
     /// The records of event `op` handed off under `c/X`: whole, or in `n` fragments (tokens of
     /// the test server's shape).

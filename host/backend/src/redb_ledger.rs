@@ -1,7 +1,8 @@
 //! A delivery's ledger in the embedded store, beside the outbox it delivers: the same entries
 //! and positions as the MongoDB ledger (BSON documents under the same `_id`s) in a table named
 //! like the ledger collection, with a companion table that orders each delivery's entries by
-//! status and admission (`<ledger>.$status`), and the audit records of dead-record changes in a
+//! status and admission (`<ledger>.$status`) and one of the lanes dead entries hold back
+//! (`<ledger>.$deadLanes`), and the audit records of dead-record changes in a
 //! table named like the audit collection.
 //!
 //! Every admission, claim, settlement and audited change is one redb write transaction (durable
@@ -33,6 +34,9 @@ type OrderTable<'a> = TableDefinition<'a, u64, &'static str>;
 /// (delivery, consumer, status, seq) → entry `_id`.
 type StatusTable<'a> =
     TableDefinition<'a, (&'static str, &'static str, &'static str, u64), &'static str>;
+/// (delivery, consumer, lane, seq) → entry `_id`, of dead entries only: the lanes a dead entry
+/// holds back, found without reading the dead entries.
+type DeadLaneTable<'a> = StatusTable<'a>;
 
 /// Records admitted per transaction.
 const ADMIT_BATCH: usize = 500;
@@ -69,6 +73,10 @@ fn encode(what: &str, document: &Document) -> Result<Vec<u8>> {
 
 fn status_table(names: &Names) -> String {
     format!("{}.$status", names.ledger)
+}
+
+fn dead_lane_table(names: &Names) -> String {
+    format!("{}.$deadLanes", names.ledger)
 }
 
 fn order_table(names: &Names) -> String {
@@ -161,18 +169,23 @@ impl RedbLedger<'_> {
 struct Writing<'t> {
     entries: Table<'t, &'static str, &'static [u8]>,
     order: Table<'t, (&'static str, &'static str, &'static str, u64), &'static str>,
+    dead_lanes: Table<'t, (&'static str, &'static str, &'static str, u64), &'static str>,
     what: &'static str,
 }
 
 impl<'t> Writing<'t> {
     fn open(txn: &'t WriteTransaction, names: &Names, what: &'static str) -> Result<Writing<'t>> {
         let status = status_table(names);
+        let dead_lanes = dead_lane_table(names);
         Ok(Writing {
             entries: txn
                 .open_table(DocTable::new(&names.ledger))
                 .map_err(|e| failed(what, e))?,
             order: txn
                 .open_table(StatusTable::new(&status))
+                .map_err(|e| failed(what, e))?,
+            dead_lanes: txn
+                .open_table(DeadLaneTable::new(&dead_lanes))
                 .map_err(|e| failed(what, e))?,
             what,
         })
@@ -193,8 +206,8 @@ impl<'t> Writing<'t> {
         Ok(())
     }
 
-    /// An entry stored with its status order kept: `before` is its status as it was (`None`:
-    /// a new entry).
+    /// An entry stored with its status order and dead lanes kept: `before` is its status as it
+    /// was (`None`: a new entry; an entry's lane and `seq` never change).
     fn put_entry(
         &mut self,
         names: &Names,
@@ -204,15 +217,27 @@ impl<'t> Writing<'t> {
     ) -> Result<()> {
         let seq = seq_of(entry).ok_or_else(|| failed(self.what, "an entry without its seq"))?;
         let (d, c) = (names.delivery.as_str(), names.consumer.as_str());
+        let lane = entry.get_str("lane").unwrap_or_default();
+        let after = ledger::stored_status(entry);
         if let Some(before) = before {
             self.order
                 .remove((d, c, before.as_str(), seq))
                 .map_err(|e| failed(self.what, e))?;
+            if before == Status::Dead {
+                self.dead_lanes
+                    .remove((d, c, lane, seq))
+                    .map_err(|e| failed(self.what, e))?;
+            }
         }
-        if let Some(after) = ledger::stored_status(entry) {
+        if let Some(after) = after {
             self.order
                 .insert((d, c, after.as_str(), seq), id)
                 .map_err(|e| failed(self.what, e))?;
+            if after == Status::Dead {
+                self.dead_lanes
+                    .insert((d, c, lane, seq), id)
+                    .map_err(|e| failed(self.what, e))?;
+            }
         }
         self.put(id, entry)
     }
@@ -322,20 +347,28 @@ impl Ledger for RedbLedger<'_> {
         if lanes.is_empty() {
             return Ok(HashSet::new());
         }
-        let asked: HashSet<&str> = lanes.iter().copied().collect();
-        let txn = self.read("reading the ledger's dead lanes")?;
-        let ids: Vec<String> = self
-            .ids_of(&txn, names, Status::Dead, 0, usize::MAX)?
-            .into_iter()
-            .map(|(_, id)| id)
-            .collect();
-        Ok(self
-            .documents(&txn, names, &ids)?
-            .iter()
-            .filter_map(|entry| entry.get_str("lane").ok())
-            .filter(|lane| asked.contains(lane))
-            .map(str::to_string)
-            .collect())
+        let what = "reading the ledger's dead lanes";
+        let txn = self.read(what)?;
+        let name = dead_lane_table(names);
+        let Some(table) = readable!(txn, DeadLaneTable::new(&name), what) else {
+            return Ok(HashSet::new());
+        };
+        let (d, c) = (names.delivery.as_str(), names.consumer.as_str());
+        let mut held = HashSet::new();
+        for lane in lanes {
+            let mut range = table
+                .range((d, c, *lane, 0)..=(d, c, *lane, u64::MAX))
+                .map_err(|e| failed(what, e))?;
+            if range
+                .next()
+                .transpose()
+                .map_err(|e| failed(what, e))?
+                .is_some()
+            {
+                held.insert((*lane).to_string());
+            }
+        }
+        Ok(held)
     }
 
     fn records(&self, names: &Names, ids: &[&str]) -> Result<Vec<Document>> {
@@ -610,21 +643,9 @@ mod tests {
     use super::*;
     use bson::doc;
     use handoff_domain::checkpoint::{self, Mode};
-    use handoff_domain::{CheckpointStore, Collections, Commit, Consumer};
+    use handoff_domain::{CheckpointStore, Commit, Consumer};
 
-    fn store(dir: &tempfile::TempDir) -> RedbStore {
-        let collections = Collections {
-            checkpoints: "cp".into(),
-            outbox: "ob".into(),
-            quarantine: "qb".into(),
-        };
-        RedbStore::open(
-            &dir.path().join("s.redb"),
-            &collections,
-            Duration::from_secs(1),
-        )
-        .unwrap()
-    }
+    use crate::checks::temp_store as store;
 
     fn names(delivery: &str) -> Names {
         Names {
@@ -797,6 +818,7 @@ mod tests {
         );
         let open = ledger.open_entries(&names, 10).unwrap();
         assert_eq!(records_of(&open), ["c/e2"]);
+        assert!(ledger.dead_lanes(&names, &[lane]).unwrap().is_empty());
         assert_eq!(open[0].get_i32("attempts").ok(), Some(0));
         assert_eq!(open[0].get_array("audit").map(Vec::len).ok(), Some(1));
         let txn = store.database().begin_read().unwrap();

@@ -340,20 +340,7 @@ mod tests {
     use handoff_domain::checkpoint;
     use handoff_domain::{Consumer, Mode};
 
-    /// A store in `dir`.
-    fn open(dir: &tempfile::TempDir) -> RedbStore {
-        let collections = Collections {
-            checkpoints: "cp".into(),
-            outbox: "ob".into(),
-            quarantine: "qb".into(),
-        };
-        RedbStore::open(
-            &dir.path().join("s.redb"),
-            &collections,
-            Duration::from_secs(1),
-        )
-        .unwrap()
-    }
+    use crate::checks::temp_store as open;
 
     fn record(token: &str) -> Document {
         doc! { "_id": "c/1", "consumer": "c", "source": "db.coll", "event": { "_id": { "_data": token } } }

@@ -11,7 +11,8 @@
 //! - **Bounded.** At most `max_in_flight` records and `max_in_flight_bytes` of them are being
 //!   delivered; the ledger is read a window at a time; nothing queues without bound. A slow
 //!   sink slows picking, and the open entries (the delivery's lag) grow where they are seen.
-//! - **Admission beside delivery.** The outbox stream is read and admitted on a thread of its
+//! - **Admission beside delivery.** The outbox is read and admitted (by the ledger's admitter:
+//!   the outbox's change stream, or the embedded store's commit order) on a thread of its
 //!   own, so that waiting for new records never delays settling outcomes or picking what is
 //!   due, and a group's commit never delays the next admission; the delivering thread wakes
 //!   for either.

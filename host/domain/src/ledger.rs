@@ -213,48 +213,85 @@ pub fn apply_claim(entry: &mut Document, owner: &str, until: DateTime, now: Date
     entry.insert("attempts", i64::from(attempts));
 }
 
-/// The entry with its settlement (`count_attempt`: the attempt was not claimed, and counts now).
+/// The fields a change of an entry sets, and those it removes: what a document store applies
+/// to the entry and what a MongoDB ledger sends as `$set` and `$unset`.
+#[derive(Clone, Debug, Default)]
+pub struct Change {
+    pub set: Document,
+    pub unset: Vec<&'static str>,
+}
+
+impl Change {
+    /// A field set when `value` is given, removed when it is not.
+    fn either(&mut self, key: &'static str, value: Option<Bson>) {
+        match value {
+            Some(value) => {
+                self.set.insert(key, value);
+            }
+            None => self.unset.push(key),
+        }
+    }
+
+    /// The change made to a stored entry.
+    pub fn apply(&self, entry: &mut Document) {
+        for (key, value) in &self.set {
+            entry.insert(key.clone(), value.clone());
+        }
+        for key in &self.unset {
+            entry.remove(*key);
+        }
+    }
+}
+
+/// What `settlement` changes in its entry (an unclaimed attempt's count aside: see
+/// [`apply_settlement`]).
+pub fn settlement_change(settlement: &Settlement, now: DateTime) -> Change {
+    let mut change = Change {
+        set: bson::doc! {
+            "status": settlement.status.as_str(), "updatedAt": now, "leaseUntil": now,
+        },
+        unset: vec!["owner"],
+    };
+    change.either("nextAttemptAt", settlement.next_attempt.map(Bson::DateTime));
+    change.either(
+        "lastErrorClass",
+        settlement.error_class.clone().map(Bson::String),
+    );
+    change.either("lastError", settlement.error.clone().map(Bson::String));
+    if let Some(evidence) = &settlement.evidence {
+        change.set.insert("evidence", evidence.clone());
+    }
+    if settlement.status == Status::Succeeded {
+        change.set.insert("succeededAt", now);
+    }
+    change
+}
+
+/// What an audited change of a dead entry changes in it (its note appended to the entry's
+/// `audit` aside).
+pub fn dead_change(change: &DeadChange<'_>, now: DateTime) -> Change {
+    let mut set = bson::doc! { "status": change.to.as_str(), "updatedAt": now };
+    if change.to == Status::Pending {
+        set.insert("attempts", 0);
+    }
+    Change {
+        set,
+        unset: vec!["nextAttemptAt", "owner", "leaseUntil"],
+    }
+}
+
+/// The entry with its settlement (an unclaimed attempt counts now).
 pub fn apply_settlement(entry: &mut Document, settlement: &Settlement, now: DateTime) {
     if settlement.unclaimed_attempts.is_some() {
         let attempts = stored_attempts(entry).unwrap_or(0).saturating_add(1);
         entry.insert("attempts", i64::from(attempts));
     }
-    entry.insert("status", settlement.status.as_str());
-    entry.insert("updatedAt", now);
-    entry.insert("leaseUntil", now);
-    entry.remove("owner");
-    let mut optional = |key: &str, value: Option<Bson>| match value {
-        Some(value) => {
-            entry.insert(key, value);
-        }
-        None => {
-            entry.remove(key);
-        }
-    };
-    optional("nextAttemptAt", settlement.next_attempt.map(Bson::DateTime));
-    optional(
-        "lastErrorClass",
-        settlement.error_class.clone().map(Bson::String),
-    );
-    optional("lastError", settlement.error.clone().map(Bson::String));
-    if let Some(evidence) = &settlement.evidence {
-        entry.insert("evidence", evidence.clone());
-    }
-    if settlement.status == Status::Succeeded {
-        entry.insert("succeededAt", now);
-    }
+    settlement_change(settlement, now).apply(entry);
 }
 
 /// The dead entry with its audited change.
 pub fn apply_dead_change(entry: &mut Document, change: &DeadChange<'_>, now: DateTime) {
-    entry.insert("status", change.to.as_str());
-    entry.insert("updatedAt", now);
-    if change.to == Status::Pending {
-        entry.insert("attempts", 0);
-    }
-    for key in ["nextAttemptAt", "owner", "leaseUntil"] {
-        entry.remove(key);
-    }
+    dead_change(change, now).apply(entry);
     let mut audit = match entry.remove("audit") {
         Some(Bson::Array(audit)) => audit,
         _ => Vec::new(),

@@ -23,6 +23,7 @@ use handoff_domain::checkpoint::Mode;
 use handoff_domain::delivery::{
     Operation, Request, Status, entry_id, position_id, tombstone_id, version_number,
 };
+use handoff_domain::ledger::{Change, dead_change, settlement_change};
 pub use handoff_domain::ledger::{DeadChange, Names, Settlement};
 
 /// The delivery's ledger collection.
@@ -572,37 +573,21 @@ pub async fn settle(
 
 /// The update that gives an entry its settlement.
 fn settlement_update(settlement: &Settlement, now: DateTime, inc: Option<Document>) -> Document {
-    let mut set = doc! {
-        "status": settlement.status.as_str(),
-        "updatedAt": now,
-        "leaseUntil": now,
-    };
-    let mut unset = doc! { "owner": "" };
-    let mut optional = |key: &str, value: Option<Bson>| match value {
-        Some(value) => {
-            set.insert(key, value);
-        }
-        None => {
-            unset.insert(key, "");
-        }
-    };
-    optional("nextAttemptAt", settlement.next_attempt.map(Bson::DateTime));
-    optional(
-        "lastErrorClass",
-        settlement.error_class.clone().map(Bson::String),
-    );
-    optional("lastError", settlement.error.clone().map(Bson::String));
-    if let Some(evidence) = &settlement.evidence {
-        set.insert("evidence", evidence.clone());
-    }
-    if settlement.status == Status::Succeeded {
-        set.insert("succeededAt", now);
-    }
-    let mut update = doc! { "$set": set, "$unset": unset };
+    let mut update = update_of(&settlement_change(settlement, now));
     if let Some(inc) = inc {
         update.insert("$inc", inc);
     }
     update
+}
+
+/// A change of an entry as an update's `$set` and `$unset`.
+fn update_of(change: &Change) -> Document {
+    let unset: Document = change
+        .unset
+        .iter()
+        .map(|key| (key.to_string(), Bson::from("")))
+        .collect();
+    doc! { "$set": change.set.clone(), "$unset": unset }
 }
 
 /// One projection write: the entry it settles, the attempts it had, and the request.
@@ -868,15 +853,8 @@ pub async fn change_dead(
         let now = DateTime::now();
         let mut changed = Vec::new();
         for change in changes {
-            let mut set = doc! { "status": change.to.as_str(), "updatedAt": now };
-            if change.to == Status::Pending {
-                set.insert("attempts", 0);
-            }
-            let update = doc! {
-                "$set": set,
-                "$unset": { "nextAttemptAt": "", "owner": "", "leaseUntil": "" },
-                "$push": { "audit": change.note.clone() },
-            };
+            let mut update = update_of(&dead_change(change, now));
+            update.insert("$push", doc! { "audit": change.note.clone() });
             let result = ledger
                 .update_one(
                     doc! { "_id": change.entry, "status": Status::Dead.as_str() },
